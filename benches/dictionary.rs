@@ -1,0 +1,116 @@
+//! Dictionary figures: load time, and derivation rate (tokens → retrieval row, and retrieval
+//! row → embedding + compact codes) in rows per second over the LoCoMo turns.
+//!
+//! Run: `cargo bench --bench dictionary`. Prints medians of repeated runs.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use perpetuity::config::default_dictionaries_root;
+use perpetuity::dictionary::derive::{derive, embed};
+use perpetuity::dictionary::stats::FrequencyTable;
+use perpetuity::dictionary::{DEFAULT_VERSION, Dictionary};
+use perpetuity::tokens::Tokenizer;
+
+const REPEATS: usize = 7;
+
+fn median(mut xs: Vec<Duration>) -> Duration {
+    xs.sort();
+    xs[xs.len() / 2]
+}
+
+/// Every LoCoMo turn text, or a clear message and nothing when the data is absent.
+fn locomo_turns() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/locomo/locomo10.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        eprintln!("SKIP derivation figures: {} is absent", path.display());
+        return Vec::new();
+    };
+    let data: serde_json::Value = serde_json::from_str(&text).expect("locomo10.json parses");
+    let mut turns = Vec::new();
+    for sample in data.as_array().into_iter().flatten() {
+        for (key, session) in sample["conversation"].as_object().into_iter().flatten() {
+            if key.starts_with("session_") && session.is_array() {
+                for turn in session.as_array().into_iter().flatten() {
+                    turns.push(format!(
+                        "{}: {}",
+                        turn["speaker"].as_str().unwrap_or(""),
+                        turn["text"].as_str().unwrap_or("")
+                    ));
+                }
+            }
+        }
+    }
+    turns
+}
+
+fn main() {
+    let root = default_dictionaries_root();
+    let tokenizer = Tokenizer::new();
+    // The tokenizer's fingerprint is computed once per process; keep it out of the load figure.
+    let started = Instant::now();
+    tokenizer.fingerprint();
+    println!(
+        "tokenizer fingerprint (once per process): {:?}",
+        started.elapsed()
+    );
+
+    let loads: Vec<Duration> = (0..REPEATS)
+        .map(|_| {
+            let started = Instant::now();
+            Dictionary::load_version(&root, DEFAULT_VERSION).expect("dictionary loads");
+            started.elapsed()
+        })
+        .collect();
+    let dict = Dictionary::load_version(&root, DEFAULT_VERSION).expect("dictionary loads");
+    println!(
+        "dictionary {}: {} rows x {} dims, load (read + sha256 + validate) median {:?}",
+        dict.version(),
+        dict.rows(),
+        dict.dims(),
+        median(loads)
+    );
+
+    let turns = locomo_turns();
+    if turns.is_empty() {
+        return;
+    }
+    let tokens: Vec<_> = turns.iter().map(|t| tokenizer.encode(t)).collect();
+    let total_tokens: usize = tokens.iter().map(Vec::len).sum();
+    println!(
+        "input: {} LoCoMo turns, {} tokens",
+        tokens.len(),
+        total_tokens
+    );
+
+    let mut derive_times = Vec::new();
+    let mut embed_times = Vec::new();
+    for _ in 0..REPEATS {
+        let started = Instant::now();
+        let rows: Vec<_> = tokens
+            .iter()
+            .map(|t| derive(&dict, &tokenizer, None, t))
+            .collect();
+        derive_times.push(started.elapsed());
+        let mut stats = FrequencyTable::default();
+        rows.iter().for_each(|r| stats.add(r));
+        let started = Instant::now();
+        let mut sink = 0u64;
+        for row in &rows {
+            let e = embed(&dict, &stats, row);
+            sink = sink.wrapping_add(e.quantize().values.len() as u64 + e.sign_bits()[0]);
+        }
+        embed_times.push(started.elapsed());
+        std::hint::black_box(sink);
+    }
+    let rate = |d: Duration| tokens.len() as f64 / d.as_secs_f64();
+    let (d, e) = (median(derive_times), median(embed_times));
+    println!(
+        "derive (tokens -> terms + token counts): median {d:?}, {:.0} rows/s, one thread",
+        rate(d)
+    );
+    println!(
+        "embed (row -> weighted unit vector + int8 + sign bits): median {e:?}, {:.0} rows/s, one thread",
+        rate(e)
+    );
+}

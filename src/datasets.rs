@@ -1,0 +1,366 @@
+//! Public benchmark files as messages and questions: LoCoMo (`locomo10.json`) and LongMemEval
+//! (a JSON list of questions, each with its haystack of sessions).
+//!
+//! Each LoCoMo conversation or LongMemEval question becomes one user (key = `sample_id` or
+//! `question_id`); sessions become conversations; speakers become names; session dates become
+//! timestamps; the file's own turn ids (`dia_id`, or `session_id:index`) stay on the rows so an
+//! evaluation can find the evidence. A file is parsed and checked whole before anything is
+//! returned: a bad file yields an error naming the file and the position, and no messages.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use chrono::NaiveDateTime;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::capture::Message;
+use crate::types::Role;
+
+/// The supported file formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Locomo,
+    Longmemeval,
+}
+
+/// A dataset file could not be used. Class: client (the file is bad); nothing is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Syntax or shape error, with serde's line and column.
+    #[error("{path}:{line}:{column}: {message}")]
+    Json {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    /// A value is missing or wrong; `at` names the item (e.g. `conv-26 session_3 turn 4`).
+    #[error("{path}: {at}: {message}")]
+    Invalid {
+        path: PathBuf,
+        at: String,
+        message: String,
+    },
+}
+
+/// A benchmark question, asked as its user.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Question {
+    pub user_key: String,
+    pub question: String,
+    /// LoCoMo's category number or LongMemEval's question type.
+    pub category: String,
+    /// Source turn ids holding the evidence (may be empty: abstention or no evidence).
+    pub evidence_turns: Vec<String>,
+    /// Conversation keys holding the evidence.
+    pub evidence_sessions: Vec<String>,
+    /// Evidence strings that named no turn, kept so they are reported rather than hidden.
+    pub unresolved_evidence: Vec<String>,
+    /// When the question is asked, in Unix milliseconds, if the file says.
+    pub timestamp_ms: Option<i64>,
+}
+
+/// A parsed file.
+#[derive(Debug, Clone, Default)]
+pub struct Dataset {
+    /// In capture order: user by user, session by session, turn by turn.
+    pub messages: Vec<Message>,
+    pub questions: Vec<Question>,
+}
+
+/// Read and check `path` as `format`.
+pub fn load(format: Format, path: &Path) -> Result<Dataset, DatasetError> {
+    let bytes = std::fs::read(path).map_err(|source| DatasetError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    match format {
+        Format::Locomo => locomo(path, &bytes),
+        Format::Longmemeval => longmemeval(path, &bytes),
+    }
+}
+
+fn parse_json<'de, T: Deserialize<'de>>(path: &Path, bytes: &'de [u8]) -> Result<T, DatasetError> {
+    serde_json::from_slice(bytes).map_err(|e| DatasetError::Json {
+        path: path.to_path_buf(),
+        line: e.line(),
+        column: e.column(),
+        message: e.to_string(),
+    })
+}
+
+/// Unix milliseconds of a naive (zone-less) date-time, read as UTC.
+fn parse_time(text: &str, format: &str) -> Option<i64> {
+    NaiveDateTime::parse_from_str(text.trim(), format)
+        .ok()
+        .map(|t| t.and_utc().timestamp_millis())
+}
+
+/// LoCoMo's session time format, e.g. `1:56 pm on 8 May, 2023`.
+const LOCOMO_TIME: &str = "%I:%M %p on %d %B, %Y";
+/// LongMemEval's date format, e.g. `2023/05/20 (Sat) 02:21`.
+const LONGMEMEVAL_TIME: &str = "%Y/%m/%d (%a) %H:%M";
+
+#[derive(Deserialize)]
+struct LocomoSample {
+    sample_id: String,
+    conversation: serde_json::Map<String, Value>,
+    qa: Vec<LocomoQa>,
+}
+
+#[derive(Deserialize)]
+struct LocomoQa {
+    question: String,
+    #[serde(default)]
+    evidence: Vec<String>,
+    category: u64,
+}
+
+#[derive(Deserialize)]
+struct LocomoTurn {
+    speaker: String,
+    dia_id: String,
+    text: String,
+    #[serde(default)]
+    blip_caption: Option<String>,
+}
+
+/// Split one LoCoMo evidence string into turn ids, repairing the known malformed forms:
+/// several ids in one string (`"D8:6; D9:17"`, space-joined lists), `"D:11:26"` for `D11:26`,
+/// and zero-padded turn numbers (`"D30:05"` for `D30:5`).
+pub fn locomo_evidence_ids(raw: &str) -> Vec<String> {
+    raw.split(|c: char| c == ';' || c == ',' || c.is_whitespace())
+        .filter(|s| !s.is_empty())
+        .map(|id| {
+            let id = id.replacen("D:", "D", 1);
+            match id.split_once(':').map(|(d, t)| (d, t.parse::<u32>())) {
+                Some((d, Ok(n))) => format!("{d}:{n}"),
+                _ => id,
+            }
+        })
+        .collect()
+}
+
+fn locomo(path: &Path, bytes: &[u8]) -> Result<Dataset, DatasetError> {
+    let samples: Vec<LocomoSample> = parse_json(path, bytes)?;
+    let invalid = |at: String, message: String| DatasetError::Invalid {
+        path: path.to_path_buf(),
+        at,
+        message,
+    };
+    let mut out = Dataset::default();
+    for sample in samples {
+        let conv = &sample.conversation;
+        let speaker = |key: &str| {
+            conv.get(key)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| invalid(sample.sample_id.clone(), format!("missing {key}")))
+        };
+        let (speaker_a, speaker_b) = (speaker("speaker_a")?, speaker("speaker_b")?);
+        // Iterate the session_<N> lists (conv-26 has date keys without sessions).
+        let mut sessions: Vec<(u32, &Value)> = conv
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("session_")?.parse().ok()?, v)))
+            .collect();
+        sessions.sort_by_key(|&(n, _)| n);
+        let mut session_of_turn: HashMap<String, String> = HashMap::new();
+        for (n, turns) in sessions {
+            let at = format!("{} session_{n}", sample.sample_id);
+            let date_key = format!("session_{n}_date_time");
+            let date = conv
+                .get(&date_key)
+                .and_then(Value::as_str)
+                .ok_or_else(|| invalid(at.clone(), format!("missing {date_key}")))?;
+            let start = parse_time(date, LOCOMO_TIME)
+                .ok_or_else(|| invalid(at.clone(), format!("unreadable date {date:?}")))?;
+            let turns: Vec<LocomoTurn> = serde_json::from_value(turns.clone())
+                .map_err(|e| invalid(at.clone(), e.to_string()))?;
+            for (i, turn) in turns.into_iter().enumerate() {
+                let role = if turn.speaker == speaker_a {
+                    Role::User
+                } else if turn.speaker == speaker_b {
+                    Role::Assistant
+                } else {
+                    return Err(invalid(
+                        format!("{at} turn {i}"),
+                        format!(
+                            "speaker {:?} is neither speaker_a nor speaker_b",
+                            turn.speaker
+                        ),
+                    ));
+                };
+                let mut text = turn.text;
+                if let Some(caption) = turn.blip_caption {
+                    text.push_str(&format!(" [shares image: {caption}]"));
+                }
+                session_of_turn.insert(turn.dia_id.clone(), format!("session_{n}"));
+                out.messages.push(Message {
+                    user_key: sample.sample_id.clone(),
+                    conversation: format!("session_{n}"),
+                    role,
+                    name: Some(turn.speaker),
+                    // Turns keep their order within the session: one second apart.
+                    timestamp_ms: Some(start + i as i64 * 1000),
+                    source_turn: Some(turn.dia_id),
+                    text,
+                });
+            }
+        }
+        for qa in sample.qa {
+            let mut question = Question {
+                user_key: sample.sample_id.clone(),
+                question: qa.question,
+                category: qa.category.to_string(),
+                evidence_turns: Vec::new(),
+                evidence_sessions: Vec::new(),
+                unresolved_evidence: Vec::new(),
+                timestamp_ms: None,
+            };
+            for raw in &qa.evidence {
+                for id in locomo_evidence_ids(raw) {
+                    match session_of_turn.get(&id) {
+                        Some(session) => {
+                            if !question.evidence_turns.contains(&id) {
+                                question.evidence_turns.push(id);
+                            }
+                            if !question.evidence_sessions.contains(session) {
+                                question.evidence_sessions.push(session.clone());
+                            }
+                        }
+                        None => question.unresolved_evidence.push(raw.clone()),
+                    }
+                }
+            }
+            out.questions.push(question);
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Deserialize)]
+struct LongMemEvalItem {
+    question_id: String,
+    question_type: String,
+    question: String,
+    #[serde(default)]
+    question_date: Option<String>,
+    haystack_session_ids: Vec<String>,
+    haystack_dates: Vec<String>,
+    haystack_sessions: Vec<Vec<LongMemEvalTurn>>,
+    #[serde(default)]
+    answer_session_ids: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct LongMemEvalTurn {
+    role: String,
+    content: String,
+    #[serde(default)]
+    has_answer: bool,
+}
+
+fn longmemeval(path: &Path, bytes: &[u8]) -> Result<Dataset, DatasetError> {
+    let items: Vec<LongMemEvalItem> = parse_json(path, bytes)?;
+    let invalid = |at: String, message: String| DatasetError::Invalid {
+        path: path.to_path_buf(),
+        at,
+        message,
+    };
+    let mut out = Dataset::default();
+    for item in items {
+        let id = &item.question_id;
+        let n = item.haystack_sessions.len();
+        if item.haystack_session_ids.len() != n || item.haystack_dates.len() != n {
+            return Err(invalid(
+                id.clone(),
+                format!(
+                    "{n} sessions but {} session ids and {} dates",
+                    item.haystack_session_ids.len(),
+                    item.haystack_dates.len()
+                ),
+            ));
+        }
+        let mut evidence_turns = Vec::new();
+        for ((session_id, date), turns) in item
+            .haystack_session_ids
+            .iter()
+            .zip(&item.haystack_dates)
+            .zip(&item.haystack_sessions)
+        {
+            let at = format!("{id} session {session_id}");
+            let start = parse_time(date, LONGMEMEVAL_TIME)
+                .ok_or_else(|| invalid(at.clone(), format!("unreadable date {date:?}")))?;
+            for (i, turn) in turns.iter().enumerate() {
+                let role = match turn.role.as_str() {
+                    "user" => Role::User,
+                    "assistant" => Role::Assistant,
+                    other => {
+                        return Err(invalid(
+                            format!("{at} turn {i}"),
+                            format!("unknown role {other:?}"),
+                        ));
+                    }
+                };
+                let source_turn = format!("{session_id}:{i}");
+                if turn.has_answer {
+                    evidence_turns.push(source_turn.clone());
+                }
+                out.messages.push(Message {
+                    user_key: id.clone(),
+                    conversation: session_id.clone(),
+                    role,
+                    name: None,
+                    timestamp_ms: Some(start + i as i64 * 1000),
+                    source_turn: Some(source_turn),
+                    text: turn.content.clone(),
+                });
+            }
+        }
+        out.questions.push(Question {
+            user_key: id.clone(),
+            question: item.question,
+            category: item.question_type,
+            evidence_turns,
+            evidence_sessions: item.answer_session_ids,
+            unresolved_evidence: Vec::new(),
+            timestamp_ms: item
+                .question_date
+                .as_deref()
+                .and_then(|d| parse_time(d, LONGMEMEVAL_TIME)),
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repairs_known_evidence_forms() {
+        assert_eq!(locomo_evidence_ids("D8:6; D9:17"), ["D8:6", "D9:17"]);
+        assert_eq!(locomo_evidence_ids("D:11:26"), ["D11:26"]);
+        assert_eq!(locomo_evidence_ids("D30:05"), ["D30:5"]);
+        assert_eq!(locomo_evidence_ids("D1:2 D1:3"), ["D1:2", "D1:3"]);
+        assert_eq!(locomo_evidence_ids("D"), ["D"]);
+    }
+
+    #[test]
+    fn reads_both_time_formats() {
+        assert_eq!(
+            parse_time("1:56 pm on 8 May, 2023", LOCOMO_TIME),
+            Some(1_683_554_160_000)
+        );
+        assert_eq!(
+            parse_time("2023/05/20 (Sat) 02:21", LONGMEMEVAL_TIME),
+            Some(1_684_549_260_000)
+        );
+    }
+}

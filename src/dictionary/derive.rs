@@ -1,0 +1,210 @@
+//! From stored tokens to the retrieval representation: one pure, deterministic function.
+//!
+//! [`derive`] turns a stored row (its tokens, and the speaker's name it was captured with) into
+//! its [`RetrievalRow`]: the distinct tokens with counts (the dense part's input) and the
+//! lexical terms with counts. It needs only what the row stores and the dictionary, so every
+//! retrieval row can be re-derived from the store at any time. The speaker's name is part of
+//! the representation because questions name who said what ("When did Caroline ...?"); on
+//! LoCoMo it is worth 8 points of BM25 recall@10 (`docs/benchmarks.md`).
+//!
+//! [`embed`] turns a retrieval row into its dense [`Embedding`] under the shared frequency
+//! statistic *at score time*: a SIF-weighted mean of the tokens' table vectors. Because the
+//! weights are applied when scoring, nothing stored is rewritten when counts change. The
+//! embedding also yields the compact codes the scan's first pass uses (int8 with a scale, and
+//! one sign bit per dimension).
+
+use super::{Dictionary, stats::FrequencyStats};
+use crate::codec::{CodecError, Put as _, Reader};
+use crate::tokens::Tokenizer;
+use crate::types::{TermId, TokenId};
+
+/// Leading byte of an encoded retrieval row; bump it when the encoding changes.
+const ROW_ENCODING: u8 = 1;
+
+/// The retrieval row derived from one stored row's tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetrievalRow {
+    /// The dictionary version this row was derived under.
+    pub dictionary_version: String,
+    /// Number of tokens counted in `tokens` (the row's text plus its speaker's name).
+    pub token_len: u32,
+    /// Distinct token ids with their counts, sorted by id.
+    pub tokens: Vec<(TokenId, u32)>,
+    /// Distinct lexical terms with their counts, sorted by id.
+    pub terms: Vec<(TermId, u32)>,
+}
+
+/// A row's dense vector under one frequency statistic, L2-normalised (all zeros when no token
+/// of the row has a table vector).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embedding {
+    pub unit: Vec<f32>,
+}
+
+/// An int8 copy of an embedding: `unit[i] ≈ scale × values[i]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Quantized {
+    pub values: Vec<i8>,
+    pub scale: f32,
+}
+
+/// Derive the retrieval row of one stored row: its text `tokens` and the speaker `name` it was
+/// captured with, under `dict`. The name's tokens and words count like the text's.
+pub fn derive(
+    dict: &Dictionary,
+    tokenizer: &Tokenizer,
+    name: Option<&str>,
+    tokens: &[TokenId],
+) -> RetrievalRow {
+    let mut text = String::new();
+    let mut all = Vec::with_capacity(tokens.len() + 4);
+    if let Some(name) = name {
+        text.push_str(name);
+        text.push('\n');
+        all.extend(tokenizer.encode(name));
+    }
+    text.push_str(&tokenizer.decode_lossy(tokens));
+    all.extend_from_slice(tokens);
+    all.sort_unstable();
+    let mut counted: Vec<(TokenId, u32)> = Vec::with_capacity(all.len());
+    for token in &all {
+        match counted.last_mut() {
+            Some((last, count)) if last == token => *count += 1,
+            _ => counted.push((*token, 1)),
+        }
+    }
+    RetrievalRow {
+        dictionary_version: dict.version().to_owned(),
+        token_len: u32::try_from(all.len()).unwrap_or(u32::MAX),
+        tokens: counted,
+        terms: dict.lexical().terms(&text),
+    }
+}
+
+/// The SIF weight of `token`: `a / (a + p(t))`, where `p(t)` is the token's share of the
+/// corpus smoothed towards the dictionary's Zipf prior with `prior_mass_tokens` pseudo-tokens:
+/// `p(t) = (count(t) + m·prior(t)) / (total + m)`. A cold memory weighs by the prior alone; a
+/// large one by its own counts.
+pub fn token_weight(dict: &Dictionary, stats: &impl FrequencyStats, token: TokenId) -> f32 {
+    let w = dict.weighting();
+    let mass = w.prior_mass_tokens;
+    let p = (stats.token_count(token) as f64 + mass * dict.prior(token))
+        / (stats.total_tokens() as f64 + mass);
+    (w.a / (w.a + p)) as f32
+}
+
+/// The dense embedding of `row` under `stats`.
+pub fn embed(dict: &Dictionary, stats: &impl FrequencyStats, row: &RetrievalRow) -> Embedding {
+    let dims = dict.dims();
+    let mut acc = vec![0f32; dims];
+    for &(token, count) in &row.tokens {
+        let Some((scale, values)) = dict.vector(token) else {
+            continue;
+        };
+        let w = token_weight(dict, stats, token) * count as f32 * scale;
+        for (a, &v) in acc.iter_mut().zip(values) {
+            *a += w * f32::from(v);
+        }
+    }
+    let norm = acc.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        acc.iter_mut().for_each(|x| *x /= norm);
+    }
+    Embedding { unit: acc }
+}
+
+impl Embedding {
+    /// Symmetric int8 quantisation with one scale: `max |x| ↦ 127`, round half away from zero.
+    pub fn quantize(&self) -> Quantized {
+        let max = self.unit.iter().fold(0f32, |m, x| m.max(x.abs()));
+        if max == 0.0 {
+            return Quantized {
+                values: vec![0; self.unit.len()],
+                scale: 0.0,
+            };
+        }
+        let scale = max / 127.0;
+        let values = self
+            .unit
+            .iter()
+            .map(|x| (x / scale).round().clamp(-127.0, 127.0) as i8)
+            .collect();
+        Quantized { values, scale }
+    }
+
+    /// One bit per dimension, set where the component is positive; dimension `i` is bit
+    /// `i % 64` of word `i / 64`.
+    pub fn sign_bits(&self) -> Vec<u64> {
+        self.unit
+            .chunks(64)
+            .map(|chunk| {
+                chunk
+                    .iter()
+                    .enumerate()
+                    .fold(0u64, |bits, (i, x)| bits | (u64::from(*x > 0.0) << i))
+            })
+            .collect()
+    }
+}
+
+impl RetrievalRow {
+    /// Sum of the term counts: the row's length for BM25.
+    pub fn term_len(&self) -> u64 {
+        self.terms.iter().map(|&(_, c)| u64::from(c)).sum()
+    }
+
+    /// The row's stored bytes (little-endian; grammar in `docs/format.md`):
+    /// `1:u8 version_len:u8 version token_len:u32 n:u32 (token:u32 count:u32)×n
+    ///  m:u32 (term:u64 count:u32)×m`.
+    pub fn encode(&self) -> Vec<u8> {
+        let version = self.dictionary_version.as_bytes();
+        let mut out =
+            Vec::with_capacity(14 + version.len() + self.tokens.len() * 8 + self.terms.len() * 12);
+        out.put_u8(ROW_ENCODING);
+        out.put_u8(u8::try_from(version.len()).expect("dictionary versions are at most 255 bytes"));
+        out.extend_from_slice(version);
+        out.put_u32(self.token_len);
+        out.put_u32(self.tokens.len() as u32);
+        for &(token, count) in &self.tokens {
+            out.put_u32(token.0);
+            out.put_u32(count);
+        }
+        out.put_u32(self.terms.len() as u32);
+        for &(term, count) in &self.terms {
+            out.put_u64(term.0);
+            out.put_u32(count);
+        }
+        out
+    }
+
+    /// Decode [`RetrievalRow::encode`]'s bytes; anything malformed is a typed error.
+    pub fn decode(bytes: &[u8]) -> Result<Self, CodecError> {
+        let mut r = Reader::new("retrieval row", bytes);
+        let tag = r.u8()?;
+        if tag != ROW_ENCODING {
+            return Err(r.error(format!("unknown encoding tag {tag}")));
+        }
+        let version_len = usize::from(r.u8()?);
+        let version = std::str::from_utf8(r.slice(version_len)?)
+            .map_err(|_| r.error("version is not UTF-8"))?
+            .to_owned();
+        let token_len = r.u32()?;
+        let n = r.count(8)?;
+        let mut tokens = Vec::with_capacity(n);
+        for _ in 0..n {
+            tokens.push((TokenId(r.u32()?), r.u32()?));
+        }
+        let m = r.count(12)?;
+        let mut terms = Vec::with_capacity(m);
+        for _ in 0..m {
+            terms.push((TermId(r.u64()?), r.u32()?));
+        }
+        r.finish()?;
+        Ok(Self {
+            dictionary_version: version,
+            token_len,
+            tokens,
+            terms,
+        })
+    }
+}

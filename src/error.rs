@@ -1,0 +1,23 @@
+//! The crate's error, composed from each module's own.
+
+use crate::datasets::DatasetError;
+use crate::dictionary::DictionaryError;
+use crate::ingest::ExportError;
+use crate::store::StoreError;
+
+/// Every error a library entry point can return; each variant keeps its module's error whole.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Class: corruption or configuration (see [`DictionaryError`]).
+    #[error(transparent)]
+    Dictionary(#[from] DictionaryError),
+    /// Class: internal or corruption (see [`StoreError`]).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Class: client (a bad input file).
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
+    /// Class: internal or corruption.
+    #[error(transparent)]
+    Export(#[from] ExportError),
+}

@@ -1,0 +1,23 @@
+//! Perpetuity: a memory proxy for LLM agents.
+//!
+//! Layers, bottom to top (lower layers never import higher ones; `docs/architecture.md`):
+//! `types`, `codec`, `config`, `error` → `tokens`, `dictionary`, `relevance` → `store`,
+//! `heat` → `capture`, `datasets`, `integrity`, `memory` → `ingest` → `proxy`.
+
+#![deny(unsafe_code)]
+
+pub mod capture;
+pub mod codec;
+pub mod config;
+pub mod datasets;
+pub mod dictionary;
+pub mod error;
+pub mod heat;
+pub mod ingest;
+pub mod integrity;
+pub mod memory;
+pub mod proxy;
+pub mod relevance;
+pub mod store;
+pub mod tokens;
+pub mod types;

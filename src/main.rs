@@ -1,0 +1,580 @@
+//! The `perpetuity` binary: subcommands over the library.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+use perpetuity::capture::Message;
+use perpetuity::config::{self, ServeConfig};
+use perpetuity::datasets::{self, Format};
+use perpetuity::dictionary::derive::{derive, embed};
+use perpetuity::dictionary::stats::FrequencyTable;
+use perpetuity::dictionary::{self, Dictionary};
+use perpetuity::ingest::{self, IngestSummary};
+use perpetuity::integrity;
+use perpetuity::memory::Memory;
+use perpetuity::proxy;
+use perpetuity::store::{Store, StoreOptions};
+use perpetuity::tokens::Tokenizer;
+use perpetuity::types::{Role, UserId};
+
+#[derive(Parser)]
+#[command(name = "perpetuity", version, about = "A memory proxy for LLM agents")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy on embedded defaults (local data dir, the bundled dictionary).
+    Serve {
+        /// Address to listen on.
+        #[arg(long, env = "PERPETUITY_LISTEN", default_value = config::DEFAULT_LISTEN)]
+        listen: SocketAddr,
+        #[command(flatten)]
+        data: DataArgs,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+    },
+    /// Bulk-capture a public benchmark file; each conversation or question becomes a user.
+    Ingest {
+        #[command(flatten)]
+        data: DataArgs,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+        /// The file's format.
+        #[arg(long, value_enum)]
+        format: Format,
+        /// The file.
+        file: PathBuf,
+    },
+    /// Write stored rows as JSON lines, in capture order.
+    Export {
+        #[command(flatten)]
+        data: DataArgs,
+        /// Only this user's rows (the user's key, e.g. a LoCoMo sample id).
+        #[arg(long)]
+        user: Option<String>,
+    },
+    /// Recompute every invariant of a store; exit 0 clean, 1 violations, 2 could not run.
+    Integrity {
+        #[command(flatten)]
+        data: DataArgs,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a user's whole memory, then compact so its bytes are gone from disk.
+    Purge {
+        #[command(flatten)]
+        data: DataArgs,
+        /// The user's key.
+        #[arg(long)]
+        user: String,
+    },
+    /// Inspect dictionaries.
+    Dict {
+        #[command(subcommand)]
+        command: DictCommand,
+    },
+    /// Benchmarks that print figures.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DictCommand {
+    /// Print the serving dictionary's header and, for a text, its tokens, terms and vector.
+    Show {
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+        /// A text to derive.
+        #[arg(long)]
+        text: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Capture rate (rows/s) into a fresh store with the WAL on.
+    Ingest {
+        /// Messages to capture.
+        #[arg(long, default_value_t = 200_000)]
+        messages: usize,
+        /// Users they are spread over.
+        #[arg(long, default_value_t = 100)]
+        users: usize,
+        /// Where to put the store (default: a fresh folder under the system temp dir, removed
+        /// afterwards).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// fsync the WAL on every batch.
+        #[arg(long)]
+        sync: bool,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+    },
+}
+
+#[derive(clap::Args)]
+struct DataArgs {
+    /// Data directory.
+    #[arg(long = "data", env = "PERPETUITY_DATA", default_value = config::DEFAULT_DATA_DIR)]
+    dir: PathBuf,
+    /// fsync the write-ahead log on every write (survives power loss, slower).
+    #[arg(long, env = "PERPETUITY_SYNC_WRITES")]
+    sync_writes: bool,
+}
+
+impl DataArgs {
+    fn options(&self) -> StoreOptions {
+        StoreOptions {
+            sync_writes: self.sync_writes,
+            ..StoreOptions::default()
+        }
+    }
+
+    /// Refuse a data directory that does not exist (for commands that only read or remove).
+    fn existing(&self) -> anyhow::Result<&Path> {
+        anyhow::ensure!(
+            self.dir.join("CURRENT").is_file(),
+            "no store in {} (expected a data directory made by `perpetuity serve` or `ingest`)",
+            self.dir.display()
+        );
+        Ok(&self.dir)
+    }
+}
+
+#[derive(clap::Args)]
+struct DictionaryArgs {
+    /// Folder holding dictionaries/<version>/ [default: $PERPETUITY_DICTIONARIES, else the
+    /// source tree's dictionaries/].
+    #[arg(long)]
+    dictionaries: Option<PathBuf>,
+    /// Dictionary version to serve.
+    #[arg(long, env = "PERPETUITY_DICTIONARY_VERSION", default_value = dictionary::DEFAULT_VERSION)]
+    dictionary_version: String,
+}
+
+impl DictionaryArgs {
+    fn root(&self) -> PathBuf {
+        self.dictionaries
+            .clone()
+            .unwrap_or_else(config::default_dictionaries_root)
+    }
+
+    fn load(&self) -> anyhow::Result<Dictionary> {
+        let started = Instant::now();
+        let dict = Dictionary::load_version(&self.root(), &self.dictionary_version)?;
+        log_dictionary(&dict, started);
+        Ok(dict)
+    }
+
+    fn open(&self, data: &DataArgs) -> anyhow::Result<Memory> {
+        let started = Instant::now();
+        let memory = Memory::open(
+            &data.dir,
+            &self.root(),
+            &self.dictionary_version,
+            &data.options(),
+        )?;
+        log_dictionary(&memory.dictionary, started);
+        Ok(memory)
+    }
+}
+
+fn log_dictionary(dict: &Dictionary, started: Instant) {
+    tracing::info!(
+        version = dict.version(),
+        rows = dict.rows(),
+        dims = dict.dims(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "dictionary loaded"
+    );
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Serve {
+            listen,
+            data,
+            dictionary,
+        } => {
+            let config = ServeConfig {
+                listen,
+                data_dir: data.dir.clone(),
+                dictionaries_root: dictionary.root(),
+                dictionary_version: dictionary.dictionary_version.clone(),
+            };
+            serve(config, dictionary.open(&data)?)
+        }
+        Command::Ingest {
+            data,
+            dictionary,
+            format,
+            file,
+        } => ingest_file(&dictionary.open(&data)?, format, &file),
+        Command::Export { data, user } => {
+            let store = Store::open(data.existing()?, &data.options())?;
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            let rows = ingest::export(&store, user.as_deref(), &mut out)?;
+            tracing::info!(rows, "exported");
+            Ok(())
+        }
+        Command::Integrity {
+            data,
+            dictionary,
+            json,
+        } => {
+            let code = match check_integrity(&data, &dictionary, json) {
+                Ok(true) => 0,
+                Ok(false) => 1,
+                Err(err) => {
+                    eprintln!("integrity: could not run: {err:#}");
+                    2
+                }
+            };
+            std::process::exit(code)
+        }
+        Command::Purge { data, user } => {
+            let store = Store::open(data.existing()?, &data.options())?;
+            let started = Instant::now();
+            let rows = store.purge_user(UserId::from_key(&user))?;
+            println!(
+                "purged user {user:?}: {rows} rows removed, compacted in {:.2?}",
+                started.elapsed()
+            );
+            Ok(())
+        }
+        Command::Dict {
+            command: DictCommand::Show { dictionary, text },
+        } => show(&dictionary.load()?, text.as_deref()),
+        Command::Bench {
+            command:
+                BenchCommand::Ingest {
+                    messages,
+                    users,
+                    data,
+                    sync,
+                    dictionary,
+                },
+        } => bench_ingest(messages, users, data, sync, &dictionary),
+    }
+}
+
+fn serve(config: ServeConfig, memory: Memory) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("binding {}", config.listen))?;
+        tracing::info!(
+            listen = %config.listen,
+            data = %config.data_dir.display(),
+            dictionaries = %config.dictionaries_root.display(),
+            version = %config.dictionary_version,
+            "serving"
+        );
+        let state = Arc::new(proxy::State { memory });
+        tokio::select! {
+            result = proxy::serve(listener, state) => result.context("accepting connections"),
+            _ = tokio::signal::ctrl_c() => {
+                tracing::info!("shutting down");
+                Ok(())
+            }
+        }
+    })
+}
+
+/// Print progress about once a second on stderr.
+fn progress_printer(label: &'static str) -> impl FnMut(&IngestSummary, usize) {
+    let mut last = Instant::now();
+    move |summary, total| {
+        if last.elapsed().as_secs_f64() >= 1.0 || summary.messages as usize == total {
+            last = Instant::now();
+            eprintln!(
+                "{label}: {}/{} messages, {} rows, {:.0} rows/s",
+                summary.messages,
+                total,
+                summary.rows,
+                summary.rows_per_second()
+            );
+        }
+    }
+}
+
+fn ingest_file(memory: &Memory, format: Format, file: &Path) -> anyhow::Result<()> {
+    let dataset = datasets::load(format, file)?;
+    let mut present: Vec<&str> = dataset
+        .messages
+        .iter()
+        .map(|m| m.user_key.as_str())
+        .collect();
+    present.sort_unstable();
+    present.dedup();
+    let mut already = Vec::new();
+    for key in &present {
+        if memory.store.user_key(UserId::from_key(key))?.is_some() {
+            already.push(*key);
+        }
+    }
+    anyhow::ensure!(
+        already.is_empty(),
+        "{} user(s) of {} are already in {} (first: {}); purge them first or use another data dir",
+        already.len(),
+        file.display(),
+        memory.store.path().display(),
+        already[0]
+    );
+    let summary = ingest::ingest(
+        &memory.store,
+        &memory.dictionary,
+        &dataset.messages,
+        progress_printer("ingest"),
+    )?;
+    println!(
+        "ingested {}: {} users, {} messages, {} rows, {} tokens in {:.2?} ({:.0} rows/s)",
+        file.display(),
+        present.len(),
+        summary.messages,
+        summary.rows,
+        summary.tokens,
+        summary.elapsed,
+        summary.rows_per_second()
+    );
+    Ok(())
+}
+
+fn check_integrity(
+    data: &DataArgs,
+    dictionary: &DictionaryArgs,
+    json: bool,
+) -> anyhow::Result<bool> {
+    let store = Store::open(data.existing()?, &data.options())?;
+    let dict = dictionary.load()?;
+    let started = Instant::now();
+    let report = integrity::check(&store, &dict)?;
+    let elapsed = started.elapsed();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        for v in &report.violations {
+            println!("{} [{} {}]: {}", v.check, v.cf, v.key, v.detail);
+        }
+        println!(
+            "integrity: {} rows, {} users, {} violations, checked in {elapsed:.2?}",
+            report.rows,
+            report.users,
+            report.violations.len()
+        );
+    }
+    Ok(report.is_clean())
+}
+
+fn show(dict: &Dictionary, text: Option<&str>) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(dict.manifest())?);
+    let Some(text) = text else {
+        return Ok(());
+    };
+    let tokenizer = Tokenizer::new();
+    let tokens = tokenizer.encode(text);
+    println!("\ntokens ({}):", tokens.len());
+    for token in &tokens {
+        let piece = tokenizer.decode_lossy(std::slice::from_ref(token));
+        let marker = if dict.vector(*token).is_some() {
+            ""
+        } else {
+            "  (no vector)"
+        };
+        println!("  {:>6}  {piece:?}{marker}", token.0);
+    }
+    let words = dict.lexical().words(&tokenizer.decode_lossy(&tokens));
+    println!("\nterms ({}): {}", words.len(), words.join(" "));
+    let row = derive(dict, &tokenizer, None, &tokens);
+    // No memory is attached here, so the weights are the dictionary's prior alone.
+    let embedding = embed(dict, &FrequencyTable::default(), &row);
+    let covered = row
+        .tokens
+        .iter()
+        .filter(|(t, _)| dict.vector(*t).is_some())
+        .count();
+    let head: Vec<String> = embedding
+        .unit
+        .iter()
+        .take(8)
+        .map(|x| format!("{x:+.4}"))
+        .collect();
+    println!(
+        "\nvector: {} dims, {covered} of {} distinct tokens have a table row, weights from the prior only\n  first 8: [{}]\n  retrieval row: {} bytes",
+        embedding.unit.len(),
+        row.tokens.len(),
+        head.join(", "),
+        row.encode().len()
+    );
+    Ok(())
+}
+
+/// Seeded synthetic chat messages: sentences drawn from a fixed vocabulary with a xorshift
+/// generator, so every run captures the same text.
+fn synthetic_messages(count: usize, users: usize) -> Vec<Message> {
+    const WORDS: &[&str] = &[
+        "the",
+        "we",
+        "talked",
+        "about",
+        "my",
+        "sister",
+        "trip",
+        "to",
+        "Lisbon",
+        "next",
+        "week",
+        "and",
+        "a",
+        "new",
+        "painting",
+        "class",
+        "I",
+        "started",
+        "on",
+        "Tuesday",
+        "dog",
+        "adopted",
+        "from",
+        "shelter",
+        "running",
+        "marathon",
+        "training",
+        "plan",
+        "recipe",
+        "for",
+        "lemon",
+        "cake",
+        "job",
+        "interview",
+        "went",
+        "well",
+        "book",
+        "club",
+        "reading",
+        "garden",
+        "tomatoes",
+        "concert",
+        "tickets",
+        "birthday",
+        "party",
+        "Saturday",
+        "it",
+        "was",
+        "really",
+        "fun",
+        "stressful",
+        "kids",
+        "school",
+        "project",
+        "volcano",
+        "model",
+    ];
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    (0..count)
+        .map(|i| {
+            let words = 8 + (next() % 40) as usize;
+            let mut text = String::new();
+            for w in 0..words {
+                if w > 0 {
+                    text.push(' ');
+                }
+                text.push_str(WORDS[(next() % WORDS.len() as u64) as usize]);
+            }
+            text.push('.');
+            Message {
+                user_key: format!("bench-user-{}", i % users),
+                conversation: format!("session-{}", i / (users * 20)),
+                role: if i % 2 == 0 {
+                    Role::User
+                } else {
+                    Role::Assistant
+                },
+                name: None,
+                timestamp_ms: Some(1_700_000_000_000 + i as i64 * 1000),
+                source_turn: None,
+                text,
+            }
+        })
+        .collect()
+}
+
+fn bench_ingest(
+    messages: usize,
+    users: usize,
+    data: Option<PathBuf>,
+    sync: bool,
+    dictionary: &DictionaryArgs,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(users > 0, "--users must be at least 1");
+    let (dir, temporary) = match data {
+        Some(dir) => (dir, false),
+        None => (
+            std::env::temp_dir().join(format!("perpetuity-bench-ingest-{}", std::process::id())),
+            true,
+        ),
+    };
+    anyhow::ensure!(
+        !dir.exists(),
+        "{} exists; the benchmark writes a fresh store",
+        dir.display()
+    );
+    let data = DataArgs {
+        dir: dir.clone(),
+        sync_writes: sync,
+    };
+    let memory = dictionary.open(&data)?;
+    let input = synthetic_messages(messages, users);
+    let summary = ingest::ingest(
+        &memory.store,
+        &memory.dictionary,
+        &input,
+        progress_printer("bench ingest"),
+    )?;
+    let threads = rayon::current_num_threads();
+    println!(
+        "bench ingest: {} messages, {} rows, {} tokens, {} users, WAL on, sync {}, {threads} threads: {:.2?}, {:.0} rows/s",
+        summary.messages,
+        summary.rows,
+        summary.tokens,
+        users,
+        if sync { "every batch" } else { "off" },
+        summary.elapsed,
+        summary.rows_per_second()
+    );
+    drop(memory);
+    if temporary {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    std::io::stdout().flush()?;
+    Ok(())
+}

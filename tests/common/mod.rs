@@ -1,0 +1,47 @@
+//! Helpers shared by the integration tests.
+
+#![allow(dead_code)] // each test binary uses its own subset of these helpers
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use perpetuity::config::default_dictionaries_root;
+use perpetuity::dictionary::{DEFAULT_VERSION, Dictionary};
+
+/// The shipped default dictionary, loaded once per test binary.
+pub fn dictionary() -> &'static Dictionary {
+    static DICT: OnceLock<Dictionary> = OnceLock::new();
+    DICT.get_or_init(|| {
+        Dictionary::load_version(&default_dictionaries_root(), DEFAULT_VERSION)
+            .expect("the shipped dictionary loads")
+    })
+}
+
+/// The folder of the shipped default dictionary.
+pub fn dictionary_dir() -> PathBuf {
+    default_dictionaries_root().join(DEFAULT_VERSION)
+}
+
+/// `locomo10.json` from the shared data folder, or `None` with a SKIP line naming the test.
+pub fn locomo_file(test: &str) -> Option<PathBuf> {
+    let path = shared_dir()?.join("data/locomo/locomo10.json");
+    if path.is_file() {
+        Some(path)
+    } else {
+        eprintln!("SKIP {test}: {} is absent", path.display());
+        None
+    }
+}
+
+/// The shared data folder beside the repository (`$PERPETUITY_SHARED` overrides), if present.
+pub fn shared_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("PERPETUITY_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"));
+    if dir.is_dir() {
+        Some(dir)
+    } else {
+        eprintln!("SKIP: the shared data folder {} is absent", dir.display());
+        None
+    }
+}

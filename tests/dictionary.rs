@@ -1,0 +1,258 @@
+//! The shipped dictionary: it loads, derivation is deterministic to the byte, and every kind of
+//! damage to its files is refused with a typed error that names the file.
+
+mod common;
+
+use std::path::Path;
+
+use perpetuity::dictionary::derive::{RetrievalRow, derive, embed};
+use perpetuity::dictionary::stats::FrequencyTable;
+use perpetuity::dictionary::{Dictionary, DictionaryError, MANIFEST_FILE, TABLE_FILE};
+use perpetuity::tokens::{self, Tokenizer};
+use perpetuity::types::TokenId;
+use proptest::prelude::*;
+use sha2::{Digest, Sha256};
+
+/// A writable copy of the shipped dictionary in a fresh temp dir.
+fn copy_of_shipped() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for file in [MANIFEST_FILE, TABLE_FILE] {
+        std::fs::copy(common::dictionary_dir().join(file), dir.path().join(file)).unwrap();
+    }
+    dir
+}
+
+fn edit_manifest(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join(MANIFEST_FILE);
+    let mut value: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut value);
+    std::fs::write(path, serde_json::to_vec_pretty(&value).unwrap()).unwrap();
+}
+
+/// Rewrite the table and record its new size and hash, so only the table's own checks can
+/// catch what was done to it.
+fn rewrite_table_consistently(dir: &Path, bytes: &[u8]) {
+    std::fs::write(dir.join(TABLE_FILE), bytes).unwrap();
+    let sha = tokens::hex(&Sha256::digest(bytes));
+    edit_manifest(dir, |m| {
+        m["files"][TABLE_FILE]["sha256"] = sha.into();
+        m["files"][TABLE_FILE]["bytes"] = bytes.len().into();
+    });
+}
+
+#[test]
+fn shipped_dictionary_loads_and_is_consistent() {
+    let dict = common::dictionary();
+    let m = dict.manifest();
+    assert_eq!(m.tokenizer.name, tokens::TOKENIZER_NAME);
+    assert_eq!(m.tokenizer.sha256, Tokenizer::new().fingerprint());
+    assert_eq!(dict.rows(), m.rows as usize);
+    assert!(dict.rows() > 100_000, "table has {} rows", dict.rows());
+    // A common English word has a vector; the vector is not all zeros.
+    let the = Tokenizer::new().encode(" the");
+    let (scale, values) = dict.vector(the[0]).expect("' the' has a vector");
+    assert!(scale > 0.0 && values.iter().any(|&v| v != 0));
+}
+
+#[test]
+fn derivation_is_deterministic_to_the_byte() {
+    let dict = common::dictionary();
+    let tokenizer = Tokenizer::new();
+    let tokens = tokenizer.encode("Melanie painted a sunrise over the lake last weekend.");
+    let a = derive(dict, &tokenizer, None, &tokens);
+    let b = derive(dict, &tokenizer, None, &tokens);
+    assert_eq!(a.encode(), b.encode());
+    let stats = FrequencyTable::default();
+    let (ea, eb) = (embed(dict, &stats, &a), embed(dict, &stats, &b));
+    let bits = |e: &[f32]| e.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&ea.unit), bits(&eb.unit));
+    // A freshly loaded copy of the same dictionary gives the same bytes too.
+    let again = Dictionary::load(&common::dictionary_dir()).unwrap();
+    let c = derive(&again, &tokenizer, None, &tokens);
+    assert_eq!(c.encode(), a.encode());
+    assert_eq!(bits(&embed(&again, &stats, &c).unit), bits(&ea.unit));
+}
+
+#[test]
+fn related_texts_are_closer_than_unrelated_ones() {
+    let dict = common::dictionary();
+    let tokenizer = Tokenizer::new();
+    let stats = FrequencyTable::default();
+    let vec = |s: &str| {
+        embed(
+            dict,
+            &stats,
+            &derive(dict, &tokenizer, None, &tokenizer.encode(s)),
+        )
+        .unit
+    };
+    let cos = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    let dog = vec("My dog loves running in the park.");
+    let puppy = vec("The puppy plays fetch outside every morning.");
+    let tax = vec("Quarterly tax filings are due to the revenue office.");
+    assert!(
+        cos(&dog, &puppy) > cos(&dog, &tax) + 0.1,
+        "{} vs {}",
+        cos(&dog, &puppy),
+        cos(&dog, &tax)
+    );
+}
+
+#[test]
+fn missing_folder_is_an_io_error_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = Dictionary::load(&dir.path().join("nope")).unwrap_err();
+    assert!(matches!(err, DictionaryError::Io { .. }), "{err}");
+    assert!(err.to_string().contains(MANIFEST_FILE));
+}
+
+#[test]
+fn flipped_table_byte_fails_the_hash_check() {
+    let dir = copy_of_shipped();
+    let path = dir.path().join(TABLE_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Dictionary::load(dir.path()).unwrap_err();
+    assert!(matches!(err, DictionaryError::HashMismatch { .. }), "{err}");
+    assert!(err.to_string().contains(TABLE_FILE));
+}
+
+#[test]
+fn truncated_table_is_refused_even_with_a_matching_hash() {
+    let dir = copy_of_shipped();
+    let bytes = std::fs::read(dir.path().join(TABLE_FILE)).unwrap();
+    // Truncated against the header's recorded size.
+    std::fs::write(dir.path().join(TABLE_FILE), &bytes[..bytes.len() - 1]).unwrap();
+    let err = Dictionary::load(dir.path()).unwrap_err();
+    assert!(matches!(err, DictionaryError::Truncated { .. }), "{err}");
+    // Truncated, with the header rewritten to match: the table's own length check catches it.
+    rewrite_table_consistently(dir.path(), &bytes[..bytes.len() - 7]);
+    let err = Dictionary::load(dir.path()).unwrap_err();
+    assert!(matches!(err, DictionaryError::Truncated { .. }), "{err}");
+    assert!(err.to_string().contains(TABLE_FILE));
+}
+
+#[test]
+fn wrong_versions_are_refused() {
+    let dir = copy_of_shipped();
+    edit_manifest(dir.path(), |m| m["format_version"] = 2.into());
+    let err = Dictionary::load(dir.path()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DictionaryError::UnsupportedFormatVersion { found: 2, .. }
+        ),
+        "{err}"
+    );
+
+    let dir = copy_of_shipped();
+    let mut bytes = std::fs::read(dir.path().join(TABLE_FILE)).unwrap();
+    bytes[8..12].copy_from_slice(&9u32.to_le_bytes());
+    rewrite_table_consistently(dir.path(), &bytes);
+    let err = Dictionary::load(dir.path()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DictionaryError::UnsupportedFormatVersion { found: 9, .. }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_magic_and_unknown_fields_are_refused() {
+    let dir = copy_of_shipped();
+    let mut bytes = std::fs::read(dir.path().join(TABLE_FILE)).unwrap();
+    bytes[0] = b'X';
+    rewrite_table_consistently(dir.path(), &bytes);
+    assert!(matches!(
+        Dictionary::load(dir.path()),
+        Err(DictionaryError::Corrupt { .. })
+    ));
+
+    let dir = copy_of_shipped();
+    edit_manifest(dir.path(), |m| m["lexical"]["stem"] = "porter9000".into());
+    assert!(matches!(
+        Dictionary::load(dir.path()),
+        Err(DictionaryError::Manifest { .. })
+    ));
+
+    let dir = copy_of_shipped();
+    std::fs::write(dir.path().join(MANIFEST_FILE), b"{ not json").unwrap();
+    assert!(matches!(
+        Dictionary::load(dir.path()),
+        Err(DictionaryError::Manifest { .. })
+    ));
+}
+
+#[test]
+fn header_and_table_disagreeing_is_refused() {
+    let dir = copy_of_shipped();
+    edit_manifest(dir.path(), |m| {
+        let rows = m["rows"].as_u64().unwrap();
+        m["rows"] = (rows - 1).into();
+    });
+    let err = Dictionary::load(dir.path()).unwrap_err();
+    assert!(matches!(err, DictionaryError::Corrupt { .. }), "{err}");
+}
+
+#[test]
+fn another_tokenizer_is_refused() {
+    let dir = copy_of_shipped();
+    edit_manifest(dir.path(), |m| {
+        m["tokenizer"]["sha256"] = "00".repeat(32).into()
+    });
+    let err = Dictionary::load(dir.path()).unwrap_err();
+    assert!(
+        matches!(err, DictionaryError::TokenizerMismatch { .. }),
+        "{err}"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Any token sequence (including ids past the vocabulary) derives without panic, the
+    /// encoding round-trips, a second derivation gives the same bytes, and the embedding is a
+    /// unit vector or all zeros, with compact codes that agree with it.
+    #[test]
+    fn derivation_is_total_and_stable(
+        ids in proptest::collection::vec(0u32..200_100, 0..300),
+        name in proptest::option::of("[A-Za-zé ]{0,12}"),
+    ) {
+        let dict = common::dictionary();
+        let tokenizer = Tokenizer::new();
+        let tokens: Vec<TokenId> = ids.into_iter().map(TokenId).collect();
+        let row = derive(dict, &tokenizer, name.as_deref(), &tokens);
+        let bytes = row.encode();
+        prop_assert_eq!(&RetrievalRow::decode(&bytes).unwrap(), &row);
+        prop_assert_eq!(derive(dict, &tokenizer, name.as_deref(), &tokens).encode(), bytes);
+        let name_tokens = name.as_deref().map_or(0, |n| tokenizer.encode(n).len());
+        prop_assert_eq!(row.token_len as usize, tokens.len() + name_tokens);
+        prop_assert_eq!(row.tokens.iter().map(|&(_, c)| c as usize).sum::<usize>(), row.token_len as usize);
+
+        let mut stats = FrequencyTable::default();
+        stats.add(&row);
+        let e = embed(dict, &stats, &row);
+        prop_assert_eq!(e.unit.len(), dict.dims());
+        let norm: f32 = e.unit.iter().map(|x| x * x).sum::<f32>().sqrt();
+        prop_assert!(norm == 0.0 || (norm - 1.0).abs() < 1e-4, "norm {}", norm);
+        let q = e.quantize();
+        for (x, v) in e.unit.iter().zip(&q.values) {
+            prop_assert!((x - q.scale * f32::from(*v)).abs() <= q.scale * 0.5 + 1e-7);
+        }
+        let bits = e.sign_bits();
+        for (i, x) in e.unit.iter().enumerate() {
+            prop_assert_eq!((bits[i / 64] >> (i % 64)) & 1 == 1, *x > 0.0);
+        }
+    }
+
+    /// Decoding arbitrary bytes never panics.
+    #[test]
+    fn decoding_garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let _ = RetrievalRow::decode(&bytes);
+    }
+}

@@ -1,0 +1,238 @@
+//! Bulk ingest of benchmark files, export, and the command-line contract of `ingest`,
+//! `integrity` and `purge`, with real RocksDB in temp dirs.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use perpetuity::datasets::{self, DatasetError, Format};
+use perpetuity::ingest::{export, ingest};
+use perpetuity::integrity;
+use perpetuity::store::{Cf, Store, StoreOptions, keys};
+use perpetuity::types::{RowId, UserId};
+
+const LONGMEMEVAL: &str = r#"[
+  {"question_id": "q1", "question_type": "single-session-user", "question": "What is my cat called?",
+   "answer": "Miso", "question_date": "2023/06/01 (Thu) 10:00",
+   "haystack_session_ids": ["s1", "s2"], "haystack_dates": ["2023/05/20 (Sat) 02:21", "2023/05/21 (Sun) 09:00"],
+   "haystack_sessions": [
+     [{"role": "user", "content": "I got a cat. Her name is Miso.", "has_answer": true},
+      {"role": "assistant", "content": "Lovely name!"}],
+     [{"role": "user", "content": "What should I cook tonight?"}]
+   ],
+   "answer_session_ids": ["s1"]},
+  {"question_id": "q2_abs", "question_type": "temporal-reasoning", "question": "When did I buy a car?",
+   "answer": "unknown", "question_date": "2023/06/01 (Thu) 10:00",
+   "haystack_session_ids": ["s9"], "haystack_dates": ["2023/05/22 (Mon) 12:00"],
+   "haystack_sessions": [[{"role": "user", "content": "I like trains."}]],
+   "answer_session_ids": []}
+]"#;
+
+fn store_in(dir: &Path) -> Store {
+    let store = Store::open(dir, &StoreOptions::default()).unwrap();
+    store
+        .bind_dictionary(common::dictionary().version())
+        .unwrap();
+    store
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn longmemeval_ingests_with_turn_ids_and_evidence() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "lme.json", LONGMEMEVAL);
+    let data = datasets::load(Format::Longmemeval, &file).unwrap();
+    assert_eq!(data.messages.len(), 4);
+    assert_eq!(data.questions[0].evidence_turns, ["s1:0"]);
+    assert_eq!(data.questions[0].evidence_sessions, ["s1"]);
+    assert!(data.questions[1].evidence_turns.is_empty());
+
+    let store = store_in(&dir.path().join("data"));
+    let summary = ingest(&store, common::dictionary(), &data.messages, |_, _| {}).unwrap();
+    assert_eq!((summary.messages, summary.rows), (4, 4));
+    let mut out = Vec::new();
+    export(&store, Some("q1"), &mut out).unwrap();
+    let rows: Vec<serde_json::Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows[0]["source_turn"], "s1:0");
+    assert_eq!(rows[0]["conversation"], "s1");
+    assert_eq!(rows[0]["text"], "I got a cat. Her name is Miso.");
+    assert_eq!(rows[0]["timestamp_ms"], 1_684_549_260_000i64);
+    assert_eq!(rows[2]["conversation"], "s2");
+    let report = integrity::check(&store, common::dictionary()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert_eq!((report.rows, report.users), (4, 2));
+}
+
+#[test]
+fn bad_files_are_refused_with_file_and_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let truncated = write(dir.path(), "cut.json", &LONGMEMEVAL[..300]);
+    match datasets::load(Format::Longmemeval, &truncated) {
+        Err(DatasetError::Json { path, line, .. }) => {
+            assert_eq!(path, truncated);
+            assert!(line >= 1);
+        }
+        other => panic!("expected a JSON error, got {other:?}"),
+    }
+    let mismatched = LONGMEMEVAL.replace(r#"["s1", "s2"]"#, r#"["s1"]"#);
+    let file = write(dir.path(), "mismatch.json", &mismatched);
+    let err = datasets::load(Format::Longmemeval, &file).unwrap_err();
+    assert!(
+        matches!(err, DatasetError::Invalid { ref at, .. } if at == "q1"),
+        "{err}"
+    );
+    let bad_date = LONGMEMEVAL.replace("2023/05/21 (Sun) 09:00", "yesterday");
+    let file = write(dir.path(), "date.json", &bad_date);
+    let err = datasets::load(Format::Longmemeval, &file).unwrap_err();
+    assert!(err.to_string().contains("q1 session s2"), "{err}");
+    let wrong_type = LONGMEMEVAL.replace(r#""has_answer": true"#, r#""has_answer": "yes""#);
+    let file = write(dir.path(), "type.json", &wrong_type);
+    assert!(matches!(
+        datasets::load(Format::Longmemeval, &file),
+        Err(DatasetError::Json { .. })
+    ));
+    let err = datasets::load(Format::Locomo, &dir.path().join("missing.json")).unwrap_err();
+    assert!(matches!(err, DatasetError::Io { .. }), "{err}");
+}
+
+fn perpetuity(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_perpetuity"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("the binary runs")
+}
+
+#[test]
+fn command_line_ingest_integrity_purge_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    let file = write(dir.path(), "lme.json", LONGMEMEVAL);
+    let file = file.to_str().unwrap();
+
+    let missing = perpetuity(&["integrity", "--data", data]);
+    assert_eq!(missing.status.code(), Some(2), "no store: could not run");
+
+    let cut = write(dir.path(), "cut.json", &LONGMEMEVAL[..300]);
+    let bad = perpetuity(&[
+        "ingest",
+        "--data",
+        data,
+        "--format",
+        "longmemeval",
+        cut.to_str().unwrap(),
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("cut.json"));
+
+    let ok = perpetuity(&["ingest", "--data", data, "--format", "longmemeval", file]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("4 rows"));
+    let again = perpetuity(&["ingest", "--data", data, "--format", "longmemeval", file]);
+    assert!(
+        !again.status.success(),
+        "a second ingest of the same users is refused"
+    );
+
+    let clean = perpetuity(&["integrity", "--data", data, "--json"]);
+    assert_eq!(
+        clean.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&clean.stdout)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&clean.stdout).unwrap();
+    assert_eq!(report["rows"], 4);
+
+    let key = keys::user_row(UserId::from_key("q1"), RowId(1));
+    let saved = {
+        let store = Store::open(Path::new(data), &StoreOptions::default()).unwrap();
+        let saved = store.get(Cf::Retrieval, &key).unwrap().unwrap();
+        store.raw_delete(Cf::Retrieval, &key).unwrap();
+        saved
+    };
+    let broken = perpetuity(&["integrity", "--data", data]);
+    assert_eq!(broken.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&broken.stdout).contains("row has a retrieval row"));
+    Store::open(Path::new(data), &StoreOptions::default())
+        .unwrap()
+        .raw_put(Cf::Retrieval, &key, &saved)
+        .unwrap();
+
+    let purged = perpetuity(&["purge", "--data", data, "--user", "q1"]);
+    assert!(
+        purged.status.success(),
+        "{}",
+        String::from_utf8_lossy(&purged.stderr)
+    );
+    let after = perpetuity(&["integrity", "--data", data]);
+    assert_eq!(
+        after.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&after.stdout)
+    );
+    let exported = perpetuity(&["export", "--data", data]);
+    let lines = String::from_utf8_lossy(&exported.stdout);
+    assert_eq!(lines.lines().count(), 1);
+    assert!(lines.contains("I like trains."));
+}
+
+#[test]
+fn locomo_ingests_whole_and_checks_clean() {
+    let Some(file) = common::locomo_file("locomo_ingests_whole_and_checks_clean") else {
+        return;
+    };
+    let data = datasets::load(Format::Locomo, &file).unwrap();
+    assert_eq!(data.messages.len(), 5882);
+    assert_eq!(data.questions.len(), 1986);
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path());
+    let summary = ingest(&store, common::dictionary(), &data.messages, |_, _| {}).unwrap();
+    println!(
+        "LoCoMo ingest: {} messages, {} rows in {:.2?} ({:.0} rows/s)",
+        summary.messages,
+        summary.rows,
+        summary.elapsed,
+        summary.rows_per_second()
+    );
+    assert!(summary.rows >= 5882);
+    let started = std::time::Instant::now();
+    let report = integrity::check(&store, common::dictionary()).unwrap();
+    println!(
+        "LoCoMo integrity: {} rows in {:.2?}",
+        report.rows,
+        started.elapsed()
+    );
+    assert!(
+        report.is_clean(),
+        "{:#?}",
+        &report.violations[..report.violations.len().min(5)]
+    );
+    assert_eq!(report.users, 10);
+
+    let mut out = Vec::new();
+    export(&store, Some("conv-26"), &mut out).unwrap();
+    let first: serde_json::Value =
+        serde_json::from_str(String::from_utf8(out).unwrap().lines().next().unwrap()).unwrap();
+    assert_eq!(first["source_turn"], "D1:1");
+    assert_eq!(first["name"], "Caroline");
+    assert_eq!(first["conversation"], "session_1");
+    assert!(first["text"].as_str().unwrap().starts_with("Hey Mel!"));
+}

@@ -1,0 +1,414 @@
+//! The store with real RocksDB in temp dirs: capture round trip, integrity, seeded corruption,
+//! purge, and a model-based proptest over random capture/purge sequences.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use perpetuity::capture::{Capturer, Message};
+use perpetuity::dictionary::stats::Count;
+use perpetuity::ingest::export;
+use perpetuity::integrity;
+use perpetuity::store::{Activation, Cf, Store, StoreOptions, keys};
+use perpetuity::types::{Role, RowId, TokenId, UserId};
+use proptest::prelude::*;
+
+fn open(dir: &Path, compression: bool) -> Store {
+    let store = Store::open(
+        dir,
+        &StoreOptions {
+            sync_writes: false,
+            compression,
+        },
+    )
+    .unwrap();
+    store
+        .bind_dictionary(common::dictionary().version())
+        .unwrap();
+    store
+}
+
+fn message(user: &str, conversation: &str, role: Role, name: Option<&str>, text: &str) -> Message {
+    Message {
+        user_key: user.into(),
+        conversation: conversation.into(),
+        role,
+        name: name.map(str::to_owned),
+        timestamp_ms: Some(1_700_000_000_000),
+        source_turn: Some(format!("{conversation}:{}", text.len())),
+        text: text.into(),
+    }
+}
+
+/// Exported rows of one user as (role, name, text) lines.
+fn exported(store: &Store, user: &str) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    export(store, Some(user), &mut out).unwrap();
+    String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn assert_clean(store: &Store) {
+    let report = integrity::check(store, common::dictionary()).unwrap();
+    assert!(report.is_clean(), "violations: {:#?}", report.violations);
+}
+
+#[test]
+fn capture_round_trips_verbatim() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), true);
+    let capturer = Capturer::new(common::dictionary());
+    let long = "This sentence is part of a long message. ".repeat(60);
+    let messages = vec![
+        message(
+            "alice",
+            "c1",
+            Role::User,
+            Some("Alice"),
+            "Hi! I adopted a dog named Biscuit. 🐕",
+        ),
+        message(
+            "alice",
+            "c1",
+            Role::Assistant,
+            Some("Helper"),
+            "Congratulations on Biscuit!",
+        ),
+        message("alice", "c1", Role::User, Some("Alice"), &long),
+        message("bob", "c9", Role::User, None, "Bob's first message."),
+        message("alice", "c2", Role::User, Some("Alice"), ""),
+    ];
+    let ids = capturer.capture(&store, &messages).unwrap();
+    assert_eq!(ids[0], [RowId(1)]);
+    assert_eq!(ids[1], [RowId(2)]);
+    assert!(ids[2].len() > 1, "a long message is chunked");
+    assert!(ids[4].is_empty(), "an empty message stores nothing");
+
+    let alice = exported(&store, "alice");
+    let texts: Vec<&str> = alice.iter().map(|r| r["text"].as_str().unwrap()).collect();
+    assert_eq!(texts[0], messages[0].text);
+    assert_eq!(texts[1], messages[1].text);
+    assert_eq!(
+        texts[2..].concat(),
+        long,
+        "chunks concatenate to the message verbatim"
+    );
+    assert_eq!(alice[0]["name"], "Alice");
+    assert_eq!(alice[1]["role"], "assistant");
+    assert!(alice.iter().all(|r| r["user"] == "alice"));
+    assert_eq!(exported(&store, "bob").len(), 1);
+
+    // The clock counts the user's captured tokens; every row is born hot at its message's clock.
+    let tokens: u64 = alice
+        .iter()
+        .map(|r| {
+            perpetuity::tokens::Tokenizer::new()
+                .encode(r["text"].as_str().unwrap())
+                .len() as u64
+        })
+        .sum();
+    assert_eq!(store.clock(UserId::from_key("alice")).unwrap(), tokens);
+    assert_clean(&store);
+
+    // Reopening keeps everything and continues the row sequence.
+    let next = store.next_row();
+    drop(store);
+    let store = open(dir.path(), true);
+    assert_eq!(store.next_row(), next);
+    let more = capturer
+        .capture(
+            &store,
+            &[message("bob", "c9", Role::Assistant, None, "Reply.")],
+        )
+        .unwrap();
+    assert_eq!(more[0], [next]);
+    assert_clean(&store);
+}
+
+#[test]
+fn a_store_of_another_dictionary_or_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), true);
+    assert!(store.bind_dictionary("v0-other").is_err());
+    store
+        .raw_put(Cf::Meta, keys::meta::FORMAT_VERSION, &7u32.to_le_bytes())
+        .unwrap();
+    drop(store);
+    let err = Store::open(dir.path(), &StoreOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("format version 7"), "{err}");
+}
+
+/// Capture a small two-user memory and return the store.
+fn seeded(dir: &Path) -> Store {
+    let store = open(dir, true);
+    let capturer = Capturer::new(common::dictionary());
+    capturer
+        .capture(
+            &store,
+            &[
+                message(
+                    "alice",
+                    "c1",
+                    Role::User,
+                    Some("Alice"),
+                    "I love hiking in the Alps.",
+                ),
+                message(
+                    "alice",
+                    "c1",
+                    Role::Assistant,
+                    Some("Helper"),
+                    "Which trail?",
+                ),
+                message(
+                    "bob",
+                    "c1",
+                    Role::User,
+                    Some("Bob"),
+                    "My cat is called Miso.",
+                ),
+            ],
+        )
+        .unwrap();
+    assert_clean(&store);
+    store
+}
+
+fn checks(store: &Store) -> Vec<&'static str> {
+    integrity::check(store, common::dictionary())
+        .unwrap()
+        .violations
+        .into_iter()
+        .map(|v| v.check)
+        .collect()
+}
+
+#[test]
+fn integrity_finds_a_deleted_retrieval_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path());
+    let key = keys::user_row(UserId::from_key("alice"), RowId(1));
+    store.raw_delete(Cf::Retrieval, &key).unwrap();
+    let found = checks(&store);
+    assert!(found.contains(&"row has a retrieval row"), "{found:?}");
+    // The recount no longer sees that row's terms, so counts disagree too.
+    assert!(found.contains(&"count equals recount"), "{found:?}");
+}
+
+#[test]
+fn integrity_finds_a_bumped_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path());
+    let key = keys::count::key(Count::Token(TokenId(4))); // a token no row has
+    store
+        .raw_put(Cf::Counts, &key, &1i64.to_le_bytes())
+        .unwrap();
+    let rows_key = keys::count::key(Count::Rows);
+    store
+        .raw_put(Cf::Counts, &rows_key, &4i64.to_le_bytes())
+        .unwrap();
+    let report = integrity::check(&store, common::dictionary()).unwrap();
+    let keys: Vec<&str> = report.violations.iter().map(|v| v.key.as_str()).collect();
+    assert_eq!(report.violations.len(), 2, "{:#?}", report.violations);
+    assert!(keys.contains(&perpetuity::store::hex_key(&key).as_str()));
+    assert!(keys.contains(&perpetuity::store::hex_key(&rows_key).as_str()));
+}
+
+#[test]
+fn integrity_finds_an_orphan_activation_and_a_rewritten_decay() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path());
+    let alice = UserId::from_key("alice");
+    let orphan = Activation {
+        last_clock: 1,
+        peak: 1.0,
+        decay: 0.1,
+    };
+    store
+        .raw_put(
+            Cf::Activation,
+            &keys::user_row(alice, RowId(99)),
+            &orphan.encode(),
+        )
+        .unwrap();
+    let rewritten = Activation {
+        last_clock: 5,
+        peak: 1.0,
+        decay: 0.5,
+    };
+    store
+        .raw_put(
+            Cf::Activation,
+            &keys::user_row(alice, RowId(1)),
+            &rewritten.encode(),
+        )
+        .unwrap();
+    let found = checks(&store);
+    assert!(found.contains(&"no orphan"), "{found:?}");
+    assert!(found.contains(&"decay never rewritten"), "{found:?}");
+}
+
+#[test]
+fn integrity_finds_a_wrong_clock_and_an_unlogged_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path());
+    let bob = UserId::from_key("bob");
+    store
+        .raw_put(Cf::Clock, &keys::user(bob), &1u64.to_le_bytes())
+        .unwrap();
+    store.raw_delete(Cf::Log, &keys::log(RowId(3))).unwrap();
+    let found = checks(&store);
+    assert!(
+        found.contains(&"clock equals the user's tokens"),
+        "{found:?}"
+    );
+    assert!(found.contains(&"row is logged"), "{found:?}");
+}
+
+/// Every file under `dir`, read whole.
+fn files_contain(dir: &Path, needle: &[u8]) -> Vec<String> {
+    let mut hits = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            let bytes = std::fs::read(&path).unwrap();
+            if bytes.windows(needle.len()).any(|w| w == needle) {
+                hits.push(path.display().to_string());
+            }
+        }
+    }
+    hits
+}
+
+#[test]
+fn purge_removes_one_user_whole_and_leaves_others_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), false);
+    let capturer = Capturer::new(common::dictionary());
+    let secret = "Xylophone-quartz-7731 is my locker code.";
+    capturer
+        .capture(
+            &store,
+            &[
+                message("carol", "c1", Role::User, Some("Carol"), secret),
+                message(
+                    "dave",
+                    "c1",
+                    Role::User,
+                    Some("Dave"),
+                    "Dave likes sailing.",
+                ),
+                message("carol", "c2", Role::Assistant, None, "Noted, Carol."),
+                message("dave", "c1", Role::Assistant, None, "Sailing where?"),
+            ],
+        )
+        .unwrap();
+    // Flush to SST files as a long-running store would have.
+    drop(store);
+    let store = open(dir.path(), false);
+    assert!(!files_contain(dir.path(), b"Xylophone-quartz-7731").is_empty());
+
+    let dave_before = exported(&store, "dave");
+    let dave = UserId::from_key("dave");
+    let dave_clock = store.clock(dave).unwrap();
+    let removed = store.purge_user(UserId::from_key("carol")).unwrap();
+    assert_eq!(removed, 2);
+
+    assert!(exported(&store, "carol").is_empty());
+    assert_eq!(exported(&store, "dave"), dave_before);
+    assert_eq!(store.clock(dave).unwrap(), dave_clock);
+    assert_eq!(store.user_key(UserId::from_key("carol")).unwrap(), None);
+    assert_clean(&store);
+    let hits = files_contain(dir.path(), b"Xylophone-quartz-7731");
+    assert!(hits.is_empty(), "purged text still in {hits:?}");
+
+    // Row ids keep growing after a purge.
+    let ids = capturer
+        .capture(
+            &store,
+            &[message("erin", "c1", Role::User, None, "New user.")],
+        )
+        .unwrap();
+    assert_eq!(ids[0], [RowId(5)]);
+    assert_clean(&store);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Capture {
+        user: usize,
+        text: usize,
+        role: bool,
+    },
+    Purge {
+        user: usize,
+    },
+    Reopen,
+}
+
+const USERS: [&str; 3] = ["u0", "u1", "u2"];
+const TEXTS: [&str; 4] = [
+    "Short note.",
+    "We went to the lake on Sunday and swam until the sun set. It was cold!",
+    "",
+    "Numbers 1 2 3 and symbols ✓ ✗ mixed in.",
+];
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..USERS.len(), 0..TEXTS.len(), any::<bool>())
+            .prop_map(|(user, text, role)| Op::Capture { user, text, role }),
+        1 => (0..USERS.len()).prop_map(|user| Op::Purge { user }),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// The store against an in-memory model: after any sequence of captures, purges and
+    /// reopenings, each user's exported texts equal the model's and integrity is clean.
+    #[test]
+    fn store_matches_a_model(ops in proptest::collection::vec(op(), 1..25)) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = open(dir.path(), true);
+        let capturer = Capturer::new(common::dictionary());
+        let mut model: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for op in ops {
+            match op {
+                Op::Capture { user, text, role } => {
+                    let role = if role { Role::User } else { Role::Assistant };
+                    capturer
+                        .capture(&store, &[message(USERS[user], "c", role, None, TEXTS[text])])
+                        .unwrap();
+                    if !TEXTS[text].is_empty() {
+                        model.entry(USERS[user]).or_default().push(TEXTS[text]);
+                    }
+                }
+                Op::Purge { user } => {
+                    store.purge_user(UserId::from_key(USERS[user])).unwrap();
+                    model.remove(USERS[user]);
+                }
+                Op::Reopen => {
+                    drop(store);
+                    store = open(dir.path(), true);
+                }
+            }
+        }
+        for user in USERS {
+            let texts: Vec<String> = exported(&store, user)
+                .iter()
+                .map(|r| r["text"].as_str().unwrap().to_owned())
+                .collect();
+            let expected: Vec<String> =
+                model.get(user).into_iter().flatten().map(|s| s.to_string()).collect();
+            prop_assert_eq!(texts, expected);
+        }
+        let report = integrity::check(&store, common::dictionary()).unwrap();
+        prop_assert!(report.is_clean(), "{:#?}", report.violations);
+    }
+}
