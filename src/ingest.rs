@@ -126,11 +126,13 @@ pub fn export(
             let mut keys = std::collections::HashMap::new();
             for row in store.rows_since(RowId(0)) {
                 let row = row?;
-                if !keys.contains_key(&row.user) {
-                    let key = store.user_key(row.user)?.unwrap_or_default();
-                    keys.insert(row.user, key);
-                }
-                write_row(out, &keys[&row.user], &row)?;
+                let key = match keys.entry(row.user) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(store.user_key(row.user)?.unwrap_or_default())
+                    }
+                };
+                write_row(out, key, &row)?;
                 written += 1;
             }
         }

@@ -105,7 +105,7 @@ impl Table {
         if header.dtype != DTYPE_I8_ROW_SCALE {
             return Err(corrupt(format!("unknown dtype code {}", header.dtype)));
         }
-        if header.dims == 0 || header.dims % 64 != 0 {
+        if header.dims == 0 || !header.dims.is_multiple_of(64) {
             return Err(corrupt(format!(
                 "dims {} is not a positive multiple of 64",
                 header.dims

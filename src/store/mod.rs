@@ -177,6 +177,9 @@ pub struct NewMessage {
     pub chunks: Vec<NewChunk>,
 }
 
+/// A raw key and value as RocksDB returns them.
+pub type RawEntry = (Box<[u8]>, Box<[u8]>);
+
 /// The state guarded by the write mutex.
 #[derive(Debug)]
 struct Writer {
@@ -660,10 +663,7 @@ impl Store {
     }
 
     /// Every entry of one family, in key order.
-    pub fn iter_all(
-        &self,
-        cf: Cf,
-    ) -> impl Iterator<Item = Result<(Box<[u8]>, Box<[u8]>), StoreError>> + '_ {
+    pub fn iter_all(&self, cf: Cf) -> impl Iterator<Item = Result<RawEntry, StoreError>> + '_ {
         self.db
             .iterator_cf(&self.cf(cf), IteratorMode::Start)
             .map(move |item| item.map_err(|e| self.rocks(e)))
@@ -674,7 +674,7 @@ impl Store {
         &self,
         cf: Cf,
         user: UserId,
-    ) -> impl Iterator<Item = Result<(Box<[u8]>, Box<[u8]>), StoreError>> + '_ {
+    ) -> impl Iterator<Item = Result<RawEntry, StoreError>> + '_ {
         let mut read = ReadOptions::default();
         read.set_iterate_upper_bound(keys::user_end(user).to_vec());
         self.db
