@@ -95,6 +95,15 @@ fn parse_json<'de, T: Deserialize<'de>>(path: &Path, bytes: &'de [u8]) -> Result
     })
 }
 
+/// A value of the file at `at` is missing or wrong.
+fn invalid(path: &Path, at: String, message: String) -> DatasetError {
+    DatasetError::Invalid {
+        path: path.to_path_buf(),
+        at,
+        message,
+    }
+}
+
 /// Unix milliseconds of a naive (zone-less) date-time, read as UTC.
 fn parse_time(text: &str, format: &str) -> Option<i64> {
     NaiveDateTime::parse_from_str(text.trim(), format)
@@ -149,11 +158,7 @@ pub fn locomo_evidence_ids(raw: &str) -> Vec<String> {
 
 fn locomo(path: &Path, bytes: &[u8]) -> Result<Dataset, DatasetError> {
     let samples: Vec<LocomoSample> = parse_json(path, bytes)?;
-    let invalid = |at: String, message: String| DatasetError::Invalid {
-        path: path.to_path_buf(),
-        at,
-        message,
-    };
+    let invalid = |at, message| invalid(path, at, message);
     let mut out = Dataset::default();
     for sample in samples {
         let conv = &sample.conversation;
@@ -268,11 +273,7 @@ struct LongMemEvalTurn {
 
 fn longmemeval(path: &Path, bytes: &[u8]) -> Result<Dataset, DatasetError> {
     let items: Vec<LongMemEvalItem> = parse_json(path, bytes)?;
-    let invalid = |at: String, message: String| DatasetError::Invalid {
-        path: path.to_path_buf(),
-        at,
-        message,
-    };
+    let invalid = |at, message| invalid(path, at, message);
     let mut out = Dataset::default();
     for item in items {
         let id = &item.question_id;
