@@ -18,6 +18,7 @@ pub mod integrity;
 pub mod memory;
 pub mod proxy;
 pub mod relevance;
+pub mod scan;
 pub mod store;
 pub mod tokens;
 pub mod types;

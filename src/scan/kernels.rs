@@ -1,0 +1,376 @@
+//! Scoring kernels, each with a dull scalar twin that reads like the specification.
+//!
+//! - `hamming`: Hamming distance between 1-bit codes (the first pass): `popcount(q ^ r)`, over
+//!   codes stored in blocks of [`BLOCK_ROWS`] rows, word-major inside a block (word `w` of row
+//!   `r` of block `b` at `(b · words + w) · BLOCK_ROWS + r`). The layout lets one 512-bit
+//!   register hold the same word of eight rows, so a block is scored with vertical operations
+//!   only: no horizontal sums, no shuffles.
+//! - `dot_i8`: int8 dot product into i32 (the rescore of quantised vectors).
+//! - `dot_f32`: f32 dot product (the exact dense rescore).
+//!
+//! Implementations:
+//! - `scalar`: plain loops. `u64::count_ones` compiles to `POPCNT` on the x86-64-v3 baseline.
+//! - `wide`: 256-bit vectors through the `wide` crate, whose instructions are fixed at compile
+//!   time by the baseline in `.cargo/config.toml` (AVX2 and FMA).
+//! - `avx512`: `core::arch` AVX-512 VPOPCNTDQ for Hamming, chosen only when the CPU reports the
+//!   features at start-up. A VNNI int8 kernel was measured and did not pay: out of cache it ran
+//!   at 0.87-0.96x the `wide` kernel (`docs/benchmarks.md`), so there is none.
+//!
+//! [`Kernels::detect`] picks one implementation per kernel once, on purpose, and the choice is
+//! logged by the caller. Integer kernels agree bit for bit with the scalar twin (proptests
+//! below); the f32 kernel sums in another order and agrees within a stated tolerance.
+
+/// Rows per block of the 1-bit code layout.
+pub const BLOCK_ROWS: usize = 8;
+
+/// Words of a 1-bit code for `dims` dimensions.
+pub fn code_words(dims: usize) -> usize {
+    dims.div_ceil(64)
+}
+
+/// Which implementation a kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    Wide,
+    Avx512,
+}
+
+/// Hamming distances of `query` (one code of `words` u64) against blocked `codes`:
+/// `out.len()` rows, a multiple of [`BLOCK_ROWS`], and `codes.len() == out.len() · words`.
+pub type HammingFn = fn(query: &[u64], codes: &[u64], out: &mut [u32]);
+/// Dot products of `query` against each row of `rows` (`out.len()` rows of `query.len()`).
+pub type DotI8Fn = fn(query: &[i8], rows: &[i8], out: &mut [i32]);
+/// Dot product of two equally long f32 vectors.
+pub type DotF32Fn = fn(a: &[f32], b: &[f32]) -> f32;
+
+/// The kernels chosen for this process.
+#[derive(Debug, Clone, Copy)]
+pub struct Kernels {
+    pub hamming: HammingFn,
+    pub hamming_isa: Isa,
+    pub dot_i8: DotI8Fn,
+    pub dot_i8_isa: Isa,
+    pub dot_f32: DotF32Fn,
+    pub dot_f32_isa: Isa,
+}
+
+impl Kernels {
+    /// Every kernel scalar (the `--scalar-kernels` switch, and the reference in tests).
+    pub const SCALAR: Self = Self {
+        hamming: scalar::hamming,
+        hamming_isa: Isa::Scalar,
+        dot_i8: scalar::dot_i8,
+        dot_i8_isa: Isa::Scalar,
+        dot_f32: scalar::dot_f32,
+        dot_f32_isa: Isa::Scalar,
+    };
+
+    /// The fastest implementation of each kernel that this CPU runs, or all scalar when
+    /// `force_scalar`.
+    pub fn detect(force_scalar: bool) -> Self {
+        if force_scalar {
+            return Self::SCALAR;
+        }
+        let mut k = Self {
+            hamming: scalar::hamming,
+            hamming_isa: Isa::Scalar,
+            dot_i8: wide_impl::dot_i8,
+            dot_i8_isa: Isa::Wide,
+            dot_f32: wide_impl::dot_f32,
+            dot_f32_isa: Isa::Wide,
+        };
+        if avx512::has_vpopcntdq() {
+            k.hamming = avx512::hamming;
+            k.hamming_isa = Isa::Avx512;
+        }
+        k
+    }
+
+    /// One line naming each choice, for the start-up log.
+    pub fn describe(&self) -> String {
+        format!(
+            "hamming={:?} dot_i8={:?} dot_f32={:?}",
+            self.hamming_isa, self.dot_i8_isa, self.dot_f32_isa
+        )
+    }
+}
+
+/// The specification.
+pub mod scalar {
+    use super::BLOCK_ROWS;
+
+    pub fn hamming(query: &[u64], codes: &[u64], out: &mut [u32]) {
+        let words = query.len();
+        for (block, dist) in codes
+            .chunks_exact(words * BLOCK_ROWS)
+            .zip(out.chunks_exact_mut(BLOCK_ROWS))
+        {
+            for (r, d) in dist.iter_mut().enumerate() {
+                *d = (0..words)
+                    .map(|w| (query[w] ^ block[w * BLOCK_ROWS + r]).count_ones())
+                    .sum();
+            }
+        }
+    }
+
+    pub fn dot_i8(query: &[i8], rows: &[i8], out: &mut [i32]) {
+        let dims = query.len();
+        for (o, row) in out.iter_mut().zip(rows.chunks_exact(dims)) {
+            *o = query
+                .iter()
+                .zip(row)
+                .map(|(&q, &r)| i32::from(q) * i32::from(r))
+                .sum();
+        }
+    }
+
+    pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+}
+
+/// 256-bit vectors via `wide` (AVX2 and FMA under the shipped baseline).
+pub mod wide_impl {
+    use wide::{f32x8, i8x16, i16x16, i32x8};
+
+    /// Full 16-lane chunks through `i16x16::dot` (VPMADDWD), the tail in scalar.
+    pub fn dot_i8(query: &[i8], rows: &[i8], out: &mut [i32]) {
+        let dims = query.len();
+        let full = dims / 16 * 16;
+        let q: Vec<i16x16> = query[..full]
+            .chunks_exact(16)
+            .map(|c| i16x16::from_i8x16(i8x16::new(c.try_into().expect("16 lanes"))))
+            .collect();
+        for (o, row) in out.iter_mut().zip(rows.chunks_exact(dims)) {
+            let mut acc = i32x8::ZERO;
+            for (qv, c) in q.iter().zip(row[..full].chunks_exact(16)) {
+                let r = i16x16::from_i8x16(i8x16::new(c.try_into().expect("16 lanes")));
+                acc += qv.dot(r);
+            }
+            let tail: i32 = query[full..]
+                .iter()
+                .zip(&row[full..])
+                .map(|(&a, &b)| i32::from(a) * i32::from(b))
+                .sum();
+            *o = acc.reduce_add() + tail;
+        }
+    }
+
+    /// Two independent 8-lane FMA accumulators, the tail in scalar.
+    pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let full = n / 16 * 16;
+        let (mut acc0, mut acc1) = (f32x8::ZERO, f32x8::ZERO);
+        for (ca, cb) in a[..full].chunks_exact(16).zip(b[..full].chunks_exact(16)) {
+            let a0 = f32x8::new(ca[..8].try_into().expect("8 lanes"));
+            let a1 = f32x8::new(ca[8..].try_into().expect("8 lanes"));
+            let b0 = f32x8::new(cb[..8].try_into().expect("8 lanes"));
+            let b1 = f32x8::new(cb[8..].try_into().expect("8 lanes"));
+            acc0 = a0.mul_add(b0, acc0);
+            acc1 = a1.mul_add(b1, acc1);
+        }
+        let tail: f32 = a[full..n].iter().zip(&b[full..n]).map(|(x, y)| x * y).sum();
+        (acc0 + acc1).reduce_add() + tail
+    }
+}
+
+/// AVX-512 kernels through `core::arch`, used only after runtime detection.
+#[allow(unsafe_code)]
+pub mod avx512 {
+    /// True when the CPU runs the VPOPCNTDQ Hamming kernel.
+    pub fn has_vpopcntdq() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512vpopcntdq")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// Hamming with `VPOPCNTQ`: one register holds word `w` of a block's eight rows.
+    pub fn hamming(query: &[u64], codes: &[u64], out: &mut [u32]) {
+        assert!(has_vpopcntdq(), "avx512::hamming called without VPOPCNTDQ");
+        assert_eq!(out.len() % super::BLOCK_ROWS, 0, "whole blocks only");
+        assert!(
+            codes.len() >= out.len() * query.len(),
+            "codes shorter than out"
+        );
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the first assert checked the CPU features `hamming_vpopcnt` is compiled for;
+        // the others guarantee whole blocks and that `codes` holds every block `out` asks for,
+        // which bounds each of its loads and stores.
+        unsafe {
+            x86::hamming_vpopcnt(query, codes, out)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        super::scalar::hamming(query, codes, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use std::arch::x86_64::*;
+
+        #[target_feature(enable = "avx512f,avx512vpopcntdq")]
+        pub(super) unsafe fn hamming_vpopcnt(query: &[u64], codes: &[u64], out: &mut [u32]) {
+            let words = query.len();
+            let q: Vec<__m512i> = query.iter().map(|&w| _mm512_set1_epi64(w as i64)).collect();
+            let block_words = words * 8;
+            // One block: the distances of its eight rows as eight u64 lanes.
+            let block = |base: *const u64| {
+                let mut acc = _mm512_setzero_si512();
+                for (w, qw) in q.iter().enumerate() {
+                    // SAFETY: `base` starts a whole block of `words · 8` words inside `codes`
+                    // and `w < words`, so the 64-byte load is in bounds.
+                    let c = unsafe { _mm512_loadu_si512(base.add(w * 8).cast()) };
+                    acc = _mm512_add_epi64(acc, _mm512_popcnt_epi64(_mm512_xor_si512(*qw, c)));
+                }
+                acc
+            };
+            let pairs = out.len() / 16;
+            for p in 0..pairs {
+                // Two blocks per step: independent chains keep two loads in flight.
+                let base = codes[2 * p * block_words..].as_ptr();
+                let (a, b) = (block(base), block(base.wrapping_add(block_words)));
+                let dist = &mut out[p * 16..p * 16 + 16];
+                // SAFETY: `dist` is 16 u32 = 64 bytes; each store writes 32 of them.
+                unsafe {
+                    _mm256_storeu_si256(dist.as_mut_ptr().cast(), _mm512_cvtepi64_epi32(a));
+                    _mm256_storeu_si256(dist.as_mut_ptr().add(8).cast(), _mm512_cvtepi64_epi32(b));
+                }
+            }
+            if !out.len().is_multiple_of(16) {
+                let last = out.len() / 8 - 1;
+                let acc = block(codes[last * block_words..].as_ptr());
+                // SAFETY: the last 8 u32 of `out` are 32 bytes, exactly what the store writes.
+                unsafe {
+                    _mm256_storeu_si256(
+                        out[last * 8..].as_mut_ptr().cast(),
+                        _mm512_cvtepi64_epi32(acc),
+                    )
+                };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Every implementation this CPU can run, scalar first.
+    fn hamming_impls() -> Vec<(Isa, HammingFn)> {
+        let mut v: Vec<(Isa, HammingFn)> = vec![(Isa::Scalar, scalar::hamming)];
+        if avx512::has_vpopcntdq() {
+            v.push((Isa::Avx512, avx512::hamming));
+        }
+        v
+    }
+
+    fn dot_i8_impls() -> Vec<(Isa, DotI8Fn)> {
+        vec![
+            (Isa::Scalar, scalar::dot_i8),
+            (Isa::Wide, wide_impl::dot_i8),
+        ]
+    }
+
+    /// i8 values with the edges over-represented.
+    fn i8_edge() -> impl Strategy<Value = i8> {
+        prop_oneof![
+            Just(i8::MIN),
+            Just(i8::MAX),
+            Just(-1i8),
+            Just(0i8),
+            any::<i8>()
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn hamming_agrees_with_scalar(
+            words in 1usize..9,
+            blocks in 0usize..4,
+            seed in proptest::collection::vec(
+                prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()], 9 * (1 + 3 * BLOCK_ROWS)),
+        ) {
+            let rows = blocks * BLOCK_ROWS;
+            let query = &seed[..words];
+            let codes = &seed[words..words + rows * words];
+            let mut expected = vec![0u32; rows];
+            scalar::hamming(query, codes, &mut expected);
+            // The blocked layout is what the specification says it is.
+            for (r, &distance) in expected.iter().enumerate() {
+                let (b, i) = (r / BLOCK_ROWS, r % BLOCK_ROWS);
+                let direct: u32 = (0..words)
+                    .map(|w| (query[w] ^ codes[(b * words + w) * BLOCK_ROWS + i]).count_ones())
+                    .sum();
+                prop_assert_eq!(distance, direct);
+            }
+            for (isa, f) in hamming_impls() {
+                let mut got = vec![u32::MAX; rows];
+                f(query, codes, &mut got);
+                prop_assert_eq!(&got, &expected, "{:?}", isa);
+            }
+        }
+
+        #[test]
+        fn dot_i8_agrees_with_scalar(
+            dims in 1usize..300,
+            rows in 0usize..5,
+            values in proptest::collection::vec(i8_edge(), 300 * 6),
+        ) {
+            let query = &values[..dims];
+            let data = &values[dims..dims + rows * dims];
+            let mut expected = vec![0i32; rows];
+            scalar::dot_i8(query, data, &mut expected);
+            for (isa, f) in dot_i8_impls() {
+                let mut got = vec![i32::MAX; rows];
+                f(query, data, &mut got);
+                prop_assert_eq!(&got, &expected, "{:?}", isa);
+            }
+        }
+
+        /// Sums in another order may differ in the last bits: within 1e-5 relative to the sum
+        /// of absolute products (plus 1e-6 absolute).
+        #[test]
+        fn dot_f32_agrees_with_scalar(
+            pairs in proptest::collection::vec((-1.0f32..1.0, -1.0f32..1.0), 0..600),
+        ) {
+            let (a, b): (Vec<f32>, Vec<f32>) = pairs.into_iter().unzip();
+            let expected = scalar::dot_f32(&a, &b);
+            let magnitude: f32 = a.iter().zip(&b).map(|(x, y)| (x * y).abs()).sum();
+            let got = wide_impl::dot_f32(&a, &b);
+            prop_assert!((got - expected).abs() <= 1e-5 * magnitude + 1e-6, "{} vs {}", got, expected);
+        }
+    }
+
+    #[test]
+    fn extreme_int8_rows_are_exact() {
+        let dims = 256;
+        let query = vec![i8::MIN; dims];
+        let rows = vec![i8::MIN; dims * 2];
+        let mut expected = vec![0; 2];
+        scalar::dot_i8(&query, &rows, &mut expected);
+        assert_eq!(expected[0], 128 * 128 * 256);
+        for (isa, f) in dot_i8_impls() {
+            let mut got = vec![0; 2];
+            f(&query, &rows, &mut got);
+            assert_eq!(got, expected, "{isa:?}");
+        }
+    }
+
+    #[test]
+    fn detect_is_deliberate() {
+        assert_eq!(Kernels::detect(true).describe(), Kernels::SCALAR.describe());
+        let k = Kernels::detect(false);
+        assert_eq!(k.dot_f32_isa, Isa::Wide);
+        assert_eq!(k.hamming_isa == Isa::Avx512, avx512::has_vpopcntdq());
+        assert_eq!(k.dot_i8_isa, Isa::Wide);
+    }
+}

@@ -1,0 +1,3 @@
+//! The scan's pure kernels: slices in, scores out. Knows nothing of files, async or RocksDB.
+
+pub mod kernels;
