@@ -19,6 +19,7 @@ use perpetuity::ingest::{self, IngestSummary};
 use perpetuity::integrity;
 use perpetuity::memory::Memory;
 use perpetuity::proxy;
+use perpetuity::scan::kernels::Kernels;
 use perpetuity::store::{Store, StoreOptions};
 use perpetuity::tokens::Tokenizer;
 use perpetuity::types::{Role, UserId};
@@ -37,6 +38,9 @@ enum Command {
         /// Address to listen on.
         #[arg(long, env = "PERPETUITY_LISTEN", default_value = config::DEFAULT_LISTEN)]
         listen: SocketAddr,
+        /// Run every scan kernel in its scalar form (for diagnosis; slower).
+        #[arg(long, env = "PERPETUITY_SCALAR_KERNELS")]
+        scalar_kernels: bool,
         #[command(flatten)]
         data: DataArgs,
         #[command(flatten)]
@@ -214,9 +218,12 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve {
             listen,
+            scalar_kernels,
             data,
             dictionary,
         } => {
+            let kernels = Kernels::detect(scalar_kernels);
+            tracing::info!(kernels = %kernels.describe(), forced_scalar = scalar_kernels, "scan kernels chosen");
             let config = ServeConfig {
                 listen,
                 data_dir: data.dir.clone(),
