@@ -8,12 +8,18 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use perpetuity::scan::kernels::{self, DotI8Fn, HammingFn, Isa, Kernels};
+use perpetuity::scan::kernels::{self, BLOCK_ROWS, DotI8Fn, HammingFn, Isa, Kernels};
+use perpetuity::scan::topk::{Hit, TopK};
+use perpetuity::types::RowId;
 
 const DIMS: usize = 256;
 const REPEATS: usize = 5;
 const CODE_ROWS: usize = 8 << 20;
 const INT8_ROWS: usize = 1 << 20;
+/// Rows scored into one buffer before their hits are offered to the top-k.
+const SCAN_CHUNK_ROWS: usize = 1024;
+/// Hits kept, as in the faiss reference.
+const TOP_K: usize = 10;
 
 fn median(mut xs: Vec<Duration>) -> Duration {
     xs.sort();
@@ -109,7 +115,49 @@ fn main() {
         );
     }
     drop(out);
+
+    // The first pass end to end on one core: chosen Hamming kernel in chunks, then top-k.
+    let scan = || {
+        let mut top = TopK::new(TOP_K);
+        let mut buf = vec![0u32; SCAN_CHUNK_ROWS];
+        // Rows arrive in increasing id, so a distance equal to the worst kept one loses its
+        // tie: only strictly smaller distances can enter once the top-k is full.
+        let mut bound = u32::MAX;
+        for (c, chunk) in codes.chunks(SCAN_CHUNK_ROWS * words).enumerate() {
+            let rows = chunk.len() / words;
+            (chosen.hamming)(&query, chunk, &mut buf[..rows]);
+            for (i, &d) in buf[..rows].iter().enumerate() {
+                if d < bound {
+                    top.push(Hit {
+                        score: -(d as f32),
+                        row: RowId((c * SCAN_CHUNK_ROWS + i) as u64),
+                    });
+                    if let Some(worst) = top.threshold() {
+                        bound = (-worst.score) as u32;
+                    }
+                }
+            }
+        }
+        top.into_sorted()
+    };
+    let t = median(
+        (0..REPEATS)
+            .map(|_| {
+                let started = Instant::now();
+                black_box(scan());
+                started.elapsed()
+            })
+            .collect(),
+    );
+    let scan_rows_per_s = CODE_ROWS as f64 / t.as_secs_f64();
+    println!(
+        "first pass (hamming {:?} + top-{TOP_K}): {CODE_ROWS} rows in {t:.2?}: {:.0}M rows/s/core, {:.0}% of read bandwidth",
+        chosen.hamming_isa,
+        scan_rows_per_s / 1e6,
+        100.0 * scan_rows_per_s * (words * 8) as f64 / bandwidth
+    );
     drop(codes);
+    assert_eq!(CODE_ROWS % BLOCK_ROWS, 0);
 
     let bytes: Vec<i8> = fill(INT8_ROWS * DIMS / 8)
         .into_iter()
@@ -133,4 +181,46 @@ fn main() {
             100.0 * bytes_per_s / bandwidth
         );
     }
+    faiss_reference(scan_rows_per_s);
+}
+
+/// faiss's flat scans on the same shapes, run now when `PERPETUITY_FAISS_PYTHON` names a Python
+/// with faiss-cpu (see `benches/faiss_flat.py`).
+fn faiss_reference(first_pass_rows_per_s: f64) {
+    let Some(python) = std::env::var_os("PERPETUITY_FAISS_PYTHON") else {
+        println!(
+            "faiss reference: skipped (set PERPETUITY_FAISS_PYTHON to a Python with faiss-cpu)"
+        );
+        return;
+    };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/faiss_flat.py");
+    let output = std::process::Command::new(python)
+        .arg(script)
+        .args([
+            "--dims",
+            &DIMS.to_string(),
+            "--code-rows",
+            &CODE_ROWS.to_string(),
+        ])
+        .args(["--int8-rows", &INT8_ROWS.to_string()])
+        .output()
+        .expect("faiss script runs");
+    assert!(
+        output.status.success(),
+        "faiss script failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let figures: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("faiss script prints JSON");
+    let binary = figures["binary_flat_rows_per_s"]
+        .as_f64()
+        .unwrap_or(f64::NAN);
+    let sq8 = figures["sq8_flat_rows_per_s"].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "faiss {} (one core, k={TOP_K}): IndexBinaryFlat {:.0}M rows/s (first pass here: {:.2}x), SQ8 flat {:.1}M rows/s",
+        figures["faiss_version"],
+        binary / 1e6,
+        first_pass_rows_per_s / binary,
+        sq8 / 1e6
+    );
 }

@@ -80,6 +80,17 @@ impl TopK {
         }
     }
 
+    /// The worst kept hit once k hits are kept: a hit that does not rank before it cannot
+    /// enter, so a scan may skip it without calling [`TopK::push`].
+    #[inline]
+    pub fn threshold(&self) -> Option<Hit> {
+        if self.heap.len() < self.k {
+            None
+        } else {
+            self.heap.peek().map(|w| w.0)
+        }
+    }
+
     /// Fold another partial result in.
     pub fn merge(mut self, other: TopK) -> TopK {
         for Worst(hit) in other.heap {
@@ -133,6 +144,23 @@ mod tests {
         hits.sort_by(Hit::rank_cmp);
         hits.truncate(k);
         hits
+    }
+
+    #[test]
+    fn threshold_is_the_worst_kept_hit_once_full() {
+        let mut top = TopK::new(2);
+        let hit = |score, row| Hit {
+            score,
+            row: RowId(row),
+        };
+        top.push(hit(1.0, 5));
+        assert_eq!(top.threshold(), None);
+        top.push(hit(3.0, 9));
+        assert_eq!(top.threshold(), Some(hit(1.0, 5)));
+        top.push(hit(1.0, 4)); // same score, lower row id: ranks before row 5
+        assert_eq!(top.threshold(), Some(hit(1.0, 4)));
+        top.push(hit(1.0, 6)); // ties the worst but ranks after it: not kept
+        assert_eq!(top.into_sorted(), [hit(3.0, 9), hit(1.0, 4)]);
     }
 
     proptest! {
