@@ -6,6 +6,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod arena;
 pub mod capture;
 pub mod codec;
 pub mod config;
@@ -18,6 +19,7 @@ pub mod integrity;
 pub mod memory;
 pub mod proxy;
 pub mod relevance;
+pub mod retrieve;
 pub mod scan;
 pub mod store;
 pub mod tokens;

@@ -55,6 +55,82 @@ impl Bm25 {
     }
 }
 
+/// Weight of the dense part in the hybrid score (the lexical part has the rest): equal parts,
+/// as in the hybrid measured in `docs/benchmarks.md`.
+pub const DENSE_WEIGHT: f32 = 0.5;
+
+/// The exact final score of rows for one query: `DENSE_WEIGHT · cosine + (1 − DENSE_WEIGHT) ·
+/// BM25 / BM25_max`, where `BM25_max = Σ idf · (k1 + 1)` bounds the query's BM25 from above.
+/// Both parts are normalised by the query alone, never by the candidate set, so a row's score
+/// does not depend on which other rows were scored: a two-stage search and a brute-force one
+/// agree whenever the first stage kept the right rows.
+#[derive(Debug, Clone)]
+pub struct HybridScorer {
+    terms: Vec<(TermId, u32)>,
+    idf: Vec<f32>,
+    bm25_max: f32,
+    mean_len: f32,
+    query_vector: Vec<f32>,
+}
+
+impl HybridScorer {
+    /// A scorer for the query with `terms` and unit `query_vector` under `stats`.
+    pub fn new(
+        terms: &[(TermId, u32)],
+        query_vector: Vec<f32>,
+        stats: &impl FrequencyStats,
+    ) -> Self {
+        let idf: Vec<f32> = terms.iter().map(|&(t, _)| Bm25::idf(stats, t)).collect();
+        let bm25_max = idf.iter().sum::<f32>() * (Bm25::STANDARD.k1 + 1.0);
+        Self {
+            terms: terms.to_vec(),
+            idf,
+            bm25_max,
+            mean_len: mean_row_len(stats),
+            query_vector,
+        }
+    }
+
+    /// The query's terms' IDFs, in term order.
+    pub fn idf(&self) -> &[f32] {
+        &self.idf
+    }
+
+    /// The query's terms, sorted by id.
+    pub fn terms(&self) -> &[(TermId, u32)] {
+        &self.terms
+    }
+
+    /// A cheap estimate of [`HybridScorer::score`] for the first pass, from an estimated
+    /// `cosine` and `matched_idf`, the IDF sum of the query terms the row may hold, scored as
+    /// if each occurred once in a row of mean length.
+    pub fn estimate(&self, cosine: f32, matched_idf: f32) -> f32 {
+        let lexical = if self.bm25_max > 0.0 {
+            matched_idf * (Bm25::STANDARD.k1 + 1.0) / (1.0 + Bm25::STANDARD.k1) / self.bm25_max
+        } else {
+            0.0
+        };
+        DENSE_WEIGHT * cosine + (1.0 - DENSE_WEIGHT) * lexical
+    }
+
+    /// The cosine that a Hamming distance `hamming` between `dims`-bit sign codes suggests:
+    /// `cos(π · hamming / dims)`.
+    pub fn cosine_from_hamming(hamming: u32, dims: usize) -> f32 {
+        (std::f32::consts::PI * hamming as f32 / dims as f32).cos()
+    }
+
+    /// The score of a row with `terms` (`term_len` in all) and unit vector `vector`.
+    pub fn score(&self, terms: &[(TermId, u32)], term_len: u64, vector: &[f32]) -> f32 {
+        let lexical = if self.bm25_max > 0.0 {
+            Bm25::STANDARD.score(&self.terms, &self.idf, terms, term_len, self.mean_len)
+                / self.bm25_max
+        } else {
+            0.0
+        };
+        DENSE_WEIGHT * dot(&self.query_vector, vector) + (1.0 - DENSE_WEIGHT) * lexical
+    }
+}
+
 /// Mean row length in terms under `stats` (1 for an empty corpus).
 pub fn mean_row_len(stats: &impl FrequencyStats) -> f32 {
     if stats.rows() == 0 {

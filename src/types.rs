@@ -35,7 +35,9 @@ impl UserId {
 
 /// A stored row: its position in the global capture sequence. Row ids only grow, so the
 /// largest one seen is the watermark the resident arena catches up from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[repr(transparent)]
 pub struct RowId(pub u64);
 

@@ -751,6 +751,33 @@ impl Store {
             })
     }
 
+    /// The user a row belongs to, from the capture log.
+    pub fn user_of(&self, row: RowId) -> Result<Option<UserId>, StoreError> {
+        Ok(self
+            .get(Cf::Log, &keys::log(row))?
+            .and_then(|v| <[u8; 8]>::try_from(&v[..]).ok())
+            .map(|v| UserId(u64::from_be_bytes(v))))
+    }
+
+    /// One retrieval row.
+    pub fn retrieval(&self, user: UserId, id: RowId) -> Result<Option<RetrievalRow>, StoreError> {
+        let key = keys::user_row(user, id);
+        let Some(bytes) = self
+            .db
+            .get_pinned_cf(&self.cf(Cf::Retrieval), key)
+            .map_err(|e| self.rocks(e))?
+        else {
+            return Ok(None);
+        };
+        RetrievalRow::decode(&bytes)
+            .map(Some)
+            .map_err(|source| StoreError::Corrupt {
+                cf: Cf::Retrieval.name(),
+                key: hex_key(&key),
+                source,
+            })
+    }
+
     /// A user's key as it was captured, if the user has a memory.
     pub fn user_key(&self, user: UserId) -> Result<Option<String>, StoreError> {
         Ok(self
