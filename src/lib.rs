@@ -7,6 +7,7 @@
 #![deny(unsafe_code)]
 
 pub mod arena;
+pub mod bench;
 pub mod capture;
 pub mod codec;
 pub mod config;

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
-use perpetuity::capture::Message;
+use perpetuity::bench;
 use perpetuity::config::{self, ServeConfig};
 use perpetuity::datasets::{self, Format};
 use perpetuity::dictionary::derive::{derive, embed};
@@ -22,7 +22,7 @@ use perpetuity::proxy;
 use perpetuity::scan::kernels::Kernels;
 use perpetuity::store::{Store, StoreOptions};
 use perpetuity::tokens::Tokenizer;
-use perpetuity::types::{Role, UserId};
+use perpetuity::types::UserId;
 
 #[derive(Parser)]
 #[command(name = "perpetuity", version, about = "A memory proxy for LLM agents")]
@@ -110,6 +110,32 @@ enum DictCommand {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Scan throughput, query latency and two-stage fidelity over a synthetic pooled memory.
+    Scan {
+        /// Rows in the memory.
+        #[arg(long, default_value_t = 100_000)]
+        rows: usize,
+        /// Users they are spread over (1: one scope holds every row, the worst case).
+        #[arg(long, default_value_t = 1)]
+        users: usize,
+        /// Threads a query is spread over.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// Queries timed.
+        #[arg(long, default_value_t = 200)]
+        queries: usize,
+        /// Queries also answered by brute force to measure fidelity.
+        #[arg(long, default_value_t = 20)]
+        fidelity_queries: usize,
+        /// Print one JSON object (names in docs/benchmarks.md).
+        #[arg(long)]
+        json: bool,
+        /// Where to put the store (default: a fresh temp folder, removed afterwards).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+    },
     /// Capture rate (rows/s) into a fresh store with the WAL on.
     Ingest {
         /// Messages to capture.
@@ -276,6 +302,30 @@ fn main() -> anyhow::Result<()> {
         } => show(&dictionary.load()?, text.as_deref()),
         Command::Bench {
             command:
+                BenchCommand::Scan {
+                    rows,
+                    users,
+                    threads,
+                    queries,
+                    fidelity_queries,
+                    json,
+                    data,
+                    dictionary,
+                },
+        } => bench_scan(
+            bench::ScanSettings {
+                rows,
+                users,
+                threads,
+                queries,
+                fidelity_queries,
+            },
+            data,
+            json,
+            &dictionary,
+        ),
+        Command::Bench {
+            command:
                 BenchCommand::Ingest {
                     messages,
                     users,
@@ -439,100 +489,40 @@ fn show(dict: &Dictionary, text: Option<&str>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Seeded synthetic chat messages: sentences drawn from a fixed vocabulary with a xorshift
-/// generator, so every run captures the same text.
-fn synthetic_messages(count: usize, users: usize) -> Vec<Message> {
-    const WORDS: &[&str] = &[
-        "the",
-        "we",
-        "talked",
-        "about",
-        "my",
-        "sister",
-        "trip",
-        "to",
-        "Lisbon",
-        "next",
-        "week",
-        "and",
-        "a",
-        "new",
-        "painting",
-        "class",
-        "I",
-        "started",
-        "on",
-        "Tuesday",
-        "dog",
-        "adopted",
-        "from",
-        "shelter",
-        "running",
-        "marathon",
-        "training",
-        "plan",
-        "recipe",
-        "for",
-        "lemon",
-        "cake",
-        "job",
-        "interview",
-        "went",
-        "well",
-        "book",
-        "club",
-        "reading",
-        "garden",
-        "tomatoes",
-        "concert",
-        "tickets",
-        "birthday",
-        "party",
-        "Saturday",
-        "it",
-        "was",
-        "really",
-        "fun",
-        "stressful",
-        "kids",
-        "school",
-        "project",
-        "volcano",
-        "model",
-    ];
-    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
-    (0..count)
-        .map(|i| {
-            let words = 8 + (next() % 40) as usize;
-            let mut text = String::new();
-            for w in 0..words {
-                if w > 0 {
-                    text.push(' ');
-                }
-                text.push_str(WORDS[(next() % WORDS.len() as u64) as usize]);
-            }
-            text.push('.');
-            Message {
-                user_key: format!("bench-user-{}", i % users),
-                conversation: format!("session-{}", i / (users * 20)),
-                role: if i % 2 == 0 {
-                    Role::User
-                } else {
-                    Role::Assistant
-                },
-                name: None,
-                timestamp_ms: Some(1_700_000_000_000 + i as i64 * 1000),
-                source_turn: None,
-                text,
-            }
-        })
-        .collect()
+/// A fresh store for a benchmark: `data`, or a folder under the system temp dir that is
+/// removed when the returned guard drops.
+struct BenchDir {
+    dir: PathBuf,
+    temporary: bool,
+}
+
+impl BenchDir {
+    fn new(data: Option<PathBuf>, name: &str) -> anyhow::Result<Self> {
+        let (dir, temporary) = match data {
+            Some(dir) => (dir, false),
+            None => (
+                std::env::temp_dir()
+                    .join(format!("perpetuity-bench-{name}-{}", std::process::id())),
+                true,
+            ),
+        };
+        anyhow::ensure!(
+            !dir.exists(),
+            "{} exists; the benchmark writes a fresh store",
+            dir.display()
+        );
+        Ok(Self { dir, temporary })
+    }
+}
+
+impl Drop for BenchDir {
+    fn drop(&mut self) {
+        if self.temporary
+            && let Err(err) = std::fs::remove_dir_all(&self.dir)
+        {
+            eprintln!("could not remove {}: {err}", self.dir.display());
+        }
+    }
 }
 
 fn bench_ingest(
@@ -543,24 +533,13 @@ fn bench_ingest(
     dictionary: &DictionaryArgs,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(users > 0, "--users must be at least 1");
-    let (dir, temporary) = match data {
-        Some(dir) => (dir, false),
-        None => (
-            std::env::temp_dir().join(format!("perpetuity-bench-ingest-{}", std::process::id())),
-            true,
-        ),
-    };
-    anyhow::ensure!(
-        !dir.exists(),
-        "{} exists; the benchmark writes a fresh store",
-        dir.display()
-    );
+    let place = BenchDir::new(data, "ingest")?;
     let data = DataArgs {
-        dir: dir.clone(),
+        dir: place.dir.clone(),
         sync_writes: sync,
     };
     let memory = dictionary.open(&data)?;
-    let input = synthetic_messages(messages, users);
+    let input = bench::synthetic_messages(messages, users, bench::MESSAGE_SEED);
     let summary = ingest::ingest(
         &memory.store,
         &memory.dictionary,
@@ -578,10 +557,56 @@ fn bench_ingest(
         summary.elapsed,
         summary.rows_per_second()
     );
-    drop(memory);
-    if temporary {
-        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
-    }
     std::io::stdout().flush()?;
+    Ok(())
+}
+
+fn bench_scan(
+    settings: bench::ScanSettings,
+    data: Option<PathBuf>,
+    json: bool,
+    dictionary: &DictionaryArgs,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        settings.users > 0 && settings.rows > 0,
+        "--rows and --users must be at least 1"
+    );
+    anyhow::ensure!(settings.threads > 0, "--threads must be at least 1");
+    let place = BenchDir::new(data, "scan")?;
+    let data = DataArgs {
+        dir: place.dir.clone(),
+        sync_writes: false,
+    };
+    let memory = dictionary.open(&data)?;
+    let input = bench::synthetic_messages(settings.rows, settings.users, bench::MESSAGE_SEED);
+    ingest::ingest(
+        &memory.store,
+        &memory.dictionary,
+        &input,
+        progress_printer("bench scan: ingest"),
+    )?;
+    drop(input);
+    let kernels = Kernels::detect(false);
+    eprintln!("bench scan: kernels {}", kernels.describe());
+    let report = bench::scan(&memory, &kernels, settings);
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "bench scan: {} rows over {} users, {} threads, {} bytes/row resident\n  first pass (one core, largest scope): {:.0}M rows/s, {:.2} GB/s = {:.0}% of read bandwidth {:.2} GB/s\n  query (catch-up + prepare + search, top 10): p50 {:.2} ms, p99 {:.2} ms\n  fidelity (two-stage top 10 = brute force): {:.4}\n  cold catch-up: {:.0} rows/s",
+            report.rows,
+            report.users,
+            report.threads,
+            report.bytes_per_row,
+            report.first_pass_rows_per_s_per_core / 1e6,
+            report.first_pass_bytes_per_s / 1e9,
+            100.0 * report.bandwidth_ratio,
+            report.memory_read_bytes_per_s / 1e9,
+            report.query_p50_ms,
+            report.query_p99_ms,
+            report.fidelity_top10,
+            report.catch_up_rows_per_s
+        );
+    }
     Ok(())
 }

@@ -105,29 +105,43 @@ impl HybridScorer {
     /// `cosine` and `matched_idf`, the IDF sum of the query terms the row may hold, scored as
     /// if each occurred once in a row of mean length.
     pub fn estimate(&self, cosine: f32, matched_idf: f32) -> f32 {
-        let lexical = if self.bm25_max > 0.0 {
-            matched_idf * (Bm25::STANDARD.k1 + 1.0) / (1.0 + Bm25::STANDARD.k1) / self.bm25_max
-        } else {
-            0.0
-        };
-        DENSE_WEIGHT * cosine + (1.0 - DENSE_WEIGHT) * lexical
+        // One occurrence in a row of mean length scores idf · (k1 + 1) / (1 + k1) = idf.
+        DENSE_WEIGHT * cosine + self.lexical_factor() * matched_idf
     }
 
-    /// The cosine that a Hamming distance `hamming` between `dims`-bit sign codes suggests:
-    /// `cos(π · hamming / dims)`.
-    pub fn cosine_from_hamming(hamming: u32, dims: usize) -> f32 {
-        (std::f32::consts::PI * hamming as f32 / dims as f32).cos()
+    /// The dense part of [`HybridScorer::estimate`] for every Hamming distance `0..=dims`
+    /// between `dims`-bit sign codes: `DENSE_WEIGHT · cos(π · d / dims)`, looked up per row
+    /// instead of computed.
+    pub fn hamming_table(dims: usize) -> Vec<f32> {
+        (0..=dims)
+            .map(|d| DENSE_WEIGHT * (std::f32::consts::PI * d as f32 / dims as f32).cos())
+            .collect()
+    }
+
+    /// The factor turning `matched_idf` into the lexical part of [`HybridScorer::estimate`].
+    pub fn lexical_factor(&self) -> f32 {
+        if self.bm25_max > 0.0 {
+            (1.0 - DENSE_WEIGHT) / self.bm25_max
+        } else {
+            0.0
+        }
     }
 
     /// The score of a row with `terms` (`term_len` in all) and unit vector `vector`.
     pub fn score(&self, terms: &[(TermId, u32)], term_len: u64, vector: &[f32]) -> f32 {
+        self.score_with_cosine(terms, term_len, dot(&self.query_vector, vector))
+    }
+
+    /// The score of a row with `terms` (`term_len` in all) whose cosine to the query is
+    /// `cosine` (exact or estimated).
+    pub fn score_with_cosine(&self, terms: &[(TermId, u32)], term_len: u64, cosine: f32) -> f32 {
         let lexical = if self.bm25_max > 0.0 {
             Bm25::STANDARD.score(&self.terms, &self.idf, terms, term_len, self.mean_len)
                 / self.bm25_max
         } else {
             0.0
         };
-        DENSE_WEIGHT * dot(&self.query_vector, vector) + (1.0 - DENSE_WEIGHT) * lexical
+        DENSE_WEIGHT * cosine + (1.0 - DENSE_WEIGHT) * lexical
     }
 }
 

@@ -80,6 +80,13 @@ pub enum ArenaError {
     Dimensions { found: usize },
 }
 
+/// A row's distinct lexical terms with counts, and their total.
+#[derive(Debug, Clone, Default)]
+pub struct RowTerms {
+    pub terms: Box<[(TermId, u32)]>,
+    pub len: u64,
+}
+
 /// Where a row lives in the arena.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slot {
@@ -93,6 +100,9 @@ pub struct Arena {
     pages: Vec<Page>,
     by_user: HashMap<UserId, Vec<u32>>,
     slots: HashMap<RowId, Slot>,
+    /// Each row's lexical terms and term length, by page and index, for the exact lexical
+    /// score of the int8 stage.
+    terms: Vec<Vec<RowTerms>>,
     /// Every row id below this has been caught up (or never existed).
     watermark: RowId,
     stats: FrequencyTable,
@@ -176,6 +186,7 @@ impl Arena {
                 let mut page = Page::zeroed();
                 page.user = row.user.0;
                 self.pages.push(page);
+                self.terms.push(Vec::with_capacity(PAGE_ROWS));
                 let p = (self.pages.len() - 1) as u32;
                 pages.push(p);
                 p
@@ -201,6 +212,10 @@ impl Arena {
         }
         page.vectors[i * DIMS..(i + 1) * DIMS].copy_from_slice(&quantized.values);
         page.rows += 1;
+        self.terms[page_index as usize].push(RowTerms {
+            terms: retrieval.terms.clone().into_boxed_slice(),
+            len: retrieval.term_len(),
+        });
         self.slots.insert(
             row.id,
             Slot {
@@ -213,6 +228,11 @@ impl Arena {
     /// Where row `id` lives, if the arena holds it.
     pub fn slot(&self, id: RowId) -> Option<Slot> {
         self.slots.get(&id).copied()
+    }
+
+    /// The lexical terms of the row in `slot`.
+    pub fn row_terms(&self, slot: Slot) -> &RowTerms {
+        &self.terms[slot.page as usize][slot.index as usize]
     }
 
     /// The page at `index`.
@@ -229,6 +249,7 @@ impl Arena {
                     self.slots.remove(&RowId(*id));
                 }
                 *page = Page::zeroed();
+                self.terms[p as usize].clear();
             }
         }
         for row in retrieval_rows {

@@ -1,0 +1,278 @@
+//! Benchmarks that print figures (`perpetuity bench ...`): seeded synthetic input, the memory
+//! bandwidth reference, and the scan benchmark. Figures go to `docs/benchmarks.md`.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::arena::{Arena, DIMS};
+use crate::capture::Message;
+use crate::memory::Memory;
+use crate::retrieve::{
+    PreparedQuery, STAGE_ONE_WIDENING, brute_force, first_pass, first_pass_k, search,
+};
+use crate::scan::kernels::{Kernels, code_words};
+use crate::types::{Role, UserId};
+
+/// Seed of the synthetic messages.
+pub const MESSAGE_SEED: u64 = 0x9E37_79B9_7F4A_7C15;
+/// Seed of the synthetic queries (a different stream from the messages).
+pub const QUERY_SEED: u64 = 0xD1B5_4A32_D192_ED03;
+
+/// A xorshift generator: deterministic, dependency-free, good enough for test text.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Common English words, drawn often.
+const COMMON: &[&str] = &[
+    "the", "we", "I", "my", "a", "to", "and", "it", "was", "about", "on", "for", "with", "that",
+    "really", "went", "talked", "new", "next", "week",
+];
+/// Syllables of the rarer, content-bearing pseudo-words.
+const SYLLABLES: &[&str] = &[
+    "ka", "lo", "mi", "ren", "sa", "to", "vi", "nu", "pe", "dor", "an", "bel", "cor", "fin", "gar",
+    "hol", "jun", "mar", "tes", "wil",
+];
+
+/// One sentence: common words mixed with pseudo-words from a vocabulary of 8,000, drawn with a
+/// Zipf-like skew so some words are frequent and most are rare.
+fn sentence(rng: &mut XorShift) -> String {
+    let words = 8 + rng.below(40);
+    let mut text = String::new();
+    for w in 0..words {
+        if w > 0 {
+            text.push(' ');
+        }
+        if rng.below(3) == 0 {
+            text.push_str(COMMON[rng.below(COMMON.len())]);
+        } else {
+            // Skewed rank in 0..8000: the minimum of two uniform draws favours low ranks.
+            let rank = rng.below(8_000).min(rng.below(8_000));
+            let mut r = rank;
+            for _ in 0..3 {
+                text.push_str(SYLLABLES[r % SYLLABLES.len()]);
+                r /= SYLLABLES.len();
+            }
+        }
+    }
+    text.push('.');
+    text
+}
+
+/// `count` seeded synthetic chat messages spread round-robin over `users` users, twenty
+/// messages per conversation.
+pub fn synthetic_messages(count: usize, users: usize, seed: u64) -> Vec<Message> {
+    let mut rng = XorShift(seed);
+    (0..count)
+        .map(|i| Message {
+            user_key: format!("bench-user-{}", i % users),
+            conversation: format!("session-{}", i / (users * 20)),
+            role: if i % 2 == 0 {
+                Role::User
+            } else {
+                Role::Assistant
+            },
+            name: None,
+            timestamp_ms: Some(1_700_000_000_000 + i as i64 * 1000),
+            source_turn: None,
+            text: sentence(&mut rng),
+        })
+        .collect()
+}
+
+/// Sequential read bandwidth of one core, in bytes/s: the median of five passes XOR-folding a
+/// buffer of `bytes` bytes (make it larger than the last-level cache).
+pub fn read_bandwidth(bytes: usize) -> f64 {
+    let mut rng = XorShift(MESSAGE_SEED);
+    let data: Vec<u64> = (0..bytes / 8).map(|_| rng.next()).collect();
+    let mut times: Vec<Duration> = (0..5)
+        .map(|_| {
+            let started = Instant::now();
+            let mut acc = [0u64; 8];
+            for chunk in data.chunks_exact(8) {
+                for (a, w) in acc.iter_mut().zip(chunk) {
+                    *a ^= w;
+                }
+            }
+            std::hint::black_box(acc);
+            started.elapsed()
+        })
+        .collect();
+    times.sort();
+    (data.len() * 8) as f64 / times[2].as_secs_f64()
+}
+
+/// What `perpetuity bench scan --json` prints; scripts rely on these names.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScanReport {
+    pub rows: usize,
+    pub users: usize,
+    pub threads: usize,
+    pub bytes_per_row: usize,
+    pub first_pass_rows_per_s_per_core: f64,
+    pub first_pass_bytes_per_s: f64,
+    pub memory_read_bytes_per_s: f64,
+    pub bandwidth_ratio: f64,
+    pub query_p50_ms: f64,
+    pub query_p99_ms: f64,
+    pub fidelity_top10: f64,
+    pub catch_up_rows_per_s: f64,
+}
+
+/// Settings of one scan benchmark.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanSettings {
+    pub rows: usize,
+    pub users: usize,
+    pub threads: usize,
+    pub queries: usize,
+    pub fidelity_queries: usize,
+}
+
+/// Run the scan benchmark on a memory already holding `settings.rows` synthetic rows over
+/// `settings.users` users: cold catch-up, first-pass throughput on one core over the largest
+/// scope, query latency (catch-up + prepare + search, no network) on `threads` threads, and
+/// the share of queries whose two-stage top 10 equals brute force's.
+pub fn scan(memory: &Memory, kernels: &Kernels, settings: ScanSettings) -> ScanReport {
+    let started = Instant::now();
+    let mut arena = Arena::new();
+    let caught = arena
+        .catch_up(&memory.store, &memory.dictionary)
+        .expect("catch-up from a fresh store");
+    let catch_up_rows_per_s = caught as f64 / started.elapsed().as_secs_f64();
+
+    let mut rng = XorShift(QUERY_SEED);
+    let queries: Vec<(UserId, String)> = (0..settings.queries.max(1))
+        .map(|_| {
+            let user = UserId::from_key(&format!("bench-user-{}", rng.below(settings.users)));
+            (user, sentence(&mut rng))
+        })
+        .collect();
+
+    // First pass alone on one core, over user 0's scope (all rows when there is one user).
+    let scope = [UserId::from_key("bench-user-0")];
+    let scope_rows: usize = arena
+        .scope_pages(&scope)
+        .iter()
+        .map(|p| p.rows as usize)
+        .sum();
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a one-thread pool");
+    let query = PreparedQuery::new(&memory.dictionary, &arena, &queries[0].1);
+    let mut times: Vec<Duration> = (0..5)
+        .map(|_| {
+            let started = Instant::now();
+            std::hint::black_box(one.install(|| {
+                first_pass(
+                    &arena,
+                    kernels,
+                    &scope,
+                    &query,
+                    first_pass_k(scope_rows) * STAGE_ONE_WIDENING,
+                )
+            }));
+            started.elapsed()
+        })
+        .collect();
+    times.sort();
+    let first_pass_rows_per_s_per_core = scope_rows as f64 / times[2].as_secs_f64();
+    // Stage one reads a row's 1-bit code and lexical signature.
+    let first_pass_bytes_per_row = 2 * code_words(DIMS) * 8;
+    let first_pass_bytes_per_s = first_pass_rows_per_s_per_core * first_pass_bytes_per_row as f64;
+    let memory_read_bytes_per_s = read_bandwidth(512 << 20);
+
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(settings.threads)
+        .build()
+        .expect("a thread pool");
+    let mut latency = hdrhistogram::Histogram::<u64>::new(3).expect("a histogram");
+    for (user, text) in &queries {
+        let started = Instant::now();
+        pool.install(|| {
+            arena
+                .catch_up(&memory.store, &memory.dictionary)
+                .expect("catch-up");
+            let query = PreparedQuery::new(&memory.dictionary, &arena, text);
+            std::hint::black_box(
+                search(
+                    &memory.store,
+                    &memory.dictionary,
+                    &arena,
+                    kernels,
+                    &[*user],
+                    &query,
+                    10,
+                )
+                .expect("search"),
+            );
+        });
+        latency
+            .record(started.elapsed().as_micros() as u64)
+            .expect("latency fits the histogram");
+    }
+
+    let fidelity_queries = &queries[..settings.fidelity_queries.min(queries.len())];
+    let agree = fidelity_queries
+        .iter()
+        .filter(|(user, text)| {
+            let query = PreparedQuery::new(&memory.dictionary, &arena, text);
+            let rows = |hits: Vec<crate::retrieve::Retrieved>| {
+                let mut rows: Vec<_> = hits.into_iter().map(|h| h.row).collect();
+                rows.sort();
+                rows
+            };
+            let fast = pool.install(|| {
+                search(
+                    &memory.store,
+                    &memory.dictionary,
+                    &arena,
+                    kernels,
+                    &[*user],
+                    &query,
+                    10,
+                )
+            });
+            let exact = brute_force(
+                &memory.store,
+                &memory.dictionary,
+                &arena,
+                &[*user],
+                &query,
+                10,
+            );
+            rows(fast.expect("search")) == rows(exact.expect("brute force"))
+        })
+        .count();
+
+    ScanReport {
+        rows: arena.rows(),
+        users: settings.users,
+        threads: settings.threads,
+        bytes_per_row: Arena::bytes_per_row(),
+        first_pass_rows_per_s_per_core,
+        first_pass_bytes_per_s,
+        memory_read_bytes_per_s,
+        bandwidth_ratio: first_pass_bytes_per_s / memory_read_bytes_per_s,
+        query_p50_ms: latency.value_at_quantile(0.5) as f64 / 1000.0,
+        query_p99_ms: latency.value_at_quantile(0.99) as f64 / 1000.0,
+        fidelity_top10: if fidelity_queries.is_empty() {
+            f64::NAN
+        } else {
+            agree as f64 / fidelity_queries.len() as f64
+        },
+        catch_up_rows_per_s,
+    }
+}
