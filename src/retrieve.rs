@@ -9,12 +9,12 @@
 //! current frequency statistic and orders them by [`HybridScorer`]; ties go to the lower row id.
 //! No approximate index anywhere: the first pass reads every row of the scope.
 
-use crate::arena::{Arena, DIMS, PAGE_ROWS, Page, signature_bit};
+use crate::arena::{Arena, DIMS, PAGE_ROWS, signature_bit};
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::Quantized;
 use crate::dictionary::derive::{RetrievalRow, derive, embed};
 use crate::relevance::HybridScorer;
-use crate::scan::kernels::{BLOCK_ROWS, Kernels};
+use crate::scan::kernels::{BLOCK_ROWS, Kernels, SignatureTerm, code_words, signature_weights};
 use crate::scan::topk::{Hit, TopK, parallel_top_k};
 use crate::store::{Store, StoreError};
 use crate::tokens::Tokenizer;
@@ -73,24 +73,22 @@ impl PreparedQuery {
     }
 }
 
-/// The query terms as (signature bit, IDF), for the lexical estimate.
-fn signature_terms(query: &PreparedQuery) -> Vec<(usize, f32)> {
+/// The query terms as the signature kernel reads them, weighted by their IDF.
+fn signature_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
     query
         .scorer
         .terms()
         .iter()
         .zip(query.scorer.idf())
-        .map(|(&(term, _), &idf)| (signature_bit(term), idf))
+        .map(|(&(term, _), &idf)| {
+            let bit = signature_bit(term);
+            SignatureTerm {
+                word: bit / 64,
+                mask: 1 << (bit % 64),
+                weight: idf,
+            }
+        })
         .collect()
-}
-
-/// The IDF sum of the query terms whose signature bits row `i` of `page` has.
-fn matched_idf(page: &Page, i: usize, terms: &[(usize, f32)]) -> f32 {
-    terms
-        .iter()
-        .filter(|&&(bit, _)| page.has_signature_bit(i, bit))
-        .map(|&(_, idf)| idf)
-        .sum()
 }
 
 /// Stage one over every row of `scope`: the `k` best by the estimate from the 1-bit codes'
@@ -115,9 +113,17 @@ pub fn first_pass(
             page.codes_of_blocks(blocks),
             &mut distances[..blocks * BLOCK_ROWS],
         );
-        for (i, &d) in distances[..page.rows as usize].iter().enumerate() {
+        let mut matched = [0f32; PAGE_ROWS];
+        signature_weights(
+            &terms,
+            code_words(DIMS),
+            page.signatures_of_blocks(blocks),
+            &mut matched[..blocks * BLOCK_ROWS],
+        );
+        let rows = page.rows as usize;
+        for (i, (&d, &m)) in distances[..rows].iter().zip(&matched[..rows]).enumerate() {
             top.push(Hit {
-                score: dense[d as usize] + lexical * matched_idf(page, i, &terms),
+                score: dense[d as usize] + lexical * m,
                 row: RowId(page.row_ids[i]),
             });
         }

@@ -284,12 +284,9 @@ impl Page {
         (self.rows as usize).div_ceil(BLOCK_ROWS)
     }
 
-    /// Whether row `i`'s signature has `bit` set.
-    #[inline]
-    pub fn has_signature_bit(&self, i: usize, bit: usize) -> bool {
-        let word =
-            self.signatures[(i / BLOCK_ROWS * WORDS + bit / 64) * BLOCK_ROWS + i % BLOCK_ROWS];
-        word & (1 << (bit % 64)) != 0
+    /// The lexical signatures of the page's first `blocks` blocks.
+    pub fn signatures_of_blocks(&self, blocks: usize) -> &[u64] {
+        &self.signatures[..blocks * BLOCK_ROWS * WORDS]
     }
 
     /// The int8 vector of row `i`.

@@ -96,6 +96,39 @@ impl Kernels {
     }
 }
 
+/// A query term as the lexical-signature kernel reads it: which word of the signature holds
+/// its bit, the bit as a mask, and the weight it adds when set.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SignatureTerm {
+    pub word: usize,
+    pub mask: u64,
+    pub weight: f32,
+}
+
+/// For each row of blocked `signatures` (same layout as the 1-bit codes, `words` u64 per row):
+/// `out[r]` = the sum of the weights of the `terms` whose bit row `r` has. Written block by
+/// block, term by term, so the eight rows of a block are one vertical operation the compiler
+/// vectorises at the baseline; a single plain loop, so it is its own specification.
+pub fn signature_weights(
+    terms: &[SignatureTerm],
+    words: usize,
+    signatures: &[u64],
+    out: &mut [f32],
+) {
+    for (block, acc) in signatures
+        .chunks_exact(words * BLOCK_ROWS)
+        .zip(out.chunks_exact_mut(BLOCK_ROWS))
+    {
+        acc.fill(0.0);
+        for term in terms {
+            let lanes = &block[term.word * BLOCK_ROWS..(term.word + 1) * BLOCK_ROWS];
+            for (a, &w) in acc.iter_mut().zip(lanes) {
+                *a += if w & term.mask != 0 { term.weight } else { 0.0 };
+            }
+        }
+    }
+}
+
 /// The specification.
 pub mod scalar {
     use super::BLOCK_ROWS;
@@ -348,6 +381,37 @@ mod tests {
             let got = wide_impl::dot_f32(&a, &b);
             prop_assert!((got - expected).abs() <= 1e-5 * magnitude + 1e-6, "{} vs {}", got, expected);
         }
+    }
+
+    #[test]
+    fn signature_weights_sum_the_set_terms() {
+        let words = 2;
+        // One block of 8 rows: row r has bit r of word 0, and row 7 also bit 3 of word 1.
+        let mut signatures = vec![0u64; words * BLOCK_ROWS];
+        for (r, word) in signatures.iter_mut().take(BLOCK_ROWS).enumerate() {
+            *word = 1 << r;
+        }
+        signatures[BLOCK_ROWS + 7] = 1 << 3;
+        let terms = [
+            SignatureTerm {
+                word: 0,
+                mask: 1 << 2,
+                weight: 1.5,
+            },
+            SignatureTerm {
+                word: 1,
+                mask: 1 << 3,
+                weight: 0.25,
+            },
+            SignatureTerm {
+                word: 0,
+                mask: 1 << 7,
+                weight: 2.0,
+            },
+        ];
+        let mut out = [9.0f32; BLOCK_ROWS];
+        signature_weights(&terms, words, &signatures, &mut out);
+        assert_eq!(out, [0.0, 0.0, 1.5, 0.0, 0.0, 0.0, 0.0, 2.25]);
     }
 
     #[test]

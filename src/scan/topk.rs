@@ -13,6 +13,9 @@ use rayon::prelude::*;
 
 use crate::types::RowId;
 
+/// Hits a new [`TopK`] has room for before it grows.
+const INITIAL_CAPACITY: usize = 256;
+
 /// A scored row.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Hit {
@@ -63,7 +66,8 @@ impl TopK {
     pub fn new(k: usize) -> Self {
         Self {
             k,
-            heap: BinaryHeap::with_capacity(k + 1),
+            // Grown on demand: a scan makes one per task, and most tasks see few rows.
+            heap: BinaryHeap::with_capacity((k + 1).min(INITIAL_CAPACITY)),
         }
     }
 
