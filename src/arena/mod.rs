@@ -94,12 +94,21 @@ pub struct Slot {
     pub index: u32,
 }
 
+impl Slot {
+    /// No row.
+    pub const NONE: Slot = Slot {
+        page: u32::MAX,
+        index: u32::MAX,
+    };
+}
+
 /// The resident arena.
 #[derive(Default)]
 pub struct Arena {
     pages: Vec<Page>,
     by_user: HashMap<UserId, Vec<u32>>,
-    slots: HashMap<RowId, Slot>,
+    /// Slot of each row, indexed by row id (row ids are dense; purged ids hold `Slot::NONE`).
+    slots: Vec<Slot>,
     /// Each row's lexical terms and term length, by page and index, for the exact lexical
     /// score of the int8 stage.
     terms: Vec<Vec<RowTerms>>,
@@ -216,18 +225,22 @@ impl Arena {
             terms: retrieval.terms.clone().into_boxed_slice(),
             len: retrieval.term_len(),
         });
-        self.slots.insert(
-            row.id,
-            Slot {
-                page: page_index,
-                index: i as u32,
-            },
-        );
+        let id = row.id.0 as usize;
+        if self.slots.len() <= id {
+            self.slots.resize(id + 1, Slot::NONE);
+        }
+        self.slots[id] = Slot {
+            page: page_index,
+            index: i as u32,
+        };
     }
 
     /// Where row `id` lives, if the arena holds it.
     pub fn slot(&self, id: RowId) -> Option<Slot> {
-        self.slots.get(&id).copied()
+        self.slots
+            .get(id.0 as usize)
+            .copied()
+            .filter(|s| *s != Slot::NONE)
     }
 
     /// The lexical terms of the row in `slot`.
@@ -245,8 +258,8 @@ impl Arena {
         if let Some(pages) = self.by_user.remove(&user) {
             for p in pages {
                 let page = &mut self.pages[p as usize];
-                for id in &page.row_ids[..page.rows as usize] {
-                    self.slots.remove(&RowId(*id));
+                for &id in &page.row_ids[..page.rows as usize] {
+                    self.slots[id as usize] = Slot::NONE;
                 }
                 *page = Page::zeroed();
                 self.terms[p as usize].clear();

@@ -167,19 +167,19 @@ pub mod scalar {
 pub mod wide_impl {
     use wide::{f32x8, i8x16, i16x16, i32x8};
 
-    /// Full 16-lane chunks through `i16x16::dot` (VPMADDWD), the tail in scalar.
+    /// Full 16-lane chunks through `i16x16::dot` (VPMADDWD), the tail in scalar. The query is
+    /// widened chunk by chunk (no allocation), so a call for one row costs one row.
     pub fn dot_i8(query: &[i8], rows: &[i8], out: &mut [i32]) {
         let dims = query.len();
         let full = dims / 16 * 16;
-        let q: Vec<i16x16> = query[..full]
-            .chunks_exact(16)
-            .map(|c| i16x16::from_i8x16(i8x16::new(c.try_into().expect("16 lanes"))))
-            .collect();
+        let widen = |c: &[i8]| i16x16::from_i8x16(i8x16::new(c.try_into().expect("16 lanes")));
         for (o, row) in out.iter_mut().zip(rows.chunks_exact(dims)) {
             let mut acc = i32x8::ZERO;
-            for (qv, c) in q.iter().zip(row[..full].chunks_exact(16)) {
-                let r = i16x16::from_i8x16(i8x16::new(c.try_into().expect("16 lanes")));
-                acc += qv.dot(r);
+            for (q, r) in query[..full]
+                .chunks_exact(16)
+                .zip(row[..full].chunks_exact(16))
+            {
+                acc += widen(q).dot(widen(r));
             }
             let tail: i32 = query[full..]
                 .iter()

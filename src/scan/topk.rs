@@ -95,12 +95,25 @@ impl TopK {
         }
     }
 
-    /// Fold another partial result in.
-    pub fn merge(mut self, other: TopK) -> TopK {
-        for Worst(hit) in other.heap {
-            self.push(hit);
+    /// Fold another partial result in: both lists together, the k best selected in linear
+    /// time and heapified (pushing one list into the other would cost k·log k per merge, and a
+    /// scan merges once per task).
+    pub fn merge(self, other: TopK) -> TopK {
+        let k = self.k;
+        let mut all = self.heap.into_vec();
+        all.extend(other.heap.into_vec());
+        if all.len() > k {
+            if k == 0 {
+                all.clear();
+            } else {
+                all.select_nth_unstable_by(k - 1, |a, b| a.0.rank_cmp(&b.0));
+                all.truncate(k);
+            }
         }
-        self
+        TopK {
+            k,
+            heap: BinaryHeap::from(all),
+        }
     }
 
     /// The kept hits, best first.
