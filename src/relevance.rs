@@ -127,6 +127,17 @@ impl HybridScorer {
         }
     }
 
+    /// The factor turning an IDF sum into the most the lexical part can reach: each term at
+    /// BM25's ceiling `idf · (k1 + 1)`.
+    pub fn lexical_ceiling_factor(&self) -> f32 {
+        self.lexical_factor() * (Bm25::STANDARD.k1 + 1.0)
+    }
+
+    /// The dense part of the score for a cosine.
+    pub fn dense_part(&self, cosine: f32) -> f32 {
+        DENSE_WEIGHT * cosine
+    }
+
     /// The score of a row with `terms` (`term_len` in all) and unit vector `vector`.
     pub fn score(&self, terms: &[(TermId, u32)], term_len: u64, vector: &[f32]) -> f32 {
         self.score_with_cosine(terms, term_len, dot(&self.query_vector, vector))
@@ -141,7 +152,7 @@ impl HybridScorer {
         } else {
             0.0
         };
-        DENSE_WEIGHT * cosine + (1.0 - DENSE_WEIGHT) * lexical
+        self.dense_part(cosine) + (1.0 - DENSE_WEIGHT) * lexical
     }
 }
 

@@ -25,6 +25,9 @@ pub const FIRST_PASS_MIN_K: usize = 256;
 /// Stage one keeps this many times [`first_pass_k`]: its estimate (Hamming, lexical signature)
 /// is coarse, and on LoCoMo's pooled 5,882 rows a narrower cut lost true top-10 rows.
 pub const STAGE_ONE_WIDENING: usize = 4;
+/// Slack on the stage-two bound, far above f32 rounding of a sum of a few dozen terms, so a
+/// rounding difference can never skip a row that belongs.
+const PRUNE_MARGIN: f32 = 1e-4;
 /// Candidates of the int8 stage that the exact rescore scores.
 pub const RESCORE_K: usize = 256;
 /// Growth of the first pass with the scope: `FIRST_PASS_SQRT_FACTOR · √rows`.
@@ -134,6 +137,10 @@ pub fn first_pass(
 /// terms) and the int8 vectors' cosine, and keep the `k` best, ties by row id. It differs from
 /// the exact score only in the int8 rounding and in weights that may have moved since the row
 /// was caught up.
+///
+/// Once `k` rows are kept, a row is skipped without its BM25 when even the most its lexical
+/// part could reach (every query term its signature may hold, at BM25's ceiling
+/// `idf · (k1 + 1)`) cannot lift it past the worst kept row: the skip never changes the result.
 pub fn refine(
     arena: &Arena,
     kernels: &Kernels,
@@ -141,6 +148,8 @@ pub fn refine(
     hits: &[Hit],
     k: usize,
 ) -> Vec<Hit> {
+    let terms = signature_terms(query);
+    let ceiling = query.scorer.lexical_ceiling_factor();
     let mut top = TopK::new(k);
     let mut dot = [0i32; 1];
     for hit in hits {
@@ -151,11 +160,22 @@ pub fn refine(
         let i = slot.index as usize;
         (kernels.dot_i8)(&query.int8.values, page.vector(i), &mut dot);
         let cosine = dot[0] as f32 * query.int8.scale * page.scales[i];
-        let terms = arena.row_terms(slot);
+        if let Some(worst) = top.threshold() {
+            let may_hold: f32 = terms
+                .iter()
+                .filter(|t| page.signature_word(i, t.word) & t.mask != 0)
+                .map(|t| t.weight)
+                .sum();
+            let bound = query.scorer.dense_part(cosine) + ceiling * may_hold;
+            if bound + PRUNE_MARGIN < worst.score {
+                continue;
+            }
+        }
+        let row_terms = arena.row_terms(slot);
         top.push(Hit {
             score: query
                 .scorer
-                .score_with_cosine(&terms.terms, terms.len, cosine),
+                .score_with_cosine(&row_terms.terms, row_terms.len, cosine),
             row: hit.row,
         });
     }

@@ -297,6 +297,12 @@ impl Page {
         (self.rows as usize).div_ceil(BLOCK_ROWS)
     }
 
+    /// Word `word` of row `i`'s lexical signature.
+    #[inline]
+    pub fn signature_word(&self, i: usize, word: usize) -> u64 {
+        self.signatures[(i / BLOCK_ROWS * WORDS + word) * BLOCK_ROWS + i % BLOCK_ROWS]
+    }
+
     /// The lexical signatures of the page's first `blocks` blocks.
     pub fn signatures_of_blocks(&self, blocks: usize) -> &[u64] {
         &self.signatures[..blocks * BLOCK_ROWS * WORDS]
