@@ -1,7 +1,8 @@
 //! Kernel throughput on one core, out of cache, against this machine's memory read bandwidth
 //! measured in the same run.
 //!
-//! Run: `cargo bench --bench kernels`. Sizes: 1-bit codes of 256 dims (32 bytes per row, in
+//! Run: `cargo bench --bench kernels`. Read bandwidth comes from `perpetuity::bench::read_bandwidth`
+//! over 512 MiB, in the same run. Sizes: 1-bit codes of 256 dims (32 bytes per row, in
 //! blocks of 8 rows) for 8M rows (256 MiB), int8 rows of 256 dims for 1M rows (256 MiB); larger than the L3 cache.
 //! Prints medians of repeated runs.
 
@@ -16,6 +17,8 @@ const DIMS: usize = 256;
 const REPEATS: usize = 5;
 const CODE_ROWS: usize = 8 << 20;
 const INT8_ROWS: usize = 1 << 20;
+/// Buffer of the read-bandwidth reference: twice the L3 cache of the machines we measure on.
+const BANDWIDTH_BYTES: usize = 512 << 20;
 /// Rows scored into one buffer before their hits are offered to the top-k.
 const SCAN_CHUNK_ROWS: usize = 1024;
 /// Hits kept, as in the faiss reference.
@@ -37,25 +40,6 @@ fn fill(words: usize) -> Vec<u64> {
             state
         })
         .collect()
-}
-
-/// Sequential read bandwidth (bytes/s) of one core over `data`: XOR of every word, so the
-/// loop is bound by memory, not by arithmetic.
-fn read_bandwidth(data: &[u64]) -> f64 {
-    let times: Vec<Duration> = (0..REPEATS)
-        .map(|_| {
-            let started = Instant::now();
-            let mut acc = [0u64; 8];
-            for chunk in data.chunks_exact(8) {
-                for (a, w) in acc.iter_mut().zip(chunk) {
-                    *a ^= w;
-                }
-            }
-            black_box(acc);
-            started.elapsed()
-        })
-        .collect();
-    std::mem::size_of_val(data) as f64 / median(times).as_secs_f64()
 }
 
 fn time_hamming(f: HammingFn, query: &[u64], codes: &[u64], out: &mut [u32]) -> Duration {
@@ -90,10 +74,10 @@ fn main() {
 
     let words = kernels::code_words(DIMS);
     let codes = fill(CODE_ROWS * words);
-    let bandwidth = read_bandwidth(&codes);
+    let bandwidth = perpetuity::bench::read_bandwidth(BANDWIDTH_BYTES);
     println!(
         "memory read bandwidth, one core, {} MiB sequential: {:.2} GB/s",
-        std::mem::size_of_val(&codes[..]) >> 20,
+        BANDWIDTH_BYTES >> 20,
         bandwidth / 1e9
     );
 
