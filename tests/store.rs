@@ -188,6 +188,37 @@ fn checks(store: &Store) -> Vec<&'static str> {
 }
 
 #[test]
+fn reheating_patches_activation_and_keeps_the_birth_decay() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path());
+    let alice = UserId::from_key("alice");
+    let key = keys::user_row(alice, RowId(1));
+    let born = Activation::decode(&store.get(Cf::Activation, &key).unwrap().unwrap()).unwrap();
+    let clock = store.clock(alice).unwrap();
+    store
+        .patch_activation(&[
+            (alice, RowId(1), clock, 2.5),
+            (alice, RowId(77), clock, 9.0),
+        ])
+        .unwrap();
+    let now = Activation::decode(&store.get(Cf::Activation, &key).unwrap().unwrap()).unwrap();
+    assert_eq!((now.last_clock, now.peak), (clock, 2.5));
+    assert_eq!(
+        now.decay.to_bits(),
+        born.decay.to_bits(),
+        "decay is never rewritten"
+    );
+    assert!(
+        store
+            .get(Cf::Activation, &keys::user_row(alice, RowId(77)))
+            .unwrap()
+            .is_none(),
+        "no activation is created for a row that does not exist"
+    );
+    assert_clean(&store);
+}
+
+#[test]
 fn integrity_finds_a_deleted_retrieval_row() {
     let dir = tempfile::tempdir().unwrap();
     let store = seeded(dir.path());
