@@ -7,7 +7,6 @@
 //! the blocks and any number of threads.
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
 
 use rayon::prelude::*;
 
@@ -34,32 +33,16 @@ impl Hit {
     }
 }
 
-/// Heap entry ordered so the heap's top is the worst kept hit.
-#[derive(Debug, Clone, Copy)]
-struct Worst(Hit);
-
-impl PartialEq for Worst {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Worst {}
-impl PartialOrd for Worst {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Worst {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.0.rank_cmp(&other.0)
-    }
-}
-
-/// The k best hits pushed so far.
+/// The k best hits pushed so far, kept as a selection buffer: hits are appended, and whenever
+/// the buffer reaches 2k the k best are selected in linear time (`select_nth_unstable_by`) and
+/// the rest dropped. A push costs amortised O(1) whatever k is, which matters when a first
+/// pass keeps tens of thousands of candidates; a heap would pay log k on every entry.
 #[derive(Debug, Clone)]
 pub struct TopK {
     k: usize,
-    heap: BinaryHeap<Worst>,
+    hits: Vec<Hit>,
+    /// The worst hit kept by the last selection: nothing that ranks after it can enter.
+    bound: Option<Hit>,
 }
 
 impl TopK {
@@ -67,60 +50,59 @@ impl TopK {
         Self {
             k,
             // Grown on demand: a scan makes one per task, and most tasks see few rows.
-            heap: BinaryHeap::with_capacity((k + 1).min(INITIAL_CAPACITY)),
+            hits: Vec::with_capacity((2 * k).min(INITIAL_CAPACITY)),
+            bound: None,
         }
     }
 
-    /// Offer one hit; kept only if it ranks among the k best so far.
+    /// Offer one hit; kept only if it can still rank among the k best.
     #[inline]
     pub fn push(&mut self, hit: Hit) {
-        if self.heap.len() < self.k {
-            self.heap.push(Worst(hit));
-        } else if let Some(worst) = self.heap.peek()
-            && hit.rank_cmp(&worst.0) == Ordering::Less
+        if self.k == 0 {
+            return;
+        }
+        if let Some(bound) = self.bound
+            && hit.rank_cmp(&bound) != Ordering::Less
         {
-            self.heap.pop();
-            self.heap.push(Worst(hit));
+            return;
+        }
+        self.hits.push(hit);
+        if self.hits.len() >= 2 * self.k {
+            self.select();
         }
     }
 
-    /// The worst kept hit once k hits are kept: a hit that does not rank before it cannot
-    /// enter, so a scan may skip it without calling [`TopK::push`].
+    /// Keep the k best of the buffer and remember the worst of them.
+    fn select(&mut self) {
+        if self.hits.len() > self.k {
+            self.hits.select_nth_unstable_by(self.k - 1, Hit::rank_cmp);
+            self.hits.truncate(self.k);
+        }
+        if self.hits.len() == self.k {
+            self.bound = self.hits.iter().copied().max_by(Hit::rank_cmp);
+        }
+    }
+
+    /// A hit that does not rank before this one cannot enter (once one is known: after the
+    /// first selection). A scan may skip such hits without calling [`TopK::push`].
     #[inline]
     pub fn threshold(&self) -> Option<Hit> {
-        if self.heap.len() < self.k {
-            None
-        } else {
-            self.heap.peek().map(|w| w.0)
-        }
+        self.bound
     }
 
-    /// Fold another partial result in: both lists together, the k best selected in linear
-    /// time and heapified (pushing one list into the other would cost k·log k per merge, and a
-    /// scan merges once per task).
-    pub fn merge(self, other: TopK) -> TopK {
-        let k = self.k;
-        let mut all = self.heap.into_vec();
-        all.extend(other.heap.into_vec());
-        if all.len() > k {
-            if k == 0 {
-                all.clear();
-            } else {
-                all.select_nth_unstable_by(k - 1, |a, b| a.0.rank_cmp(&b.0));
-                all.truncate(k);
-            }
-        }
-        TopK {
-            k,
-            heap: BinaryHeap::from(all),
-        }
+    /// Fold another partial result in: both buffers together, then one selection.
+    pub fn merge(mut self, other: TopK) -> TopK {
+        self.hits.extend(other.hits);
+        self.bound = None;
+        self.select();
+        self
     }
 
-    /// The kept hits, best first.
-    pub fn into_sorted(self) -> Vec<Hit> {
-        let mut hits: Vec<Hit> = self.heap.into_iter().map(|Worst(h)| h).collect();
-        hits.sort_by(Hit::rank_cmp);
-        hits
+    /// The k best hits, best first.
+    pub fn into_sorted(mut self) -> Vec<Hit> {
+        self.select();
+        self.hits.sort_by(Hit::rank_cmp);
+        self.hits
     }
 }
 
@@ -164,20 +146,21 @@ mod tests {
     }
 
     #[test]
-    fn threshold_is_the_worst_kept_hit_once_full() {
+    fn threshold_is_the_worst_kept_hit_after_a_selection() {
         let mut top = TopK::new(2);
         let hit = |score, row| Hit {
             score,
             row: RowId(row),
         };
         top.push(hit(1.0, 5));
-        assert_eq!(top.threshold(), None);
         top.push(hit(3.0, 9));
-        assert_eq!(top.threshold(), Some(hit(1.0, 5)));
+        assert_eq!(top.threshold(), None, "no selection yet");
         top.push(hit(1.0, 4)); // same score, lower row id: ranks before row 5
+        top.push(hit(0.5, 1)); // fourth hit: the buffer holds 2k, so the two best are selected
         assert_eq!(top.threshold(), Some(hit(1.0, 4)));
-        top.push(hit(1.0, 6)); // ties the worst but ranks after it: not kept
-        assert_eq!(top.into_sorted(), [hit(3.0, 9), hit(1.0, 4)]);
+        top.push(hit(1.0, 6)); // ties the bound but ranks after it: not kept
+        top.push(hit(2.0, 7));
+        assert_eq!(top.into_sorted(), [hit(3.0, 9), hit(2.0, 7)]);
     }
 
     proptest! {
