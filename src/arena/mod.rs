@@ -15,6 +15,8 @@
 //! and the exact rescore re-embeds its candidates under the current statistic.
 //!
 //! Pages live in memory for now; the memory-mapped file form follows the same `Page` layout.
+//! Purging while serving is not wired yet: `perpetuity purge` runs on a closed store, and the
+//! next process rebuilds its arena from the store.
 
 use std::collections::HashMap;
 
@@ -251,23 +253,6 @@ impl Arena {
     /// The page at `index`.
     pub fn page(&self, index: u32) -> &Page {
         &self.pages[index as usize]
-    }
-
-    /// Drop a purged user's pages and their counts from the resident statistic.
-    pub fn remove_user(&mut self, user: UserId, retrieval_rows: &[RetrievalRow]) {
-        if let Some(pages) = self.by_user.remove(&user) {
-            for p in pages {
-                let page = &mut self.pages[p as usize];
-                for &id in &page.row_ids[..page.rows as usize] {
-                    self.slots[id as usize] = Slot::NONE;
-                }
-                *page = Page::zeroed();
-                self.terms[p as usize].clear();
-            }
-        }
-        for row in retrieval_rows {
-            self.stats.remove(row);
-        }
     }
 
     /// The pages a scope may read: the tenant predicate, in one place. A user's scope is their

@@ -63,27 +63,6 @@ impl FrequencyTable {
         self.rows += 1;
     }
 
-    /// Count one row out (the inverse of [`FrequencyTable::add`]).
-    pub fn remove(&mut self, row: &RetrievalRow) {
-        fn take<K: std::hash::Hash + Eq>(map: &mut HashMap<K, u64>, key: K, by: u64) {
-            if let std::collections::hash_map::Entry::Occupied(mut e) = map.entry(key) {
-                *e.get_mut() = e.get().saturating_sub(by);
-                if *e.get() == 0 {
-                    e.remove();
-                }
-            }
-        }
-        for &(token, count) in &row.tokens {
-            take(&mut self.tokens, token, u64::from(count));
-        }
-        for &(term, _) in &row.terms {
-            take(&mut self.terms, term, 1);
-        }
-        self.total_tokens = self.total_tokens.saturating_sub(u64::from(row.token_len));
-        self.total_terms = self.total_terms.saturating_sub(row.term_len());
-        self.rows = self.rows.saturating_sub(1);
-    }
-
     /// Set one count (a zero count removes the entry).
     pub fn set(&mut self, count: Count, value: u64) {
         fn slot<K: std::hash::Hash + Eq>(map: &mut HashMap<K, u64>, key: K, value: u64) {
