@@ -12,18 +12,24 @@
 //!   or a user with rows; every binding matches its row's role and name;
 //! - each user's clock equals the tokens of the user's rows, and equals the newest row's birth
 //!   clock; every row id is below the recorded next row id;
-//! - the stored frequency counts equal a recount from the retrieval rows, key by key.
+//! - the stored frequency counts equal a recount from the retrieval rows, key by key;
+//! - ([`check_arena`]) a caught-up arena holds exactly the stored rows, with the same facts,
+//!   and a resident statistic equal to the stored counts.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
+use crate::arena::Arena;
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::{RetrievalRow, derive};
 use crate::dictionary::stats::{Count, FrequencyTable};
 use crate::store::{Activation, Cf, Row, Store, StoreError, decode_count, hex_key, keys};
 use crate::tokens::Tokenizer;
 use crate::types::{ConversationId, RowId, UserId};
+
+/// The name violations of the resident arena carry in place of a column family.
+pub const ARENA: &str = "arena";
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -50,6 +56,15 @@ impl Report {
         self.violations.push(Violation {
             check,
             cf: cf.name(),
+            key: hex_key(key),
+            detail: detail.into(),
+        });
+    }
+
+    fn arena_violation(&mut self, check: &'static str, key: &[u8], detail: impl Into<String>) {
+        self.violations.push(Violation {
+            check,
+            cf: ARENA,
             key: hex_key(key),
             detail: detail.into(),
         });
@@ -403,6 +418,60 @@ fn check_counts(
             Cf::Counts,
             &keys::count::key(count),
             format!("missing, recount {want}"),
+        );
+    }
+    Ok(())
+}
+
+/// Check a caught-up arena against the store: every stored row is in the arena with the same
+/// user, conversation, birth clock, decay and length, the arena holds no other row, its
+/// watermark does not run ahead of the store, and its resident frequency statistic equals the
+/// stored counts. Appends to `report`.
+pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<(), StoreError> {
+    let mut stored = 0usize;
+    for row in store.rows_since(RowId(0)) {
+        let row = row?;
+        stored += 1;
+        let key = keys::user_row(row.user, row.id);
+        let Some(slot) = arena.slot(row.id) else {
+            report.arena_violation("stored row is in the arena", &key, "missing");
+            continue;
+        };
+        let page = arena.page(slot.page);
+        let i = slot.index as usize;
+        let same = page.user == row.user.0
+            && page.row_ids[i] == row.id.0
+            && page.conversations[i] == ConversationId::from_key(&row.conversation).0
+            && page.birth_clocks[i] == row.birth_clock
+            && page.decays[i].to_bits() == row.decay.to_bits()
+            && page.token_lens[i] as usize == row.tokens.len();
+        if !same {
+            report.arena_violation("arena row equals the stored row", &key, "differs");
+        }
+    }
+    if arena.rows() != stored {
+        report.arena_violation(
+            "arena holds only stored rows",
+            b"",
+            format!("arena {} rows, store {stored}", arena.rows()),
+        );
+    }
+    if arena.watermark() > store.next_row() {
+        report.arena_violation(
+            "watermark within the store",
+            &keys::log(arena.watermark()),
+            format!(
+                "watermark {} > next row {}",
+                arena.watermark().0,
+                store.next_row().0
+            ),
+        );
+    }
+    if arena.stats() != &store.frequency_table()? {
+        report.arena_violation(
+            "resident statistic equals the stored counts",
+            b"",
+            "differs",
         );
     }
     Ok(())

@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
+use perpetuity::arena::Arena;
 use perpetuity::bench;
 use perpetuity::config::{self, ServeConfig};
 use perpetuity::datasets::{self, Format};
@@ -428,7 +429,14 @@ fn check_integrity(
     let store = Store::open(data.existing()?, &data.options())?;
     let dict = dictionary.load()?;
     let started = Instant::now();
-    let report = integrity::check(&store, &dict)?;
+    let mut report = integrity::check(&store, &dict)?;
+    // The arena is derived from the store: it is built and checked once the store is clean
+    // (a damaged store is reported above, and an arena built from it would only repeat that).
+    if report.is_clean() {
+        let mut arena = Arena::new();
+        arena.catch_up(&store, &dict)?;
+        integrity::check_arena(&store, &arena, &mut report)?;
+    }
     let elapsed = started.elapsed();
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);

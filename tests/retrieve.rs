@@ -9,6 +9,7 @@ use perpetuity::arena::Arena;
 use perpetuity::capture::{Capturer, Message};
 use perpetuity::datasets::{self, Format};
 use perpetuity::ingest::ingest;
+use perpetuity::integrity;
 use perpetuity::retrieve::{PreparedQuery, brute_force, search};
 use perpetuity::scan::kernels::Kernels;
 use perpetuity::store::{Store, StoreOptions};
@@ -64,6 +65,29 @@ fn catch_up_reads_only_new_rows_and_scopes_never_leak() {
         "resident statistic = stored"
     );
 
+    let mut report = integrity::Report::default();
+    integrity::check_arena(&store, &arena, &mut report).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    // A row the arena has not caught up with is reported, then disappears after catch-up.
+    capturer
+        .capture(
+            &store,
+            &[say("ben", "A row written behind the arena's back.")],
+        )
+        .unwrap();
+    let mut behind = integrity::Report::default();
+    integrity::check_arena(&store, &arena, &mut behind).unwrap();
+    let found: Vec<&str> = behind.violations.iter().map(|v| v.check).collect();
+    assert!(found.contains(&"stored row is in the arena"), "{found:?}");
+    assert!(
+        found.contains(&"resident statistic equals the stored counts"),
+        "{found:?}"
+    );
+    arena.catch_up(&store, dict).unwrap();
+    let mut caught = integrity::Report::default();
+    integrity::check_arena(&store, &arena, &mut caught).unwrap();
+    assert!(caught.is_clean(), "{:#?}", caught.violations);
+
     let kernels = Kernels::detect(false);
     let (ann, ben) = (UserId::from_key("ann"), UserId::from_key("ben"));
     let query = PreparedQuery::new(dict, &arena, "What is my dog called?");
@@ -76,7 +100,7 @@ fn catch_up_reads_only_new_rows_and_scopes_never_leak() {
     let top = store.row(ann, hits[0].row).unwrap().unwrap();
     assert!(top.text.contains("Biscuit"), "{}", top.text);
     let group = search(&store, dict, &arena, &kernels, &[ann, ben], &query, 10).unwrap();
-    assert_eq!(group.len(), 7);
+    assert_eq!(group.len(), 8);
     assert!(group.iter().any(|h| h.user == ben));
     assert!(
         search(
