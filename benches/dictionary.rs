@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use perpetuity::config::default_dictionaries_root;
+use perpetuity::datasets::{self, Format};
 use perpetuity::dictionary::derive::{derive, embed};
 use perpetuity::dictionary::stats::FrequencyTable;
 use perpetuity::dictionary::{DEFAULT_VERSION, Dictionary};
@@ -22,26 +23,16 @@ fn median(mut xs: Vec<Duration>) -> Duration {
 /// Every LoCoMo turn text, or a clear message and nothing when the data is absent.
 fn locomo_turns() -> Vec<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/locomo/locomo10.json");
-    let Ok(text) = std::fs::read_to_string(&path) else {
+    if !path.is_file() {
         eprintln!("SKIP derivation figures: {} is absent", path.display());
         return Vec::new();
-    };
-    let data: serde_json::Value = serde_json::from_str(&text).expect("locomo10.json parses");
-    let mut turns = Vec::new();
-    for sample in data.as_array().into_iter().flatten() {
-        for (key, session) in sample["conversation"].as_object().into_iter().flatten() {
-            if key.starts_with("session_") && session.is_array() {
-                for turn in session.as_array().into_iter().flatten() {
-                    turns.push(format!(
-                        "{}: {}",
-                        turn["speaker"].as_str().unwrap_or(""),
-                        turn["text"].as_str().unwrap_or("")
-                    ));
-                }
-            }
-        }
     }
-    turns
+    datasets::load(Format::Locomo, &path)
+        .expect("locomo10.json loads")
+        .messages
+        .into_iter()
+        .map(|m| m.text)
+        .collect()
 }
 
 fn main() {
