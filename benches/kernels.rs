@@ -42,26 +42,13 @@ fn fill(words: usize) -> Vec<u64> {
         .collect()
 }
 
-fn time_hamming(f: HammingFn, query: &[u64], codes: &[u64], out: &mut [u32]) -> Duration {
+/// Median wall time of `REPEATS` runs of `run`.
+fn time(mut run: impl FnMut()) -> Duration {
     median(
         (0..REPEATS)
             .map(|_| {
                 let started = Instant::now();
-                f(query, codes, out);
-                black_box(&out);
-                started.elapsed()
-            })
-            .collect(),
-    )
-}
-
-fn time_dot(f: DotI8Fn, query: &[i8], rows: &[i8], out: &mut [i32]) -> Duration {
-    median(
-        (0..REPEATS)
-            .map(|_| {
-                let started = Instant::now();
-                f(query, rows, out);
-                black_box(&out);
+                run();
                 started.elapsed()
             })
             .collect(),
@@ -88,7 +75,10 @@ fn main() {
         hammings.push((Isa::Avx512, kernels::avx512::hamming));
     }
     for (isa, f) in hammings {
-        let t = time_hamming(f, &query, &codes, &mut out);
+        let t = time(|| {
+            f(&query, &codes, &mut out);
+            black_box(&out);
+        });
         let rows_per_s = CODE_ROWS as f64 / t.as_secs_f64();
         let bytes_per_s = rows_per_s * (words * 8) as f64;
         println!(
@@ -124,15 +114,9 @@ fn main() {
         }
         top.into_sorted()
     };
-    let t = median(
-        (0..REPEATS)
-            .map(|_| {
-                let started = Instant::now();
-                black_box(scan());
-                started.elapsed()
-            })
-            .collect(),
-    );
+    let t = time(|| {
+        black_box(scan());
+    });
     let scan_rows_per_s = CODE_ROWS as f64 / t.as_secs_f64();
     println!(
         "first pass (hamming {:?} + top-{TOP_K}): {CODE_ROWS} rows in {t:.2?}: {:.0}M rows/s/core, {:.0}% of read bandwidth",
@@ -155,7 +139,10 @@ fn main() {
         (Isa::Wide, kernels::wide_impl::dot_i8),
     ];
     for (isa, f) in dots {
-        let t = time_dot(f, &query, &bytes, &mut out);
+        let t = time(|| {
+            f(&query, &bytes, &mut out);
+            black_box(&out);
+        });
         let rows_per_s = INT8_ROWS as f64 / t.as_secs_f64();
         let bytes_per_s = rows_per_s * DIMS as f64;
         println!(

@@ -9,7 +9,7 @@ use crate::arena::{Arena, DIMS};
 use crate::capture::Message;
 use crate::memory::Memory;
 use crate::retrieve::{
-    PreparedQuery, STAGE_ONE_WIDENING, brute_force, first_pass, first_pass_k, search,
+    PreparedQuery, Retrieved, STAGE_ONE_WIDENING, brute_force, first_pass, first_pass_k, search,
 };
 use crate::scan::kernels::{Kernels, code_words};
 use crate::types::{Role, UserId};
@@ -113,6 +113,26 @@ pub fn read_bandwidth(bytes: usize) -> f64 {
     (data.len() * 8) as f64 / times[2].as_secs_f64()
 }
 
+/// The top 10 of `user`'s scope.
+fn top10(
+    memory: &Memory,
+    arena: &Arena,
+    kernels: &Kernels,
+    user: UserId,
+    query: &PreparedQuery,
+) -> Vec<Retrieved> {
+    search(
+        &memory.store,
+        &memory.dictionary,
+        arena,
+        kernels,
+        &[user],
+        query,
+        10,
+    )
+    .expect("search")
+}
+
 /// What `perpetuity bench scan --json` prints; scripts rely on these names.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScanReport {
@@ -161,12 +181,8 @@ pub fn scan(memory: &Memory, kernels: &Kernels, settings: ScanSettings) -> ScanR
         .collect();
 
     // First pass alone on one core, over user 0's scope (all rows when there is one user).
-    let scope = [UserId::from_key("bench-user-0")];
-    let scope_rows: usize = arena
-        .scope_pages(&scope)
-        .iter()
-        .map(|p| p.rows as usize)
-        .sum();
+    let pages = arena.scope_pages(&[UserId::from_key("bench-user-0")]);
+    let scope_rows: usize = pages.iter().map(|p| p.rows as usize).sum();
     let one = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
@@ -177,9 +193,8 @@ pub fn scan(memory: &Memory, kernels: &Kernels, settings: ScanSettings) -> ScanR
             let started = Instant::now();
             std::hint::black_box(one.install(|| {
                 first_pass(
-                    &arena,
+                    &pages,
                     kernels,
-                    &scope,
                     &query,
                     first_pass_k(scope_rows) * STAGE_ONE_WIDENING,
                 )
@@ -206,18 +221,7 @@ pub fn scan(memory: &Memory, kernels: &Kernels, settings: ScanSettings) -> ScanR
                 .catch_up(&memory.store, &memory.dictionary)
                 .expect("catch-up");
             let query = PreparedQuery::new(&memory.dictionary, &arena, text);
-            std::hint::black_box(
-                search(
-                    &memory.store,
-                    &memory.dictionary,
-                    &arena,
-                    kernels,
-                    &[*user],
-                    &query,
-                    10,
-                )
-                .expect("search"),
-            );
+            std::hint::black_box(top10(memory, &arena, kernels, *user, &query));
         });
         latency
             .record(started.elapsed().as_micros() as u64)
@@ -229,22 +233,12 @@ pub fn scan(memory: &Memory, kernels: &Kernels, settings: ScanSettings) -> ScanR
         .iter()
         .filter(|(user, text)| {
             let query = PreparedQuery::new(&memory.dictionary, &arena, text);
-            let rows = |hits: Vec<crate::retrieve::Retrieved>| {
+            let rows = |hits: Vec<Retrieved>| {
                 let mut rows: Vec<_> = hits.into_iter().map(|h| h.row).collect();
                 rows.sort();
                 rows
             };
-            let fast = pool.install(|| {
-                search(
-                    &memory.store,
-                    &memory.dictionary,
-                    &arena,
-                    kernels,
-                    &[*user],
-                    &query,
-                    10,
-                )
-            });
+            let fast = pool.install(|| top10(memory, &arena, kernels, *user, &query));
             let exact = brute_force(
                 &memory.store,
                 &memory.dictionary,
@@ -253,7 +247,7 @@ pub fn scan(memory: &Memory, kernels: &Kernels, settings: ScanSettings) -> ScanR
                 &query,
                 10,
             );
-            rows(fast.expect("search")) == rows(exact.expect("brute force"))
+            rows(fast) == rows(exact.expect("brute force"))
         })
         .count();
 

@@ -11,7 +11,7 @@
 
 use rayon::prelude::*;
 
-use crate::arena::{Arena, DIMS, PAGE_ROWS, signature_bit};
+use crate::arena::{Arena, DIMS, PAGE_ROWS, Page, signature_bit};
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::Quantized;
 use crate::dictionary::derive::{RetrievalRow, derive, embed};
@@ -99,16 +99,9 @@ fn signature_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
         .collect()
 }
 
-/// Stage one over every row of `scope`: the `k` best by the estimate from the 1-bit codes'
+/// Stage one over every row of a scope's `pages` ([`Arena::scope_pages`]): the `k` best by the estimate from the 1-bit codes'
 /// Hamming distance and the lexical signature ([`HybridScorer::estimate`]), ties by row id.
-pub fn first_pass(
-    arena: &Arena,
-    kernels: &Kernels,
-    scope: &[UserId],
-    query: &PreparedQuery,
-    k: usize,
-) -> Vec<Hit> {
-    let pages = arena.scope_pages(scope);
+pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: usize) -> Vec<Hit> {
     let terms = signature_terms(query);
     let dense = HybridScorer::hamming_table(DIMS);
     let lexical = query.scorer.lexical_factor();
@@ -228,15 +221,11 @@ pub fn search(
     query: &PreparedQuery,
     k: usize,
 ) -> Result<Vec<Retrieved>, StoreError> {
-    let live: usize = arena
-        .scope_pages(scope)
-        .iter()
-        .map(|p| p.rows as usize)
-        .sum();
+    let pages = arena.scope_pages(scope);
+    let live: usize = pages.iter().map(|p| p.rows as usize).sum();
     let wide = first_pass(
-        arena,
+        &pages,
         kernels,
-        scope,
         query,
         first_pass_k(live).saturating_mul(STAGE_ONE_WIDENING),
     );
