@@ -14,6 +14,7 @@ pub mod config;
 pub mod datasets;
 pub mod dictionary;
 pub mod error;
+pub mod eval;
 pub mod heat;
 pub mod ingest;
 pub mod integrity;

@@ -59,6 +59,13 @@ enum Command {
         /// The file.
         file: PathBuf,
     },
+    /// Retrieval quality on a benchmark file: pooled memory against BM25 and isolated memories.
+    Eval {
+        #[command(flatten)]
+        args: perpetuity::eval::EvalArgs,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+    },
     /// Write stored rows as JSON lines, in capture order.
     Export {
         #[command(flatten)]
@@ -265,6 +272,29 @@ fn main() -> anyhow::Result<()> {
             format,
             file,
         } => ingest_file(&dictionary.open(&data)?, format, &file),
+        Command::Eval { args, dictionary } => {
+            let scratch;
+            let dir = match &args.data {
+                Some(dir) => dir.clone(),
+                None => {
+                    scratch = perpetuity::eval::ScratchDir::new("pooled")?;
+                    scratch.path().to_path_buf()
+                }
+            };
+            let memory = dictionary.open(&DataArgs {
+                dir,
+                sync_writes: false,
+            })?;
+            let report = perpetuity::eval::run(&memory, args.format, &args.file, &args.ks, |p| {
+                eprintln!("eval: {p}")
+            })?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.render(args.by_category));
+            }
+            Ok(())
+        }
         Command::Export { data, user } => {
             let store = Store::open(data.existing()?, &data.options())?;
             let stdout = std::io::stdout();

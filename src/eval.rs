@@ -1,0 +1,1224 @@
+//! The evaluation harness (`perpetuity eval`): retrieval quality on a benchmark file, measured
+//! through the path the proxy serves from (store → arena → search).
+//!
+//! The file is ingested into one pooled memory (every LoCoMo conversation or LongMemEval
+//! question is its own user; one store, one arena, one shared frequency statistic). Every
+//! question that has evidence is then asked as its user in probe mode: prepared and searched,
+//! never captured. The retrieved rows are mapped back to the file's turns (the rows' source
+//! turn ids; the chunks of one turn count once, at their best rank) and sessions (the rows'
+//! conversations), and scored at both levels. Beside each figure stand plain BM25 over the same
+//! user's rows in the same run, and the same two systems with each user alone in an isolated
+//! memory (its own store and statistic), so what pooling costs or gains is visible. Figures
+//! are also split over the even and odd users (LoCoMo conversations, LongMemEval questions) so
+//! a constant tuned on one half can be checked on the other.
+//!
+//! Questions without evidence are not scored, only counted: LongMemEval's abstention questions
+//! (id ending in [`ABSTENTION_SUFFIX`]), questions whose file lists no evidence, and questions
+//! whose every evidence string names no turn. Evidence strings that name no turn are listed
+//! in the report, as are evidence turns the memory holds no row for.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::{self, Write as _};
+use std::hash::Hash;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::ser::SerializeMap as _;
+use serde::{Serialize, Serializer};
+
+use crate::arena::{Arena, ArenaError};
+use crate::capture::Message;
+use crate::datasets::{self, Dataset, DatasetError, Format, Question};
+use crate::dictionary::Dictionary;
+use crate::dictionary::derive::RetrievalRow;
+use crate::dictionary::stats::FrequencyTable;
+use crate::ingest::{self, IngestSummary};
+use crate::memory::Memory;
+use crate::relevance::{Bm25, mean_row_len};
+use crate::retrieve::{PreparedQuery, RESCORE_K, search};
+use crate::scan::kernels::Kernels;
+use crate::store::{Store, StoreError, StoreOptions};
+use crate::types::{RowId, UserId};
+
+/// Depths reported when `--k` is not given.
+pub const DEFAULT_KS: [usize; 5] = [1, 3, 5, 10, 20];
+
+/// LongMemEval marks its abstention questions (no answer in the haystack) by this id suffix.
+pub const ABSTENTION_SUFFIX: &str = "_abs";
+
+/// Rows each question retrieves (at least; more when a `k` is deeper). The exact rescore scores
+/// this many rows anyway, so ranks past the tenth cost nothing, and session-level ranks need many
+/// rows per distinct session.
+pub const RANKED_ROWS: usize = RESCORE_K;
+
+/// Progress is reported about this often, and once at the end of each stage.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// Metrics measured at every depth `k`, in report order; `mrr` follows them once.
+const PER_K: [&str; 4] = ["recall_any", "recall_all", "recall_frac", "ndcg"];
+
+/// LoCoMo's category numbers as its official evaluation names them.
+const LOCOMO_CATEGORIES: [(&str, &str); 5] = [
+    ("1", "multi-hop"),
+    ("2", "temporal"),
+    ("3", "open-domain"),
+    ("4", "single-hop"),
+    ("5", "adversarial"),
+];
+
+/// `perpetuity eval` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EvalArgs {
+    /// The file's format.
+    #[arg(long, value_enum)]
+    pub format: Format,
+    /// The benchmark file.
+    pub file: PathBuf,
+    /// Data directory of the pooled memory: reused as it is when it already holds rows, else
+    /// the file is ingested into it [default: a fresh temp folder, removed afterwards].
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Depths k at which every ranked metric is reported.
+    #[arg(long = "k", value_delimiter = ',', default_values_t = DEFAULT_KS)]
+    pub ks: Vec<usize>,
+    /// Print one JSON object (names in docs/eval.md).
+    #[arg(long)]
+    pub json: bool,
+    /// Add a table per question category.
+    #[arg(long)]
+    pub by_category: bool,
+}
+
+/// An evaluation could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    /// Class: client. The benchmark file is unusable.
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
+    /// Class: internal or corruption (see [`StoreError`]).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Class: internal, corruption or configuration (see [`ArenaError`]).
+    #[error(transparent)]
+    Arena(#[from] ArenaError),
+    /// Class: client. `--k` holds no depth, or a zero.
+    #[error("--k needs one or more depths of at least 1 (got {ks:?})")]
+    Depths { ks: Vec<usize> },
+    /// Class: client. A reused data directory holds rows, but not every user of the file.
+    #[error(
+        "{path} already holds rows but lacks {missing} of the file's {users} users (first: {first}); \
+         evaluate into an empty data directory"
+    )]
+    NotIngested {
+        path: PathBuf,
+        missing: usize,
+        users: usize,
+        first: String,
+    },
+    /// Class: corruption. A stored row has no retrieval row.
+    #[error("row {row} of user {user:016x} has no retrieval row")]
+    MissingRetrieval { user: u64, row: u64 },
+    /// Class: internal. A scratch folder could not be created.
+    #[error("cannot create the scratch folder {path}: {source}")]
+    Scratch {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// A fresh folder under the system temp dir, removed with its contents when dropped.
+#[derive(Debug)]
+pub struct ScratchDir {
+    path: PathBuf,
+}
+
+impl ScratchDir {
+    /// Create `perpetuity-eval-<pid>-<n>-<label>` under the system temp dir.
+    pub fn new(label: &str) -> Result<Self, EvalError> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "perpetuity-eval-{}-{}-{label}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir(&path).map_err(|source| EvalError::Scratch {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Self { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        if let Err(err) = std::fs::remove_dir_all(&self.path) {
+            tracing::warn!(path = %self.path.display(), %err, "could not remove a scratch folder");
+        }
+    }
+}
+
+/// Where a run stands; the binary prints these on stderr.
+#[derive(Debug, Clone, Copy)]
+pub enum Progress {
+    /// The pooled memory's ingest, after each write batch.
+    Ingest {
+        summary: IngestSummary,
+        messages: usize,
+    },
+    /// The data directory already held the file's users; nothing was ingested.
+    Reused,
+    /// Questions asked of the pooled memory so far.
+    Questions { asked: usize, total: usize },
+    /// Users evaluated in isolated memories so far.
+    Isolated { users: usize, total: usize },
+}
+
+impl fmt::Display for Progress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Ingest { summary, messages } => write!(
+                f,
+                "ingest {}/{messages} messages, {} rows, {:.0} rows/s",
+                summary.messages,
+                summary.rows,
+                summary.rows_per_second()
+            ),
+            Self::Reused => write!(
+                f,
+                "the data directory holds the file's users; ingest skipped"
+            ),
+            Self::Questions { asked, total } => write!(f, "pooled: {asked}/{total} questions"),
+            Self::Isolated { users, total } => write!(f, "isolated: {users}/{total} users"),
+        }
+    }
+}
+
+/// Lets a progress report through about once per [`PROGRESS_EVERY`], and always at the end.
+#[derive(Debug, Default)]
+struct Throttle {
+    last: Option<Instant>,
+}
+
+impl Throttle {
+    fn due(&mut self, last_step: bool) -> bool {
+        let now = Instant::now();
+        let due = last_step || self.last.is_none_or(|t| now - t >= PROGRESS_EVERY);
+        if due {
+            self.last = Some(now);
+        }
+        due
+    }
+}
+
+/// Units of the ranked list `ranked` (best first, no repeats) among the first `k` that are
+/// evidence.
+fn hits<T: PartialEq>(ranked: &[T], evidence: &[T], k: usize) -> usize {
+    ranked
+        .iter()
+        .take(k)
+        .filter(|unit| evidence.contains(unit))
+        .count()
+}
+
+/// 1 when some evidence unit is in the top `k`, else 0.
+pub fn recall_any<T: PartialEq>(ranked: &[T], evidence: &[T], k: usize) -> f64 {
+    f64::from(hits(ranked, evidence, k) > 0)
+}
+
+/// 1 when every evidence unit is in the top `k`, else 0 (LongMemEval's "Recall@k").
+pub fn recall_all<T: PartialEq>(ranked: &[T], evidence: &[T], k: usize) -> f64 {
+    f64::from(hits(ranked, evidence, k) == evidence.len())
+}
+
+/// The share of the evidence units in the top `k`.
+pub fn recall_frac<T: PartialEq>(ranked: &[T], evidence: &[T], k: usize) -> f64 {
+    hits(ranked, evidence, k) as f64 / evidence.len() as f64
+}
+
+/// Discount of rank `i` (0-based): `1 / log2(i + 2)`.
+fn discount(i: usize) -> f64 {
+    1.0 / (i as f64 + 2.0).log2()
+}
+
+/// NDCG@k with binary relevance: `Σ_{i<k, ranked[i] ∈ evidence} 1/log2(i+2)` over the same sum
+/// for an ideal list with every evidence unit first.
+pub fn ndcg<T: PartialEq>(ranked: &[T], evidence: &[T], k: usize) -> f64 {
+    let gained: f64 = ranked
+        .iter()
+        .take(k)
+        .enumerate()
+        .filter(|(_, unit)| evidence.contains(unit))
+        .map(|(i, _)| discount(i))
+        .sum();
+    let ideal: f64 = (0..k.min(evidence.len())).map(discount).sum();
+    gained / ideal
+}
+
+/// Reciprocal rank of the first evidence unit in `ranked` (0 when none was retrieved).
+pub fn mrr<T: PartialEq>(ranked: &[T], evidence: &[T]) -> f64 {
+    ranked
+        .iter()
+        .position(|unit| evidence.contains(unit))
+        .map_or(0.0, |i| 1.0 / (i as f64 + 1.0))
+}
+
+/// Names of the reported metrics at depths `ks`, in report order: for each k `recall_any@k`,
+/// `recall_all@k`, `recall_frac@k`, `ndcg@k`; then `mrr`.
+pub fn metric_names(ks: &[usize]) -> Vec<String> {
+    ks.iter()
+        .flat_map(|k| PER_K.iter().map(move |m| format!("{m}@{k}")))
+        .chain(std::iter::once("mrr".to_owned()))
+        .collect()
+}
+
+/// One question's metrics at one level, in [`metric_names`] order. `evidence` is not empty.
+pub fn question_metrics<T: PartialEq>(ranked: &[T], evidence: &[T], ks: &[usize]) -> Vec<f64> {
+    ks.iter()
+        .flat_map(|&k| {
+            [
+                recall_any(ranked, evidence, k),
+                recall_all(ranked, evidence, k),
+                recall_frac(ranked, evidence, k),
+                ndcg(ranked, evidence, k),
+            ]
+        })
+        .chain(std::iter::once(mrr(ranked, evidence)))
+        .collect()
+}
+
+/// The items in order, each kept at its first occurrence only.
+fn first_occurrences<T: Eq + Hash + Clone>(items: impl IntoIterator<Item = T>) -> Vec<T> {
+    let mut seen = HashSet::new();
+    items
+        .into_iter()
+        .filter(|item| seen.insert(item.clone()))
+        .collect()
+}
+
+/// Mean metrics of one level (turn or session) over a set of questions. Serialised as
+/// `{"questions": n, "recall_any@1": x, ..., "mrr": x}`; a mean over no questions is `null`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Level {
+    ks: Vec<usize>,
+    questions: usize,
+    sums: Vec<f64>,
+}
+
+impl Level {
+    fn new(ks: &[usize]) -> Self {
+        Self {
+            ks: ks.to_vec(),
+            questions: 0,
+            sums: vec![0.0; ks.len() * PER_K.len() + 1],
+        }
+    }
+
+    fn add(&mut self, metrics: &[f64]) {
+        self.questions += 1;
+        self.sums
+            .iter_mut()
+            .zip(metrics)
+            .for_each(|(sum, x)| *sum += x);
+    }
+
+    /// Questions scored at this level.
+    pub fn questions(&self) -> usize {
+        self.questions
+    }
+
+    /// Each metric's name and mean, in [`metric_names`] order (`None` over no questions).
+    pub fn means(&self) -> impl Iterator<Item = (String, Option<f64>)> + '_ {
+        metric_names(&self.ks).into_iter().zip(
+            self.sums
+                .iter()
+                .map(|sum| (self.questions > 0).then(|| sum / self.questions as f64)),
+        )
+    }
+}
+
+impl Serialize for Level {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.sums.len() + 1))?;
+        map.serialize_entry("questions", &self.questions)?;
+        for (name, mean) in self.means() {
+            map.serialize_entry(&name, &mean)?;
+        }
+        map.end()
+    }
+}
+
+/// Frame metrics: every evidence turn inside the rendered frame, and the frame's size. There
+/// is no frame yet, so every value is `null`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FrameMetrics {
+    pub evidence_in_frame: Option<f64>,
+    pub median_tokens: Option<u64>,
+    pub p90_tokens: Option<u64>,
+}
+
+/// One system's figures over a set of questions.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    pub turn: Level,
+    pub session: Level,
+    pub frame: FrameMetrics,
+}
+
+/// Ours and the baseline over one half of the users.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Half {
+    pub overall: Summary,
+    pub bm25: Summary,
+}
+
+/// The even-indexed and odd-indexed users' questions (users in file order).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Halves {
+    pub even: Half,
+    pub odd: Half,
+}
+
+/// How the file's questions were accounted for: asked and scored, or counted aside.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Counts {
+    /// Questions asked: they have evidence at the turn or the session level.
+    pub asked: usize,
+    /// LongMemEval abstention questions (not asked).
+    pub abstention: usize,
+    /// Questions whose file lists no evidence (not asked).
+    pub without_evidence: usize,
+    /// Questions whose every evidence string names no turn (not asked).
+    pub evidence_unresolved: usize,
+}
+
+/// An evidence string or turn that cannot count as found, with its question.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvidenceNote {
+    /// The question's user (LoCoMo sample id, LongMemEval question id).
+    pub user: String,
+    /// The question's index in the file's question list (0-based, file order).
+    pub question: usize,
+    pub evidence: String,
+}
+
+/// Query latency of the pooled memory: prepare + search, one question at a time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Latency {
+    pub p50: f64,
+    pub p99: f64,
+}
+
+/// The pooled arena's size.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ArenaSize {
+    pub rows: usize,
+    pub bytes_per_row: usize,
+    /// `rows × bytes_per_row`: the columns of the held rows (the unused tail of a user's last
+    /// page is not counted).
+    pub bytes: usize,
+}
+
+/// What `perpetuity eval` measured; `--json` prints it (names in docs/eval.md).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// The file's name.
+    pub dataset: String,
+    /// `locomo` or `longmemeval`.
+    pub format: String,
+    /// The serving dictionary's version.
+    pub dictionary: String,
+    /// Questions in the file.
+    pub questions: usize,
+    pub counts: Counts,
+    pub ks: Vec<usize>,
+    /// Rows each question retrieves ([`RANKED_ROWS`], or the deepest k when deeper).
+    pub ranked_rows: usize,
+    /// Ours, pooled, over every asked question.
+    pub overall: Summary,
+    /// Ours, pooled, per question category (LoCoMo's number, LongMemEval's question type).
+    pub by_category: BTreeMap<String, Summary>,
+    /// Plain BM25 over the same user's rows under the pooled statistic.
+    pub bm25: Summary,
+    pub bm25_by_category: BTreeMap<String, Summary>,
+    /// Ours with each user alone in an isolated memory.
+    pub isolated: Summary,
+    pub isolated_by_category: BTreeMap<String, Summary>,
+    /// BM25 with each user alone (its own statistic).
+    pub isolated_bm25: Summary,
+    pub isolated_bm25_by_category: BTreeMap<String, Summary>,
+    pub halves: Halves,
+    pub latency_ms: Latency,
+    /// Rows per second of the pooled ingest; `null` when a data directory was reused.
+    pub ingest_rows_per_s: Option<f64>,
+    pub arena: ArenaSize,
+    /// Users in the file.
+    pub users: usize,
+    /// Evidence strings that name no turn of their conversation.
+    pub unresolved_evidence: Vec<EvidenceNote>,
+    /// Evidence turns the pooled memory holds no row for.
+    pub unstored_evidence: Vec<EvidenceNote>,
+}
+
+/// A retrieved row's turn: the file's turn id, or for a row captured without one, its message.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Turn {
+    Source(String),
+    Unlabelled(RowId),
+}
+
+/// A ranked answer at both levels, best first, each unit at its first occurrence.
+#[derive(Debug, Clone)]
+struct Ranked {
+    turns: Vec<Turn>,
+    sessions: Vec<String>,
+}
+
+/// What one memory returned for one question: ours and the baseline.
+#[derive(Debug, Clone)]
+struct Answers {
+    ours: Ranked,
+    bm25: Ranked,
+    /// Prepare + search of ours.
+    elapsed: Duration,
+}
+
+/// What the harness reads of one store: each row's turn and session, and each asked user's
+/// retrieval rows for the baseline, under the store's statistic.
+struct Corpus {
+    units: HashMap<RowId, (Turn, String)>,
+    rows: HashMap<UserId, Vec<(RowId, RetrievalRow)>>,
+    stored_turns: HashSet<(UserId, String)>,
+    stats: FrequencyTable,
+}
+
+impl Corpus {
+    fn read(store: &Store, users: &[UserId]) -> Result<Self, EvalError> {
+        let mut corpus = Self {
+            units: HashMap::new(),
+            rows: HashMap::new(),
+            stored_turns: HashSet::new(),
+            stats: store.frequency_table()?,
+        };
+        for &user in users {
+            let mut rows = Vec::new();
+            for row in store.rows_of(user) {
+                let row = row?;
+                let retrieval =
+                    store
+                        .retrieval(user, row.id)?
+                        .ok_or(EvalError::MissingRetrieval {
+                            user: user.0,
+                            row: row.id.0,
+                        })?;
+                let turn = match row.source_turn {
+                    Some(id) => {
+                        corpus.stored_turns.insert((user, id.clone()));
+                        Turn::Source(id)
+                    }
+                    None => Turn::Unlabelled(row.message),
+                };
+                corpus.units.insert(row.id, (turn, row.conversation));
+                rows.push((row.id, retrieval));
+            }
+            corpus.rows.insert(user, rows);
+        }
+        Ok(corpus)
+    }
+
+    fn ranked(&self, rows: impl IntoIterator<Item = RowId>) -> Ranked {
+        let units: Vec<&(Turn, String)> = rows
+            .into_iter()
+            .filter_map(|row| self.units.get(&row))
+            .collect();
+        Ranked {
+            turns: first_occurrences(units.iter().map(|(turn, _)| turn.clone())),
+            sessions: first_occurrences(units.iter().map(|(_, session)| session.clone())),
+        }
+    }
+
+    /// The baseline: every row of `user` scored by plain BM25 under the store's statistic, the
+    /// best `depth` by score descending, then row id ascending.
+    fn bm25(&self, user: UserId, query: &RetrievalRow, depth: usize) -> Vec<RowId> {
+        let idf: Vec<f32> = query
+            .terms
+            .iter()
+            .map(|&(term, _)| Bm25::idf(&self.stats, term))
+            .collect();
+        let mean_len = mean_row_len(&self.stats);
+        let mut scored: Vec<(f32, RowId)> = self
+            .rows
+            .get(&user)
+            .into_iter()
+            .flatten()
+            .map(|(id, row)| {
+                let score =
+                    Bm25::STANDARD.score(&query.terms, &idf, &row.terms, row.term_len(), mean_len);
+                (score, *id)
+            })
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        scored.into_iter().take(depth).map(|(_, id)| id).collect()
+    }
+}
+
+/// One memory to ask: its store, caught-up arena and what the harness read of it.
+struct Probe<'a> {
+    store: &'a Store,
+    dictionary: &'a Dictionary,
+    arena: &'a Arena,
+    kernels: &'a Kernels,
+    corpus: &'a Corpus,
+}
+
+impl Probe<'_> {
+    /// Ask one question as its user, in probe mode (nothing is captured), both ways.
+    fn ask(&self, question: &Question, depth: usize) -> Result<Answers, StoreError> {
+        let user = UserId::from_key(&question.user_key);
+        let started = Instant::now();
+        let query = PreparedQuery::new(self.dictionary, self.arena, &question.question);
+        let hits = search(
+            self.store,
+            self.dictionary,
+            self.arena,
+            self.kernels,
+            &[user],
+            &query,
+            depth,
+        )?;
+        let elapsed = started.elapsed();
+        Ok(Answers {
+            ours: self.corpus.ranked(hits.into_iter().map(|hit| hit.row)),
+            bm25: self
+                .corpus
+                .ranked(self.corpus.bm25(user, &query.retrieval, depth)),
+            elapsed,
+        })
+    }
+}
+
+/// One question's metrics at both levels (`None` where it has no evidence at that level).
+#[derive(Debug, Clone)]
+struct Scored {
+    turn: Option<Vec<f64>>,
+    session: Option<Vec<f64>>,
+}
+
+impl Scored {
+    fn new(question: &Question, ranked: &Ranked, ks: &[usize]) -> Self {
+        let turns: Vec<Turn> = question
+            .evidence_turns
+            .iter()
+            .map(|id| Turn::Source(id.clone()))
+            .collect();
+        let sessions = first_occurrences(question.evidence_sessions.iter().cloned());
+        Self {
+            turn: (!turns.is_empty()).then(|| question_metrics(&ranked.turns, &turns, ks)),
+            session: (!sessions.is_empty())
+                .then(|| question_metrics(&ranked.sessions, &sessions, ks)),
+        }
+    }
+}
+
+/// Every asked question's scores under the four systems.
+struct Outcome<'a> {
+    question: &'a Question,
+    /// 0 for an even-indexed user, 1 for an odd one.
+    half: usize,
+    ours: Scored,
+    bm25: Scored,
+    isolated: Scored,
+    isolated_bm25: Scored,
+}
+
+fn summarize<'a>(ks: &[usize], scores: impl Iterator<Item = &'a Scored>) -> Summary {
+    let (mut turn, mut session) = (Level::new(ks), Level::new(ks));
+    for scored in scores {
+        if let Some(metrics) = &scored.turn {
+            turn.add(metrics);
+        }
+        if let Some(metrics) = &scored.session {
+            session.add(metrics);
+        }
+    }
+    Summary {
+        turn,
+        session,
+        frame: FrameMetrics::default(),
+    }
+}
+
+/// The depths sorted, without repeats; refused when empty or holding a zero.
+fn depths(ks: &[usize]) -> Result<Vec<usize>, EvalError> {
+    if ks.is_empty() || ks.contains(&0) {
+        return Err(EvalError::Depths { ks: ks.to_vec() });
+    }
+    let mut ks = ks.to_vec();
+    ks.sort_unstable();
+    ks.dedup();
+    Ok(ks)
+}
+
+fn is_abstention(format: Format, question: &Question) -> bool {
+    format == Format::Longmemeval && question.user_key.ends_with(ABSTENTION_SUFFIX)
+}
+
+/// Ingest the file into the pooled memory, or check that a memory holding rows already has
+/// every user of the file. Returns the ingest rate, if there was an ingest.
+fn fill(
+    memory: &Memory,
+    dataset: &Dataset,
+    users: &[&str],
+    progress: &mut impl FnMut(&Progress),
+) -> Result<Option<f64>, EvalError> {
+    let store = &memory.store;
+    if store.rows_since(RowId(0)).next().transpose()?.is_none() {
+        let mut throttle = Throttle::default();
+        let summary = ingest::ingest(
+            store,
+            &memory.dictionary,
+            &dataset.messages,
+            |summary, messages| {
+                if throttle.due(summary.messages as usize == messages) {
+                    progress(&Progress::Ingest {
+                        summary: *summary,
+                        messages,
+                    });
+                }
+            },
+        )?;
+        return Ok(Some(summary.rows_per_second()));
+    }
+    let mut missing = Vec::new();
+    for &key in users {
+        if store.user_key(UserId::from_key(key))?.is_none() {
+            missing.push(key);
+        }
+    }
+    if let Some(first) = missing.first() {
+        return Err(EvalError::NotIngested {
+            path: store.path().to_path_buf(),
+            missing: missing.len(),
+            users: users.len(),
+            first: (*first).to_owned(),
+        });
+    }
+    progress(&Progress::Reused);
+    Ok(None)
+}
+
+/// Ask `asked` (indexes into the file's questions) of the pooled memory, in order.
+fn ask_pooled(
+    probe: &Probe<'_>,
+    dataset: &Dataset,
+    asked: &[usize],
+    depth: usize,
+    progress: &mut impl FnMut(&Progress),
+) -> Result<Vec<Answers>, StoreError> {
+    let mut throttle = Throttle::default();
+    let mut answers = Vec::with_capacity(asked.len());
+    for (n, &q) in asked.iter().enumerate() {
+        answers.push(probe.ask(&dataset.questions[q], depth)?);
+        if throttle.due(n + 1 == asked.len()) {
+            progress(&Progress::Questions {
+                asked: n + 1,
+                total: asked.len(),
+            });
+        }
+    }
+    Ok(answers)
+}
+
+/// Ask `asked` (indexes into the file's questions) with each of their users alone in a fresh
+/// memory: the user's messages ingested into a scratch store, its own arena and statistic.
+/// Answers come back in the order of `asked`.
+fn ask_isolated(
+    dictionary: &Dictionary,
+    kernels: &Kernels,
+    dataset: &Dataset,
+    asked: &[usize],
+    depth: usize,
+    progress: &mut impl FnMut(&Progress),
+) -> Result<Vec<Answers>, EvalError> {
+    let mut runs: HashMap<&str, Vec<&[Message]>> = HashMap::new();
+    for run in dataset.messages.chunk_by(|a, b| a.user_key == b.user_key) {
+        runs.entry(run[0].user_key.as_str()).or_default().push(run);
+    }
+    // Only users with something to ask get a memory (not those of abstention questions).
+    let users: Vec<&str> = first_occurrences(
+        asked
+            .iter()
+            .map(|&q| dataset.questions[q].user_key.as_str()),
+    );
+    let mut throttle = Throttle::default();
+    let mut answers: HashMap<usize, Answers> = HashMap::with_capacity(asked.len());
+    for (u, &key) in users.iter().enumerate() {
+        let scratch = ScratchDir::new(&format!("isolated-{u}"))?;
+        let store = Store::open(scratch.path(), &StoreOptions::default())?;
+        store.bind_dictionary(dictionary.version())?;
+        for run in runs.get(key).into_iter().flatten() {
+            ingest::ingest(&store, dictionary, run, |_, _| {})?;
+        }
+        let mut arena = Arena::new();
+        arena.catch_up(&store, dictionary)?;
+        let corpus = Corpus::read(&store, &[UserId::from_key(key)])?;
+        let probe = Probe {
+            store: &store,
+            dictionary,
+            arena: &arena,
+            kernels,
+            corpus: &corpus,
+        };
+        for &q in asked
+            .iter()
+            .filter(|&&q| dataset.questions[q].user_key == key)
+        {
+            answers.insert(q, probe.ask(&dataset.questions[q], depth)?);
+        }
+        if throttle.due(u + 1 == users.len()) {
+            progress(&Progress::Isolated {
+                users: u + 1,
+                total: users.len(),
+            });
+        }
+    }
+    Ok(asked
+        .iter()
+        .map(|q| {
+            answers
+                .remove(q)
+                .expect("every asked question's user has an isolated memory")
+        })
+        .collect())
+}
+
+/// Evaluate `file` (in `format`) on the pooled `memory` at depths `ks`: ingest it (or reuse the
+/// rows already there), ask every question with evidence, then ask each again with its user
+/// alone in a scratch memory. `progress` hears where the run stands.
+pub fn run(
+    memory: &Memory,
+    format: Format,
+    file: &Path,
+    ks: &[usize],
+    mut progress: impl FnMut(&Progress),
+) -> Result<Report, EvalError> {
+    let ks = depths(ks)?;
+    let ranked_rows = RANKED_ROWS.max(ks[ks.len() - 1]);
+    let dataset = datasets::load(format, file)?;
+    let users: Vec<&str> = first_occurrences(
+        dataset
+            .questions
+            .iter()
+            .map(|q| q.user_key.as_str())
+            .chain(dataset.messages.iter().map(|m| m.user_key.as_str())),
+    );
+    let ingest_rows_per_s = fill(memory, &dataset, &users, &mut progress)?;
+
+    let mut counts = Counts::default();
+    let mut asked = Vec::new();
+    for (i, q) in dataset.questions.iter().enumerate() {
+        if is_abstention(format, q) {
+            counts.abstention += 1;
+        } else if !q.evidence_turns.is_empty() || !q.evidence_sessions.is_empty() {
+            asked.push(i);
+        } else if q.unresolved_evidence.is_empty() {
+            counts.without_evidence += 1;
+        } else {
+            counts.evidence_unresolved += 1;
+        }
+    }
+    counts.asked = asked.len();
+
+    let kernels = Kernels::detect(false);
+    tracing::info!(kernels = %kernels.describe(), "scan kernels chosen");
+    let mut arena = Arena::new();
+    arena.catch_up(&memory.store, &memory.dictionary)?;
+    let user_ids: Vec<UserId> = users.iter().map(|key| UserId::from_key(key)).collect();
+    let corpus = Corpus::read(&memory.store, &user_ids)?;
+    let probe = Probe {
+        store: &memory.store,
+        dictionary: &memory.dictionary,
+        arena: &arena,
+        kernels: &kernels,
+        corpus: &corpus,
+    };
+    let pooled = ask_pooled(&probe, &dataset, &asked, ranked_rows, &mut progress)?;
+    let mut latency = hdrhistogram::Histogram::<u64>::new(3).expect("3 significant figures");
+    for answers in &pooled {
+        latency.saturating_record(answers.elapsed.as_micros() as u64);
+    }
+    let alone = ask_isolated(
+        &memory.dictionary,
+        &kernels,
+        &dataset,
+        &asked,
+        ranked_rows,
+        &mut progress,
+    )?;
+
+    let user_index: HashMap<&str, usize> = users.iter().enumerate().map(|(i, &u)| (u, i)).collect();
+    let outcomes: Vec<Outcome<'_>> = asked
+        .iter()
+        .zip(pooled.iter().zip(&alone))
+        .map(|(&q, (pooled, alone))| {
+            let question = &dataset.questions[q];
+            Outcome {
+                question,
+                half: user_index[question.user_key.as_str()] % 2,
+                ours: Scored::new(question, &pooled.ours, &ks),
+                bm25: Scored::new(question, &pooled.bm25, &ks),
+                isolated: Scored::new(question, &alone.ours, &ks),
+                isolated_bm25: Scored::new(question, &alone.bm25, &ks),
+            }
+        })
+        .collect();
+
+    let categories: Vec<&str> =
+        first_occurrences(dataset.questions.iter().map(|q| q.category.as_str()));
+    let overall = |system: for<'o> fn(&'o Outcome<'o>) -> &'o Scored| {
+        summarize(&ks, outcomes.iter().map(system))
+    };
+    let by_category =
+        |system: for<'o> fn(&'o Outcome<'o>) -> &'o Scored| -> BTreeMap<String, Summary> {
+            categories
+                .iter()
+                .map(|&c| {
+                    let of_category = outcomes.iter().filter(|o| o.question.category == c);
+                    (c.to_owned(), summarize(&ks, of_category.map(system)))
+                })
+                .collect()
+        };
+    let half = |h: usize| {
+        let of_half = || outcomes.iter().filter(move |o| o.half == h);
+        Half {
+            overall: summarize(&ks, of_half().map(|o| &o.ours)),
+            bm25: summarize(&ks, of_half().map(|o| &o.bm25)),
+        }
+    };
+
+    let mut unresolved_evidence = Vec::new();
+    let mut unstored_evidence = Vec::new();
+    for (i, q) in dataset.questions.iter().enumerate() {
+        let note = |evidence: &String| EvidenceNote {
+            user: q.user_key.clone(),
+            question: i,
+            evidence: evidence.clone(),
+        };
+        unresolved_evidence.extend(q.unresolved_evidence.iter().map(note));
+        let user = UserId::from_key(&q.user_key);
+        unstored_evidence.extend(
+            q.evidence_turns
+                .iter()
+                .filter(|&turn| !corpus.stored_turns.contains(&(user, turn.clone())))
+                .map(note),
+        );
+    }
+
+    Ok(Report {
+        dataset: file.file_name().map_or_else(
+            || file.display().to_string(),
+            |name| name.to_string_lossy().into_owned(),
+        ),
+        format: match format {
+            Format::Locomo => "locomo",
+            Format::Longmemeval => "longmemeval",
+        }
+        .to_owned(),
+        dictionary: memory.dictionary.version().to_owned(),
+        questions: dataset.questions.len(),
+        counts,
+        ranked_rows,
+        overall: overall(|o| &o.ours),
+        by_category: by_category(|o| &o.ours),
+        bm25: overall(|o| &o.bm25),
+        bm25_by_category: by_category(|o| &o.bm25),
+        isolated: overall(|o| &o.isolated),
+        isolated_by_category: by_category(|o| &o.isolated),
+        isolated_bm25: overall(|o| &o.isolated_bm25),
+        isolated_bm25_by_category: by_category(|o| &o.isolated_bm25),
+        halves: Halves {
+            even: half(0),
+            odd: half(1),
+        },
+        latency_ms: Latency {
+            p50: latency.value_at_quantile(0.5) as f64 / 1000.0,
+            p99: latency.value_at_quantile(0.99) as f64 / 1000.0,
+        },
+        ingest_rows_per_s,
+        arena: ArenaSize {
+            rows: arena.rows(),
+            bytes_per_row: Arena::bytes_per_row(),
+            bytes: arena.rows() * Arena::bytes_per_row(),
+        },
+        users: users.len(),
+        unresolved_evidence,
+        unstored_evidence,
+        ks,
+    })
+}
+
+/// Width of a table's metric column.
+const NAME_COLUMN: usize = 16;
+/// Width of a table's figure columns (the widest header, "isolated BM25").
+const FIGURE_COLUMN: usize = 13;
+
+/// Write a table: a title line, then one row per metric, one column per level in `levels`
+/// (same depths).
+fn table(out: &mut String, title: &str, columns: &[&str], levels: &[&Level]) -> fmt::Result {
+    writeln!(out, "\n{title}")?;
+    write!(out, "  {:<NAME_COLUMN$}", "metric")?;
+    for column in columns {
+        write!(out, " {column:>FIGURE_COLUMN$}")?;
+    }
+    writeln!(out)?;
+    let means: Vec<Vec<(String, Option<f64>)>> =
+        levels.iter().map(|level| level.means().collect()).collect();
+    for (row, (name, _)) in means[0].iter().enumerate() {
+        write!(out, "  {name:<NAME_COLUMN$}")?;
+        for level in &means {
+            match level[row].1 {
+                Some(mean) => write!(out, " {mean:>FIGURE_COLUMN$.3}")?,
+                None => write!(out, " {:>FIGURE_COLUMN$}", "-")?,
+            }
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// Write the turn-level and session-level tables of ours, BM25 and both isolated (a line
+/// instead where no question has evidence at that level).
+fn systems(out: &mut String, label: &str, summaries: [&Summary; 4]) -> fmt::Result {
+    let columns = ["ours", "BM25", "isolated", "isolated BM25"];
+    let turn = summaries.map(|s| &s.turn);
+    let session = summaries.map(|s| &s.session);
+    for (level, levels) in [("turn", turn), ("session", session)] {
+        match levels[0].questions() {
+            0 => writeln!(out, "\n{label}, {level} level: no question has evidence")?,
+            n => table(
+                out,
+                &format!("{label}, {level} level: {n} questions"),
+                &columns,
+                &levels,
+            )?,
+        }
+    }
+    Ok(())
+}
+
+impl Report {
+    /// A category's label: LoCoMo's number with its name, or LongMemEval's type as it is.
+    fn category_label(&self, category: &str) -> String {
+        LOCOMO_CATEGORIES
+            .iter()
+            .find(|(number, _)| self.format == "locomo" && *number == category)
+            .map_or_else(
+                || category.to_owned(),
+                |(number, name)| format!("{number} ({name})"),
+            )
+    }
+
+    /// The human-readable report: ours, BM25 and both isolated, per level and metric; the
+    /// halves; with `by_category`, the same tables per question category.
+    pub fn render(&self, by_category: bool) -> String {
+        let mut out = String::new();
+        self.write(&mut out, by_category)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    fn write(&self, out: &mut String, by_category: bool) -> fmt::Result {
+        let c = &self.counts;
+        writeln!(
+            out,
+            "eval {} ({}, dictionary {}): {} users, {} rows, {} questions",
+            self.dataset, self.format, self.dictionary, self.users, self.arena.rows, self.questions
+        )?;
+        writeln!(
+            out,
+            "  asked {}; not asked: {} abstention, {} without evidence, {} with only unresolved evidence",
+            c.asked, c.abstention, c.without_evidence, c.evidence_unresolved
+        )?;
+        for (label, notes) in [
+            ("evidence strings naming no turn", &self.unresolved_evidence),
+            ("evidence turns with no stored row", &self.unstored_evidence),
+        ] {
+            write!(out, "  {label}: {}", notes.len())?;
+            for note in notes {
+                write!(
+                    out,
+                    "; {} question {} {:?}",
+                    note.user, note.question, note.evidence
+                )?;
+            }
+            writeln!(out)?;
+        }
+        systems(
+            out,
+            "overall",
+            [
+                &self.overall,
+                &self.bm25,
+                &self.isolated,
+                &self.isolated_bm25,
+            ],
+        )?;
+        if by_category {
+            for (category, ours) in &self.by_category {
+                systems(
+                    out,
+                    &format!("category {}", self.category_label(category)),
+                    [
+                        ours,
+                        &self.bm25_by_category[category],
+                        &self.isolated_by_category[category],
+                        &self.isolated_bm25_by_category[category],
+                    ],
+                )?;
+            }
+        }
+        let (even, odd) = (&self.halves.even, &self.halves.odd);
+        table(
+            out,
+            &format!(
+                "halves, turn level: {} questions of even users, {} of odd users",
+                even.overall.turn.questions(),
+                odd.overall.turn.questions()
+            ),
+            &["even ours", "even BM25", "odd ours", "odd BM25"],
+            &[
+                &even.overall.turn,
+                &even.bm25.turn,
+                &odd.overall.turn,
+                &odd.bm25.turn,
+            ],
+        )?;
+        writeln!(out, "\nframe: not measured (no frame is rendered yet)")?;
+        writeln!(
+            out,
+            "latency, pooled (prepare + search of {} rows): p50 {:.2} ms, p99 {:.2} ms",
+            self.ranked_rows, self.latency_ms.p50, self.latency_ms.p99
+        )?;
+        match self.ingest_rows_per_s {
+            Some(rate) => writeln!(out, "ingest: {rate:.0} rows/s")?,
+            None => writeln!(out, "ingest: none (reused data directory)")?,
+        }
+        writeln!(
+            out,
+            "arena: {} rows x {} bytes = {} bytes",
+            self.arena.rows, self.arena.bytes_per_row, self.arena.bytes
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EPS: f64 = 1e-12;
+
+    #[test]
+    fn recall_counts_evidence_in_the_top_k() {
+        let ranked = ["a", "b", "c", "d"];
+        let evidence = ["c", "a", "z"];
+        assert_eq!(recall_any(&ranked, &evidence, 1), 1.0);
+        assert_eq!(recall_any(&ranked, &["d"], 3), 0.0);
+        assert_eq!(recall_all(&ranked, &evidence, 4), 0.0, "z is never found");
+        assert_eq!(recall_all(&ranked, &["c", "a"], 2), 0.0);
+        assert_eq!(recall_all(&ranked, &["c", "a"], 3), 1.0);
+        assert!((recall_frac(&ranked, &evidence, 1) - 1.0 / 3.0).abs() < EPS);
+        assert!((recall_frac(&ranked, &evidence, 3) - 2.0 / 3.0).abs() < EPS);
+        assert!(
+            (recall_frac(&ranked, &evidence, 20) - 2.0 / 3.0).abs() < EPS,
+            "k past the list"
+        );
+    }
+
+    #[test]
+    fn ndcg_matches_hand_computation() {
+        let ranked = ["a", "b", "c", "d"];
+        // Evidence at ranks 2 and 4 (0-based 1 and 3): DCG = 1/log2(3) + 1/log2(5);
+        // ideal: both first, 1 + 1/log2(3).
+        let dcg = 1.0 / 3f64.log2() + 1.0 / 5f64.log2();
+        let ideal = 1.0 + 1.0 / 3f64.log2();
+        assert!((ndcg(&ranked, &["b", "d"], 4) - dcg / ideal).abs() < EPS);
+        // At k = 2 only "b" counts, and the ideal holds both.
+        assert!((ndcg(&ranked, &["b", "d"], 2) - (1.0 / 3f64.log2()) / ideal).abs() < EPS);
+        // One evidence unit at rank 1 is perfect at any k; at rank 3, 1/log2(4) = 0.5.
+        assert_eq!(ndcg(&ranked, &["a"], 1), 1.0);
+        assert!((ndcg(&ranked, &["c"], 5) - 0.5).abs() < EPS);
+        assert_eq!(ndcg(&ranked, &["z"], 4), 0.0);
+    }
+
+    #[test]
+    fn mrr_is_the_first_evidence_rank() {
+        let ranked = [7, 3, 9];
+        assert_eq!(mrr(&ranked, &[9, 3]), 0.5);
+        assert_eq!(mrr(&ranked, &[7]), 1.0);
+        assert!((mrr(&ranked, &[9]) - 1.0 / 3.0).abs() < EPS);
+        assert_eq!(mrr(&ranked, &[4]), 0.0);
+    }
+
+    #[test]
+    fn question_metrics_follow_the_names() {
+        let ks = [1, 3];
+        let names = metric_names(&ks);
+        assert_eq!(
+            names,
+            [
+                "recall_any@1",
+                "recall_all@1",
+                "recall_frac@1",
+                "ndcg@1",
+                "recall_any@3",
+                "recall_all@3",
+                "recall_frac@3",
+                "ndcg@3",
+                "mrr"
+            ]
+        );
+        let metrics = question_metrics(&["x", "e1", "e2"], &["e1", "e2"], &ks);
+        let ideal = 1.0 + 1.0 / 3f64.log2();
+        let dcg = 1.0 / 3f64.log2() + 0.5;
+        let expected = [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, dcg / ideal, 0.5];
+        assert_eq!(metrics.len(), names.len());
+        for (got, want) in metrics.iter().zip(expected) {
+            assert!((got - want).abs() < EPS, "{metrics:?}");
+        }
+    }
+
+    #[test]
+    fn levels_average_and_serialize_in_order() {
+        let ks = [2];
+        let mut level = Level::new(&ks);
+        assert_eq!(
+            serde_json::to_string(&level).unwrap(),
+            r#"{"questions":0,"recall_any@2":null,"recall_all@2":null,"recall_frac@2":null,"ndcg@2":null,"mrr":null}"#
+        );
+        level.add(&question_metrics(&["a", "b"], &["b"], &ks));
+        level.add(&question_metrics(&["c", "d"], &["a", "c"], &ks));
+        let means: Vec<Option<f64>> = level.means().map(|(_, m)| m).collect();
+        let ndcg_b = 1.0 / 3f64.log2();
+        let ndcg_c = 1.0 / (1.0 + 1.0 / 3f64.log2());
+        let expected = [1.0, 0.5, 0.75, (ndcg_b + ndcg_c) / 2.0, 0.75];
+        for (got, want) in means.iter().zip(expected) {
+            assert!((got.unwrap() - want).abs() < EPS, "{means:?}");
+        }
+    }
+
+    #[test]
+    fn units_keep_their_first_rank() {
+        assert_eq!(first_occurrences([3, 1, 3, 2, 1]), [3, 1, 2]);
+    }
+
+    #[test]
+    fn depths_are_sorted_and_checked() {
+        assert_eq!(depths(&[10, 1, 10, 5]).unwrap(), [1, 5, 10]);
+        assert!(matches!(depths(&[]), Err(EvalError::Depths { .. })));
+        assert!(matches!(depths(&[0, 3]), Err(EvalError::Depths { .. })));
+    }
+}
