@@ -23,7 +23,7 @@ use perpetuity::proxy;
 use perpetuity::scan::kernels::Kernels;
 use perpetuity::store::{Store, StoreOptions};
 use perpetuity::tokens::Tokenizer;
-use perpetuity::types::UserId;
+use perpetuity::types::{RowId, UserId};
 
 #[derive(Parser)]
 #[command(name = "perpetuity", version, about = "A memory proxy for LLM agents")]
@@ -138,7 +138,8 @@ enum BenchCommand {
         /// Print one JSON object (names in docs/benchmarks.md).
         #[arg(long)]
         json: bool,
-        /// Where to put the store (default: a fresh temp folder, removed afterwards).
+        /// Where to put the store (default: a fresh temp folder, removed afterwards); a store
+        /// that already holds rows is reused as it is.
         #[arg(long)]
         data: Option<PathBuf>,
         #[command(flatten)]
@@ -527,15 +528,22 @@ fn show(dict: &Dictionary, text: Option<&str>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A fresh store for a benchmark: `data`, or a folder under the system temp dir that is
+/// A store for a benchmark: `data`, or a fresh folder under the system temp dir that is
 /// removed when the returned guard drops.
 struct BenchDir {
     dir: PathBuf,
     temporary: bool,
 }
 
+/// Whether a benchmark may run on a store that already exists.
+#[derive(PartialEq)]
+enum Existing {
+    Refuse,
+    Reuse,
+}
+
 impl BenchDir {
-    fn new(data: Option<PathBuf>, name: &str) -> anyhow::Result<Self> {
+    fn new(data: Option<PathBuf>, name: &str, existing: Existing) -> anyhow::Result<Self> {
         let (dir, temporary) = match data {
             Some(dir) => (dir, false),
             None => (
@@ -545,7 +553,7 @@ impl BenchDir {
             ),
         };
         anyhow::ensure!(
-            !dir.exists(),
+            existing == Existing::Reuse || !dir.exists(),
             "{} exists; the benchmark writes a fresh store",
             dir.display()
         );
@@ -571,7 +579,7 @@ fn bench_ingest(
     dictionary: &DictionaryArgs,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(users > 0, "--users must be at least 1");
-    let place = BenchDir::new(data, "ingest")?;
+    let place = BenchDir::new(data, "ingest", Existing::Refuse)?;
     let data = DataArgs {
         dir: place.dir.clone(),
         sync_writes: sync,
@@ -610,20 +618,26 @@ fn bench_scan(
         "--rows and --users must be at least 1"
     );
     anyhow::ensure!(settings.threads > 0, "--threads must be at least 1");
-    let place = BenchDir::new(data, "scan")?;
+    let place = BenchDir::new(data, "scan", Existing::Reuse)?;
     let data = DataArgs {
         dir: place.dir.clone(),
         sync_writes: false,
     };
     let memory = dictionary.open(&data)?;
-    let input = bench::synthetic_messages(settings.rows, settings.users, bench::MESSAGE_SEED);
-    ingest::ingest(
-        &memory.store,
-        &memory.dictionary,
-        &input,
-        progress_printer("bench scan: ingest"),
-    )?;
-    drop(input);
+    if memory.store.rows_since(RowId(0)).next().is_none() {
+        let input = bench::synthetic_messages(settings.rows, settings.users, bench::MESSAGE_SEED);
+        ingest::ingest(
+            &memory.store,
+            &memory.dictionary,
+            &input,
+            progress_printer("bench scan: ingest"),
+        )?;
+    } else {
+        eprintln!(
+            "bench scan: {} already holds rows; reusing them (--rows and --users are ignored)",
+            place.dir.display()
+        );
+    }
     let kernels = Kernels::detect(false);
     eprintln!("bench scan: kernels {}", kernels.describe());
     let report = bench::scan(&memory, &kernels, settings);
