@@ -1,5 +1,6 @@
 //! The crate's error, composed from each module's own.
 
+use crate::arena::ArenaError;
 use crate::datasets::DatasetError;
 use crate::dictionary::DictionaryError;
 use crate::ingest::ExportError;
@@ -20,4 +21,7 @@ pub enum Error {
     /// Class: internal or corruption.
     #[error(transparent)]
     Export(#[from] ExportError),
+    /// Class: internal or configuration (see [`ArenaError`]).
+    #[error(transparent)]
+    Arena(#[from] ArenaError),
 }

@@ -1,5 +1,6 @@
 //! The integrity check: recompute every invariant of a store on demand and report each
-//! violation with its key. Read-only.
+//! violation with its key. Read-only on the store; the arena, a cache, is opened as serving
+//! opens it (cut back to its last commit, or rebuilt when unusable) and caught up.
 //!
 //! Invariants:
 //! - every row decodes, its tokens decode to its text, and it has exactly one retrieval row,
@@ -13,17 +14,19 @@
 //! - each user's clock equals the tokens of the user's rows, and equals the newest row's birth
 //!   clock; every row id is below the recorded next row id;
 //! - the stored frequency counts equal a recount from the retrieval rows, key by key;
-//! - ([`check_arena`]) a caught-up arena holds exactly the stored rows, with the same facts,
-//!   and a resident statistic equal to the stored counts.
+//! - ([`check_arena_files`]) the data directory's arena files pass their own checks;
+//!   ([`check_arena`]) a caught-up arena holds exactly the stored rows, with the same facts
+//!   and lexical terms, and a resident statistic equal to the stored counts.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::arena::Arena;
+use crate::arena::{Arena, ArenaError, Opened};
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::{RetrievalRow, derive};
 use crate::dictionary::stats::{Count, FrequencyTable};
+use crate::relevance::TermCount;
 use crate::store::{Activation, Cf, Row, Store, StoreError, decode_count, hex_key, keys};
 use crate::tokens::Tokenizer;
 use crate::types::{ConversationId, RowId, UserId};
@@ -423,8 +426,26 @@ fn check_counts(
     Ok(())
 }
 
+/// Open the data directory's arena as serving does, report files that were damaged (they
+/// are rebuilt from the store), catch it up and check it against the store ([`check_arena`]).
+pub fn check_arena_files(
+    store: &Store,
+    dictionary: &Dictionary,
+    report: &mut Report,
+) -> Result<(), ArenaError> {
+    let (mut arena, opened) = Arena::open(store, dictionary)?;
+    if let Opened::Rebuilt { reason } = &opened
+        && reason.is_damage()
+    {
+        report.arena_violation("arena files are usable", b"", reason.to_string());
+    }
+    arena.catch_up(store, dictionary)?;
+    check_arena(store, &arena, report)?;
+    Ok(())
+}
+
 /// Check a caught-up arena against the store: every stored row is in the arena with the same
-/// user, conversation, birth clock, decay and length, the arena holds no other row, its
+/// user, conversation, birth clock, decay, length and lexical terms, the arena holds no other row, its
 /// watermark does not run ahead of the store, and its resident frequency statistic equals the
 /// stored counts. Appends to `report`.
 pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<(), StoreError> {
@@ -444,7 +465,20 @@ pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<
             && page.conversations[i] == ConversationId::from_key(&row.conversation).0
             && page.birth_clocks[i] == row.birth_clock
             && page.decays[i].to_bits() == row.decay.to_bits()
-            && page.token_lens[i] as usize == row.tokens.len();
+            && page.token_lens[i] as usize == row.tokens.len()
+            && match store.retrieval(row.user, row.id)? {
+                Some(retrieval) => {
+                    let resident = arena.row_terms(slot);
+                    resident.len == retrieval.term_len()
+                        && resident.terms.len() == retrieval.terms.len()
+                        && resident
+                            .terms
+                            .iter()
+                            .zip(&retrieval.terms)
+                            .all(|(a, b)| (a.term(), a.count()) == *b)
+                }
+                None => false,
+            };
         if !same {
             report.arena_violation("arena row equals the stored row", &key, "differs");
         }

@@ -323,6 +323,9 @@ fn main() -> anyhow::Result<()> {
             let store = Store::open(data.existing()?, &data.options())?;
             let started = Instant::now();
             let rows = store.purge_user(UserId::from_key(&user))?;
+            // The arena holds the user's vectors and term ids: drop it whole (the purge count
+            // would make the next process rebuild it anyway).
+            perpetuity::arena::remove_all(store.path())?;
             println!(
                 "purged user {user:?}: {rows} rows removed, compacted in {:.2?}",
                 started.elapsed()
@@ -382,7 +385,20 @@ fn serve(config: ServeConfig, memory: Memory) -> anyhow::Result<()> {
             version = %config.dictionary_version,
             "serving"
         );
-        let state = Arc::new(proxy::State { memory });
+        let started = Instant::now();
+        let (mut arena, opened) = Arena::open(&memory.store, &memory.dictionary)?;
+        let caught = arena.catch_up(&memory.store, &memory.dictionary)?;
+        tracing::info!(
+            opened = ?opened,
+            rows = arena.rows(),
+            caught_up = caught,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "arena ready"
+        );
+        let state = Arc::new(proxy::State {
+            memory,
+            arena: std::sync::RwLock::new(arena),
+        });
         tokio::select! {
             result = proxy::serve(listener, state) => result.context("accepting connections"),
             _ = tokio::signal::ctrl_c() => {
@@ -464,9 +480,7 @@ fn check_integrity(
     // The arena is derived from the store: it is built and checked once the store is clean
     // (a damaged store is reported above, and an arena built from it would only repeat that).
     if report.is_clean() {
-        let mut arena = Arena::new();
-        arena.catch_up(&store, &dict)?;
-        integrity::check_arena(&store, &arena, &mut report)?;
+        integrity::check_arena_files(&store, &dict, &mut report)?;
     }
     let elapsed = started.elapsed();
     if json {

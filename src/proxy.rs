@@ -12,12 +12,15 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
+use crate::arena::Arena;
 use crate::memory::Memory;
 
 /// What every connection shares.
 #[derive(Debug)]
 pub struct State {
     pub memory: Memory,
+    /// The arena the scan reads, opened (re-mapped or rebuilt) and caught up at start.
+    pub arena: std::sync::RwLock<Arena>,
 }
 
 /// Accept connections on `listener` until the task is dropped.

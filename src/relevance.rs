@@ -4,6 +4,21 @@
 use crate::dictionary::stats::FrequencyStats;
 use crate::types::TermId;
 
+/// A row's distinct term and its count, however the row holds it.
+pub trait TermCount {
+    fn term(&self) -> TermId;
+    fn count(&self) -> u32;
+}
+
+impl TermCount for (TermId, u32) {
+    fn term(&self) -> TermId {
+        self.0
+    }
+    fn count(&self) -> u32 {
+        self.1
+    }
+}
+
 /// Okapi BM25 parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Bm25 {
@@ -33,18 +48,18 @@ impl Bm25 {
         &self,
         query: &[(TermId, u32)],
         idf: &[f32],
-        row: &[(TermId, u32)],
+        row: &[impl TermCount],
         row_len: u64,
         mean_len: f32,
     ) -> f32 {
         let norm = self.k1 * (1.0 - self.b + self.b * row_len as f32 / mean_len.max(f32::EPSILON));
         let (mut qi, mut ri, mut score) = (0, 0, 0f32);
         while qi < query.len() && ri < row.len() {
-            match query[qi].0.cmp(&row[ri].0) {
+            match query[qi].0.cmp(&row[ri].term()) {
                 std::cmp::Ordering::Less => qi += 1,
                 std::cmp::Ordering::Greater => ri += 1,
                 std::cmp::Ordering::Equal => {
-                    let tf = row[ri].1 as f32;
+                    let tf = row[ri].count() as f32;
                     score += idf[qi] * tf * (self.k1 + 1.0) / (tf + norm);
                     qi += 1;
                     ri += 1;
@@ -145,7 +160,7 @@ impl HybridScorer {
 
     /// The score of a row with `terms` (`term_len` in all) whose cosine to the query is
     /// `cosine` (exact or estimated).
-    pub fn score_with_cosine(&self, terms: &[(TermId, u32)], term_len: u64, cosine: f32) -> f32 {
+    pub fn score_with_cosine(&self, terms: &[impl TermCount], term_len: u64, cosine: f32) -> f32 {
         let lexical = if self.bm25_max > 0.0 {
             Bm25::STANDARD.score(&self.terms, &self.idf, terms, term_len, self.mean_len)
                 / self.bm25_max

@@ -177,7 +177,7 @@ pub fn refine(
             top.push(Hit {
                 score: query
                     .scorer
-                    .score_with_cosine(&row_terms.terms, row_terms.len, cosine),
+                    .score_with_cosine(row_terms.terms, row_terms.len, cosine),
                 row: hit.row,
             });
         }

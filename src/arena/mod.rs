@@ -1,72 +1,55 @@
-//! The resident arena: every stored row's first-pass code, int8 vector and per-row facts, in
-//! columns, grouped in pages that each belong to one user.
+//! The arena: every stored row's first-pass code, int8 vector, lexical terms and per-row facts,
+//! in columns, grouped in pages that each belong to one user, memory-mapped from the data
+//! directory.
 //!
 //! Layout, chosen for the scan: a page holds [`PAGE_ROWS`] rows of ONE user, column by column
-//! (`Page`, a `#[repr(C)]` Pod struct). A user's query walks only that user's pages (or, for a
+//! ([`Page`], a `#[repr(C)]` Pod struct). A user's query walks only that user's pages (or, for a
 //! group scope, the pages of the group's users), so a memory pooled over many users costs a
 //! query only what its scope holds; inside a page the 1-bit codes sit in blocks of eight rows,
 //! word-major, the layout the Hamming kernel reads with vertical operations only.
 //!
+//! Files (`docs/format.md` has the grammar): `<data>/arena/<dictionary version>/pages.bin`, a
+//! header that is the commit record, then pages; and `terms.bin`, each row's distinct terms
+//! with counts for the exact lexical score. Appends write the new rows into the mapping first
+//! and the header last, so a process killed at any point leaves a header that counts only
+//! whole rows; what it does not count is cut away when the files are opened again. Every page
+//! carries a checksum over itself and its rows' terms; a file that fails any check (magic,
+//! version, checksums, dictionary, a purge since, a watermark ahead of the store) is reported
+//! and rebuilt from the store, never served.
+//!
 //! The arena is a cache of the store: it can always be rebuilt from it. Before every scan it
 //! catches up by reading only rows newer than its watermark ([`Arena::catch_up`]), keeping a
-//! resident copy of the shared frequency statistic in step (each caught-up retrieval row is
-//! counted in), so the statistic never has to be reloaded. Vectors are embedded under the
-//! statistic as it stands when the row is caught up; the first pass only narrows the field,
-//! and the exact rescore re-embeds its candidates under the current statistic.
+//! resident copy of the shared frequency statistic in step, so the statistic never has to be
+//! reloaded. Vectors are embedded under the statistic as it stands when the row is caught up;
+//! the first pass only narrows the field, and the exact rescore re-embeds its candidates under
+//! the current statistic.
 //!
-//! Pages live in memory for now; the memory-mapped file form follows the same `Page` layout.
-//! Purging while serving is not wired yet: `perpetuity purge` runs on a closed store, and the
-//! next process rebuilds its arena from the store.
+//! Purging while serving is not wired yet: `perpetuity purge` runs on a closed store and bumps
+//! the store's purge count, so the next process rebuilds its arena.
+
+pub mod file;
+pub mod page;
 
 use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
 
-use bytemuck::{Pod, Zeroable};
+use bytemuck::Zeroable;
+use sha2::{Digest, Sha256};
 
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::{RetrievalRow, embed};
 use crate::dictionary::stats::FrequencyTable;
-use crate::scan::kernels::{BLOCK_ROWS, code_words};
 use crate::store::{Row, Store, StoreError};
-use crate::types::{ConversationId, RowId, TermId, UserId};
+use crate::types::{ConversationId, RowId, UserId};
+use file::{
+    FORMAT_VERSION, MappedFile, PAGES_HEADER_BYTES, PAGES_MAGIC, PagesHeader, TERMS_HEADER_BYTES,
+    TERMS_MAGIC, TermEntry, TermsHeader,
+};
+pub use page::{DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, blocked, signature_bit};
 
-/// Rows per page: eight blocks of eight rows.
-pub const PAGE_ROWS: usize = 64;
-/// Dense dimensions the page layout is built for.
-pub const DIMS: usize = 256;
-const WORDS: usize = DIMS / 64;
-
-/// One page: up to [`PAGE_ROWS`] rows of one user, column by column. 22,848 bytes.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-pub struct Page {
-    pub user: u64,
-    pub rows: u32,
-    pub reserved: [u32; 13],
-    pub row_ids: [u64; PAGE_ROWS],
-    pub conversations: [u64; PAGE_ROWS],
-    pub birth_clocks: [u64; PAGE_ROWS],
-    pub decays: [f32; PAGE_ROWS],
-    pub token_lens: [u32; PAGE_ROWS],
-    /// int8 vector scale per row.
-    pub scales: [f32; PAGE_ROWS],
-    /// 1-bit codes, blocked: word `w` of row `r` at `(r / 8 · WORDS + w) · 8 + r % 8`.
-    pub codes: [u64; PAGE_ROWS * WORDS],
-    /// Lexical signatures, blocked like `codes`: bit [`signature_bit`] of each of the row's
-    /// terms is set, so the first pass can estimate which query terms a row holds.
-    pub signatures: [u64; PAGE_ROWS * WORDS],
-    /// int8 vectors, row-major.
-    pub vectors: [i8; PAGE_ROWS * DIMS],
-}
-
-const _: () = assert!(std::mem::size_of::<Page>() == 22_848);
-
-/// Bits in a row's lexical signature.
-pub const SIGNATURE_BITS: usize = WORDS * 64;
-
-/// The signature bit of a term: the top byte of a multiplicative hash of its id.
-pub fn signature_bit(term: TermId) -> usize {
-    (term.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize % SIGNATURE_BITS
-}
+const PAGE_BYTES: usize = std::mem::size_of::<Page>();
+const ENTRY_BYTES: usize = std::mem::size_of::<TermEntry>();
 
 /// Arena errors.
 #[derive(Debug, thiserror::Error)]
@@ -80,12 +63,78 @@ pub enum ArenaError {
     /// Class: configuration. The dictionary's dimensions differ from the page layout's.
     #[error("dictionary has {found} dimensions; the arena layout holds {DIMS}")]
     Dimensions { found: usize },
+    /// Class: internal. An arena file could not be created, grown or removed.
+    #[error("arena file {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
 }
 
-/// A row's distinct lexical terms with counts, and their total.
-#[derive(Debug, Clone, Default)]
-pub struct RowTerms {
-    pub terms: Box<[(TermId, u32)]>,
+/// Why the arena files found on disk were not used as they are. The arena is then rebuilt
+/// from the store.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unusable {
+    /// Class: not an error. No arena was written yet for this dictionary version.
+    #[error("no arena files yet")]
+    Missing,
+    /// Class: corruption.
+    #[error("{file}: not an arena file (bad magic)")]
+    Magic { file: &'static str },
+    /// Class: configuration. Written by another layout version.
+    #[error("{file}: layout version {found}, this build reads {FORMAT_VERSION}")]
+    Version { file: &'static str, found: u32 },
+    /// Class: corruption.
+    #[error("pages.bin: header checksum mismatch")]
+    HeaderChecksum,
+    /// Class: configuration.
+    #[error("pages.bin: page layout differs from this build's")]
+    Layout,
+    /// Class: configuration. Built under another dictionary.
+    #[error("built for another dictionary")]
+    Dictionary,
+    /// Class: not an error. A user was purged since the arena was written.
+    #[error("the store was purged since the arena was written")]
+    Purged,
+    /// Class: corruption. The arena claims rows the store never committed.
+    #[error("watermark {watermark} is ahead of the store's next row {next}")]
+    Ahead { watermark: u64, next: u64 },
+    /// Class: corruption. A file is shorter than its header says.
+    #[error("{file}: truncated ({bytes} bytes, header needs {needed})")]
+    Truncated {
+        file: &'static str,
+        bytes: usize,
+        needed: usize,
+    },
+    /// Class: corruption.
+    #[error("page {page}: {what}")]
+    Page { page: u64, what: &'static str },
+    /// Class: corruption. The pages hold another number of rows than the header.
+    #[error("pages hold {found} rows, the header {expected}")]
+    RowCount { found: u64, expected: u64 },
+}
+
+impl Unusable {
+    /// Whether the files were damaged (as opposed to absent, stale after a purge, or written
+    /// for another layout or dictionary).
+    pub fn is_damage(&self) -> bool {
+        !matches!(
+            self,
+            Self::Missing | Self::Purged | Self::Version { .. } | Self::Layout | Self::Dictionary
+        )
+    }
+}
+
+/// How [`Arena::open`] found the files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Opened {
+    /// Mapped as they were, with this many rows.
+    Mapped { rows: u64 },
+    /// Not usable as they were: started empty, to be rebuilt by catch-up.
+    Rebuilt { reason: Unusable },
+}
+
+/// A row's distinct lexical terms with counts (sorted by term id), and their total.
+#[derive(Debug, Clone, Copy)]
+pub struct RowTerms<'a> {
+    pub terms: &'a [TermEntry],
     pub len: u64,
 }
 
@@ -104,40 +153,282 @@ impl Slot {
     };
 }
 
-/// The resident arena.
-#[derive(Default)]
+/// The arena.
 pub struct Arena {
-    pages: Vec<Page>,
+    pages: MappedFile,
+    terms: MappedFile,
+    /// The committed header, updated in memory during a catch-up and written at its end.
+    header: PagesHeader,
     by_user: HashMap<UserId, Vec<u32>>,
     /// Slot of each row, indexed by row id (row ids are dense; purged ids hold `Slot::NONE`).
     slots: Vec<Slot>,
-    /// Each row's lexical terms and term length, by page and index, for the exact lexical
-    /// score of the int8 stage.
-    terms: Vec<Vec<RowTerms>>,
-    /// Every row id below this has been caught up (or never existed).
-    watermark: RowId,
     stats: FrequencyTable,
+    /// The resident statistic counts every stored row below this (and only those).
+    counted_below: RowId,
+    /// Pages written since the last commit, whose checksums are due.
+    dirty: Vec<u32>,
 }
 
 impl std::fmt::Debug for Arena {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Arena")
-            .field("pages", &self.pages.len())
+            .field("file", &self.pages.path())
+            .field("pages", &self.header.pages)
             .field("users", &self.by_user.len())
-            .field("watermark", &self.watermark)
+            .field("watermark", &self.header.watermark)
             .finish()
     }
 }
 
+/// The folder of the arena for dictionary `version` in data directory `data`.
+pub fn arena_dir(data: &Path, version: &str) -> PathBuf {
+    data.join("arena").join(version)
+}
+
+/// Remove every arena of data directory `data` (a purge does: the arena is rebuilt from the
+/// store by the next process that opens it).
+pub fn remove_all(data: &Path) -> Result<(), ArenaError> {
+    let dir = data.join("arena");
+    match std::fs::remove_dir_all(&dir) {
+        Err(source) if source.kind() != io::ErrorKind::NotFound => {
+            Err(ArenaError::Io { path: dir, source })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// SHA-256 of a dictionary's manifest: what the arena's vectors were derived under.
+fn dictionary_id(dictionary: &Dictionary) -> [u8; 32] {
+    let manifest = serde_json::to_vec(dictionary.manifest()).expect("a manifest serialises");
+    Sha256::digest(&manifest).into()
+}
+
 impl Arena {
-    /// An empty arena (watermark 0: the first catch-up reads everything).
+    /// An empty arena in memory only (watermark 0: the first catch-up reads everything), for
+    /// one-off scans: evaluation, benchmarks, checks.
     pub fn new() -> Self {
-        Self::default()
+        let io = |e| panic!("cannot map anonymous memory for the arena: {e}");
+        let mut pages = MappedFile::anonymous(PAGES_HEADER_BYTES).unwrap_or_else(io);
+        let mut terms = MappedFile::anonymous(TERMS_HEADER_BYTES).unwrap_or_else(io);
+        let header = PagesHeader::empty([0; 32], 0);
+        pages.bytes_mut()[..PAGES_HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&header));
+        terms.bytes_mut()[..TERMS_HEADER_BYTES]
+            .copy_from_slice(bytemuck::bytes_of(&TermsHeader::default()));
+        Self::with_files(pages, terms, header)
+    }
+
+    fn with_files(pages: MappedFile, terms: MappedFile, header: PagesHeader) -> Self {
+        Self {
+            pages,
+            terms,
+            header,
+            by_user: HashMap::new(),
+            slots: Vec::new(),
+            stats: FrequencyTable::default(),
+            counted_below: RowId(0),
+            dirty: Vec::new(),
+        }
+    }
+
+    /// Open the arena of `dictionary` in the store's data directory, or start an empty one
+    /// there when the files are missing or fail a check (the reason is returned and
+    /// logged; catch-up then rebuilds it from the store). The resident statistic is the
+    /// store's counts, read in one consistent step with the store's next row.
+    pub fn open(store: &Store, dictionary: &Dictionary) -> Result<(Self, Opened), ArenaError> {
+        if dictionary.dims() != DIMS {
+            return Err(ArenaError::Dimensions {
+                found: dictionary.dims(),
+            });
+        }
+        let dir = arena_dir(store.path(), dictionary.version());
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ArenaError::Io { path, source }
+        };
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let (pages_path, terms_path) = (dir.join("pages.bin"), dir.join("terms.bin"));
+        let id = dictionary_id(dictionary);
+        let purges = store.purges()?;
+        let (stats, counted_below) = store.counts_snapshot()?;
+        let found = if pages_path.exists() && terms_path.exists() {
+            let pages = MappedFile::open(&pages_path).map_err(io(&pages_path))?;
+            let terms = MappedFile::open(&terms_path).map_err(io(&terms_path))?;
+            Self::map_existing(pages, terms, id, purges, counted_below)
+        } else {
+            Err(Unusable::Missing)
+        };
+        let (mut arena, opened) = match found {
+            Ok(arena) => {
+                let rows = arena.header.rows;
+                (arena, Opened::Mapped { rows })
+            }
+            Err(reason) => {
+                if reason.is_damage() {
+                    tracing::warn!(dir = %dir.display(), %reason, "arena damaged; rebuilding it from the store");
+                } else if reason != Unusable::Missing {
+                    tracing::info!(dir = %dir.display(), %reason, "arena stale; rebuilding it from the store");
+                }
+                for path in [&pages_path, &terms_path] {
+                    match std::fs::remove_file(path) {
+                        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                            return Err(io(path)(e));
+                        }
+                        _ => {}
+                    }
+                }
+                let mut pages = MappedFile::open(&pages_path).map_err(io(&pages_path))?;
+                let mut terms = MappedFile::open(&terms_path).map_err(io(&terms_path))?;
+                let header = PagesHeader::empty(id, purges);
+                pages.bytes_mut()[..PAGES_HEADER_BYTES]
+                    .copy_from_slice(bytemuck::bytes_of(&header));
+                terms.bytes_mut()[..TERMS_HEADER_BYTES]
+                    .copy_from_slice(bytemuck::bytes_of(&TermsHeader::default()));
+                (
+                    Self::with_files(pages, terms, header),
+                    Opened::Rebuilt { reason },
+                )
+            }
+        };
+        arena.stats = stats;
+        arena.counted_below = counted_below;
+        Ok((arena, opened))
+    }
+
+    /// Check mapped files and index their pages, cutting away what the header does not count.
+    fn map_existing(
+        mut pages: MappedFile,
+        terms: MappedFile,
+        dictionary: [u8; 32],
+        purges: u64,
+        store_next: RowId,
+    ) -> Result<Self, Unusable> {
+        let header: PagesHeader =
+            bytemuck::pod_read_unaligned(&pages.bytes()[..PAGES_HEADER_BYTES]);
+        if header.magic != PAGES_MAGIC {
+            return Err(Unusable::Magic { file: "pages.bin" });
+        }
+        if header.format_version != FORMAT_VERSION {
+            return Err(Unusable::Version {
+                file: "pages.bin",
+                found: header.format_version,
+            });
+        }
+        if header.checksum != header.compute_checksum() {
+            return Err(Unusable::HeaderChecksum);
+        }
+        if header.page_bytes as usize != PAGE_BYTES
+            || header.dims as usize != DIMS
+            || header.page_rows as usize != PAGE_ROWS
+        {
+            return Err(Unusable::Layout);
+        }
+        let terms_header: TermsHeader =
+            bytemuck::pod_read_unaligned(&terms.bytes()[..TERMS_HEADER_BYTES]);
+        if terms_header.magic != TERMS_MAGIC {
+            return Err(Unusable::Magic { file: "terms.bin" });
+        }
+        if terms_header.format_version != FORMAT_VERSION {
+            return Err(Unusable::Version {
+                file: "terms.bin",
+                found: terms_header.format_version,
+            });
+        }
+        if header.dictionary != dictionary {
+            return Err(Unusable::Dictionary);
+        }
+        if header.purges != purges {
+            return Err(Unusable::Purged);
+        }
+        if header.watermark > store_next.0 {
+            return Err(Unusable::Ahead {
+                watermark: header.watermark,
+                next: store_next.0,
+            });
+        }
+        let needed = PAGES_HEADER_BYTES + header.pages as usize * PAGE_BYTES;
+        if pages.bytes().len() < needed {
+            return Err(Unusable::Truncated {
+                file: "pages.bin",
+                bytes: pages.bytes().len(),
+                needed,
+            });
+        }
+        let needed = TERMS_HEADER_BYTES + header.terms as usize * ENTRY_BYTES;
+        if terms.bytes().len() < needed {
+            return Err(Unusable::Truncated {
+                file: "terms.bin",
+                bytes: terms.bytes().len(),
+                needed,
+            });
+        }
+        // Cut rows appended after the last commit, then check every page.
+        let mut rows = 0u64;
+        {
+            let page_bytes = &mut pages.bytes_mut()[PAGES_HEADER_BYTES..needed_pages(&header)];
+            let committed: &mut [Page] = bytemuck::cast_slice_mut(page_bytes);
+            let entries: &[TermEntry] = bytemuck::cast_slice(
+                &terms.bytes()[TERMS_HEADER_BYTES..][..header.terms as usize * ENTRY_BYTES],
+            );
+            for (p, page) in committed.iter_mut().enumerate() {
+                let bad = |what| Unusable::Page {
+                    page: p as u64,
+                    what,
+                };
+                let held = (page.rows as usize).min(PAGE_ROWS);
+                let kept = page.row_ids[..held]
+                    .iter()
+                    .take_while(|&&id| id < header.watermark)
+                    .count();
+                if kept == 0 {
+                    return Err(bad("holds no committed row"));
+                }
+                if page.row_ids[..kept].windows(2).any(|w| w[0] >= w[1]) {
+                    return Err(bad("row ids out of order"));
+                }
+                page.truncate(kept);
+                for i in 0..kept {
+                    let end = page.term_offsets[i].saturating_add(u64::from(page.term_counts[i]));
+                    if end > header.terms {
+                        return Err(bad("terms past the committed entries"));
+                    }
+                }
+                if page.checksum != page_checksum(page, entries) {
+                    return Err(bad("checksum mismatch"));
+                }
+                rows += kept as u64;
+            }
+        }
+        if rows != header.rows {
+            return Err(Unusable::RowCount {
+                found: rows,
+                expected: header.rows,
+            });
+        }
+        let mut arena = Self::with_files(pages, terms, header);
+        arena.index_pages();
+        Ok(arena)
+    }
+
+    /// Rebuild the per-user page lists and the row slots from the committed pages.
+    fn index_pages(&mut self) {
+        let mut by_user: HashMap<UserId, Vec<u32>> = HashMap::new();
+        let mut slots = vec![Slot::NONE; self.header.watermark as usize];
+        for (p, page) in self.page_slice().iter().enumerate() {
+            by_user.entry(UserId(page.user)).or_default().push(p as u32);
+            for (i, &id) in page.row_ids[..page.rows as usize].iter().enumerate() {
+                slots[id as usize] = Slot {
+                    page: p as u32,
+                    index: i as u32,
+                };
+            }
+        }
+        self.by_user = by_user;
+        self.slots = slots;
     }
 
     /// Every row id below the watermark has been read from the store.
     pub fn watermark(&self) -> RowId {
-        self.watermark
+        RowId(self.header.watermark)
     }
 
     /// The resident shared frequency statistic (a recount of every caught-up row).
@@ -147,18 +438,34 @@ impl Arena {
 
     /// Rows held.
     pub fn rows(&self) -> usize {
-        self.pages.iter().map(|p| p.rows as usize).sum()
+        self.header.rows as usize
     }
 
-    /// Bytes per row of the resident layout.
+    /// Bytes per row of the page layout (the term entries, about 12 bytes per distinct term,
+    /// come on top).
     pub fn bytes_per_row() -> usize {
-        std::mem::size_of::<Page>() / PAGE_ROWS
+        PAGE_BYTES / PAGE_ROWS
+    }
+
+    /// Bytes the arena's committed pages and term entries occupy.
+    pub fn bytes(&self) -> u64 {
+        self.header.pages * PAGE_BYTES as u64 + self.header.terms * ENTRY_BYTES as u64
+    }
+
+    fn page_slice(&self) -> &[Page] {
+        bytemuck::cast_slice(&self.pages.bytes()[PAGES_HEADER_BYTES..needed_pages(&self.header)])
+    }
+
+    fn entries(&self) -> &[TermEntry] {
+        bytemuck::cast_slice(
+            &self.terms.bytes()[TERMS_HEADER_BYTES..][..self.header.terms as usize * ENTRY_BYTES],
+        )
     }
 
     /// Read every row newer than the watermark from the store, count its retrieval row into
-    /// the resident statistic, embed it and append it to its user's last page. Returns the
-    /// number of rows read. Row ids are committed in increasing order (the store's write
-    /// mutex), so after reading row `n` no row below `n` can appear later.
+    /// the resident statistic, embed it, append it to its user's last page, and commit.
+    /// Returns the number of rows read. Row ids are committed in increasing order (the store's
+    /// write mutex), so after reading row `n` no row below `n` can appear later.
     pub fn catch_up(
         &mut self,
         store: &Store,
@@ -170,7 +477,7 @@ impl Arena {
             });
         }
         let mut fresh: Vec<(Row, RetrievalRow)> = Vec::new();
-        for row in store.rows_since(self.watermark) {
+        for row in store.rows_since(self.watermark()) {
             let row = row?;
             let retrieval =
                 store
@@ -179,54 +486,89 @@ impl Arena {
                         user: row.user.0,
                         row: row.id.0,
                     })?;
-            self.stats.add(&retrieval);
+            if row.id >= self.counted_below {
+                self.stats.add(&retrieval);
+                self.counted_below = RowId(row.id.0 + 1);
+            }
             fresh.push((row, retrieval));
         }
-        for (row, retrieval) in &fresh {
-            self.append(dictionary, row, retrieval);
-            self.watermark = RowId(row.id.0 + 1);
+        if fresh.is_empty() {
+            return Ok(0);
         }
+        for (row, retrieval) in &fresh {
+            self.append(dictionary, row, retrieval)?;
+            self.header.watermark = row.id.0 + 1;
+        }
+        self.commit()?;
         Ok(fresh.len())
     }
 
-    fn append(&mut self, dictionary: &Dictionary, row: &Row, retrieval: &RetrievalRow) {
-        let pages = self.by_user.entry(row.user).or_default();
-        let page_index = match pages.last() {
-            Some(&p) if (self.pages[p as usize].rows as usize) < PAGE_ROWS => p,
+    fn append(
+        &mut self,
+        dictionary: &Dictionary,
+        row: &Row,
+        retrieval: &RetrievalRow,
+    ) -> Result<(), ArenaError> {
+        // Term entries first, past the committed ones.
+        let offset = self.header.terms;
+        let end = TERMS_HEADER_BYTES + (offset as usize + retrieval.terms.len()) * ENTRY_BYTES;
+        self.terms
+            .reserve(end)
+            .map_err(|e| io_error(&self.terms, e))?;
+        let at = TERMS_HEADER_BYTES + offset as usize * ENTRY_BYTES;
+        for (k, &(term, count)) in retrieval.terms.iter().enumerate() {
+            let entry = TermEntry {
+                term: term.0,
+                count,
+            };
+            self.terms.bytes_mut()[at + k * ENTRY_BYTES..][..ENTRY_BYTES]
+                .copy_from_slice(bytemuck::bytes_of(&entry));
+        }
+        self.header.terms += retrieval.terms.len() as u64;
+
+        let last = self
+            .by_user
+            .get(&row.user)
+            .and_then(|pages| pages.last().copied());
+        let page_index = match last {
+            Some(p) if (self.page_slice()[p as usize].rows as usize) < PAGE_ROWS => p,
             _ => {
-                let mut page = Page::zeroed();
+                let p = self.header.pages as u32;
+                self.pages
+                    .reserve(PAGES_HEADER_BYTES + (p as usize + 1) * PAGE_BYTES)
+                    .map_err(|e| io_error(&self.pages, e))?;
+                self.header.pages += 1;
+                let page = &mut self.page_slice_mut()[p as usize];
+                *page = Page::zeroed();
                 page.user = row.user.0;
-                self.pages.push(page);
-                self.terms.push(Vec::with_capacity(PAGE_ROWS));
-                let p = (self.pages.len() - 1) as u32;
-                pages.push(p);
+                self.by_user.entry(row.user).or_default().push(p);
                 p
             }
         };
-        let page = &mut self.pages[page_index as usize];
-        let i = page.rows as usize;
         let embedding = embed(dictionary, &self.stats, retrieval);
         let quantized = embedding.quantize();
+        let page = &mut self.page_slice_mut()[page_index as usize];
+        let i = page.rows as usize;
         page.row_ids[i] = row.id.0;
         page.conversations[i] = ConversationId::from_key(&row.conversation).0;
         page.birth_clocks[i] = row.birth_clock;
+        page.term_offsets[i] = offset;
         page.decays[i] = row.decay;
         page.token_lens[i] = row.tokens.len() as u32;
         page.scales[i] = quantized.scale;
+        page.term_lens[i] = retrieval.term_len() as u32;
+        page.term_counts[i] = retrieval.terms.len() as u32;
         for (w, bits) in embedding.sign_bits().into_iter().enumerate() {
-            page.codes[(i / BLOCK_ROWS * WORDS + w) * BLOCK_ROWS + i % BLOCK_ROWS] = bits;
+            page.codes[blocked(i, w)] = bits;
         }
         for &(term, _) in &retrieval.terms {
             let bit = signature_bit(term);
-            page.signatures[(i / BLOCK_ROWS * WORDS + bit / 64) * BLOCK_ROWS + i % BLOCK_ROWS] |=
-                1 << (bit % 64);
+            page.signatures[blocked(i, bit / 64)] |= 1 << (bit % 64);
         }
         page.vectors[i * DIMS..(i + 1) * DIMS].copy_from_slice(&quantized.values);
         page.rows += 1;
-        self.terms[page_index as usize].push(RowTerms {
-            terms: retrieval.terms.clone().into_boxed_slice(),
-            len: retrieval.term_len(),
-        });
+        self.header.rows += 1;
+        self.dirty.push(page_index);
         let id = row.id.0 as usize;
         if self.slots.len() <= id {
             self.slots.resize(id + 1, Slot::NONE);
@@ -235,6 +577,33 @@ impl Arena {
             page: page_index,
             index: i as u32,
         };
+        Ok(())
+    }
+
+    fn page_slice_mut(&mut self) -> &mut [Page] {
+        let end = needed_pages(&self.header);
+        bytemuck::cast_slice_mut(&mut self.pages.bytes_mut()[PAGES_HEADER_BYTES..end])
+    }
+
+    /// Seal the pages written since the last commit with their checksums, then write the
+    /// header: the one step that makes the new rows count.
+    fn commit(&mut self) -> Result<(), ArenaError> {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for p in dirty {
+            let checksum = page_checksum(&self.page_slice()[p as usize], self.entries());
+            self.page_slice_mut()[p as usize].checksum = checksum;
+        }
+        self.header.checksum = self.header.compute_checksum();
+        let header = self.header;
+        self.pages.bytes_mut()[..PAGES_HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&header));
+        self.terms
+            .flush_async()
+            .map_err(|e| io_error(&self.terms, e))?;
+        self.pages
+            .flush_async()
+            .map_err(|e| io_error(&self.pages, e))
     }
 
     /// Where row `id` lives, if the arena holds it.
@@ -246,13 +615,19 @@ impl Arena {
     }
 
     /// The lexical terms of the row in `slot`.
-    pub fn row_terms(&self, slot: Slot) -> &RowTerms {
-        &self.terms[slot.page as usize][slot.index as usize]
+    pub fn row_terms(&self, slot: Slot) -> RowTerms<'_> {
+        let page = self.page(slot.page);
+        let i = slot.index as usize;
+        let start = page.term_offsets[i] as usize;
+        RowTerms {
+            terms: &self.entries()[start..start + page.term_counts[i] as usize],
+            len: u64::from(page.term_lens[i]),
+        }
     }
 
     /// The page at `index`.
     pub fn page(&self, index: u32) -> &Page {
-        &self.pages[index as usize]
+        &self.page_slice()[index as usize]
     }
 
     /// The pages a scope may read: the tenant predicate, in one place. A user's scope is their
@@ -262,39 +637,50 @@ impl Arena {
         let mut users = scope.to_vec();
         users.sort_unstable();
         users.dedup();
+        let pages = self.page_slice();
         users
             .iter()
             .filter_map(|u| self.by_user.get(u))
             .flatten()
-            .map(|&p| &self.pages[p as usize])
+            .map(|&p| &pages[p as usize])
             .collect()
     }
 }
 
-impl Page {
-    /// The 1-bit codes of the page's first `blocks` blocks.
-    pub fn codes_of_blocks(&self, blocks: usize) -> &[u64] {
-        &self.codes[..blocks * BLOCK_ROWS * code_words(DIMS)]
+impl Default for Arena {
+    fn default() -> Self {
+        Self::new()
     }
+}
 
-    /// Blocks holding at least one row.
-    pub fn blocks(&self) -> usize {
-        (self.rows as usize).div_ceil(BLOCK_ROWS)
+/// An I/O error on `file`, naming it.
+fn io_error(file: &MappedFile, source: io::Error) -> ArenaError {
+    ArenaError::Io {
+        path: file
+            .path()
+            .map_or_else(|| PathBuf::from("<memory>"), Path::to_path_buf),
+        source,
     }
+}
 
-    /// Word `word` of row `i`'s lexical signature.
-    #[inline]
-    pub fn signature_word(&self, i: usize, word: usize) -> u64 {
-        self.signatures[(i / BLOCK_ROWS * WORDS + word) * BLOCK_ROWS + i % BLOCK_ROWS]
-    }
+/// End of the committed pages in `pages.bin`.
+fn needed_pages(header: &PagesHeader) -> usize {
+    PAGES_HEADER_BYTES + header.pages as usize * PAGE_BYTES
+}
 
-    /// The lexical signatures of the page's first `blocks` blocks.
-    pub fn signatures_of_blocks(&self, blocks: usize) -> &[u64] {
-        &self.signatures[..blocks * BLOCK_ROWS * WORDS]
+/// CRC-32 of a page (its checksum field taken as zero) followed by its rows' term entries.
+fn page_checksum(page: &Page, entries: &[TermEntry]) -> u32 {
+    const FIELD: std::ops::Range<usize> = 12..16;
+    let bytes = bytemuck::bytes_of(page);
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&bytes[..FIELD.start]);
+    hasher.update(&[0; 4]);
+    hasher.update(&bytes[FIELD.end..]);
+    for i in 0..page.rows as usize {
+        let start = page.term_offsets[i] as usize;
+        hasher.update(bytemuck::cast_slice(
+            &entries[start..start + page.term_counts[i] as usize],
+        ));
     }
-
-    /// The int8 vector of row `i`.
-    pub fn vector(&self, i: usize) -> &[i8] {
-        &self.vectors[i * DIMS..(i + 1) * DIMS]
-    }
+    hasher.finalize()
 }

@@ -156,6 +156,8 @@ pub mod meta {
     pub const DICTIONARY_VERSION: &[u8] = b"dictionary_version";
     /// The next row id to assign (u64); only grows, even across purges.
     pub const NEXT_ROW: &[u8] = b"next_row";
+    /// How many purges the store has seen (u64): an arena written before a purge is stale.
+    pub const PURGES: &[u8] = b"purges";
 }
 
 #[cfg(test)]

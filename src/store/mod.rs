@@ -308,21 +308,41 @@ impl Store {
 
     /// The recorded next row id (1 for a new store).
     fn next_row_recorded(&self) -> Result<u64, StoreError> {
-        match self.meta(keys::meta::NEXT_ROW)? {
-            None => Ok(1),
-            Some(bytes) => bytes
-                .as_slice()
-                .try_into()
-                .map(u64::from_le_bytes)
-                .map_err(|_| StoreError::Corrupt {
-                    cf: Cf::Meta.name(),
-                    key: "next_row".into(),
-                    source: CodecError {
-                        what: "next_row",
-                        reason: format!("{} bytes, expected 8", bytes.len()),
-                    },
-                }),
-        }
+        self.meta_u64(keys::meta::NEXT_ROW, "next_row")
+            .map(|n| n.unwrap_or(1))
+    }
+
+    /// A u64 meta value, if recorded.
+    fn meta_u64(&self, key: &[u8], what: &'static str) -> Result<Option<u64>, StoreError> {
+        self.meta(key)?
+            .map(|bytes| {
+                bytes
+                    .as_slice()
+                    .try_into()
+                    .map(u64::from_le_bytes)
+                    .map_err(|_| StoreError::Corrupt {
+                        cf: Cf::Meta.name(),
+                        key: what.into(),
+                        source: CodecError {
+                            what,
+                            reason: format!("{} bytes, expected 8", bytes.len()),
+                        },
+                    })
+            })
+            .transpose()
+    }
+
+    /// How many purges this store has seen.
+    pub fn purges(&self) -> Result<u64, StoreError> {
+        self.meta_u64(keys::meta::PURGES, "purges")
+            .map(|n| n.unwrap_or(0))
+    }
+
+    /// The stored frequency counts and the next row id, read in one step (no capture or purge
+    /// commits in between): the counts are exactly those of the rows below that id.
+    pub fn counts_snapshot(&self) -> Result<(FrequencyTable, RowId), StoreError> {
+        let writer = self.writer.lock().expect("writer lock");
+        Ok((self.frequency_table()?, RowId(writer.next_row)))
     }
 
     /// The row id the next capture will get: every stored row's id is below it.
@@ -610,6 +630,11 @@ impl Store {
                 &token_counts,
                 &term_counts,
                 [rows, tokens, terms],
+            );
+            batch.put_cf(
+                &self.cf(Cf::Meta),
+                keys::meta::PURGES,
+                (self.purges()? + 1).to_le_bytes(),
             );
             self.db
                 .write_opt(batch, &self.write_options)

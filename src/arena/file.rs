@@ -1,0 +1,201 @@
+//! The arena's two files, memory-mapped: `pages.bin` (a header, then pages) and `terms.bin` (a
+//! header, then every row's term entries). Both grow in place; what counts is what the pages
+//! header commits (see `docs/format.md`).
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use bytemuck::{Pod, Zeroable};
+use memmap2::{MmapMut, MmapOptions};
+
+use super::page::{DIMS, PAGE_ROWS, Page};
+use crate::relevance::TermCount;
+use crate::types::TermId;
+
+/// Layout version of both files; any other version is rebuilt from the store.
+pub const FORMAT_VERSION: u32 = 2;
+pub const PAGES_MAGIC: [u8; 8] = *b"PPTYPAGE";
+pub const TERMS_MAGIC: [u8; 8] = *b"PPTYTERM";
+/// Bytes before the first page of `pages.bin`.
+pub const PAGES_HEADER_BYTES: usize = std::mem::size_of::<PagesHeader>();
+/// Bytes before the first entry of `terms.bin`.
+pub const TERMS_HEADER_BYTES: usize = std::mem::size_of::<TermsHeader>();
+/// Smallest mapping: a file grows by doubling from here.
+const MIN_MAP_BYTES: usize = 1 << 20;
+
+/// The head of `pages.bin`: the commit record of the whole arena. Everything it does not count
+/// (pages past `pages`, rows at or past `watermark`, term entries past `terms`) is ignored
+/// when the files are opened again.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct PagesHeader {
+    pub magic: [u8; 8],
+    pub format_version: u32,
+    pub page_bytes: u32,
+    pub dims: u32,
+    pub page_rows: u32,
+    /// Pages in use.
+    pub pages: u64,
+    /// Rows held.
+    pub rows: u64,
+    /// Every row id below this has been caught up from the store.
+    pub watermark: u64,
+    /// Term entries in use in `terms.bin`.
+    pub terms: u64,
+    /// The store's purge count when the arena was last caught up: a purge since then
+    /// invalidates it.
+    pub purges: u64,
+    /// SHA-256 of the serving dictionary's manifest.
+    pub dictionary: [u8; 32],
+    pub reserved: [u8; 28],
+    /// CRC-32 of the header with this field zero.
+    pub checksum: u32,
+}
+
+const _: () = assert!(PAGES_HEADER_BYTES == 128);
+const _: () = assert!(PAGES_HEADER_BYTES.is_multiple_of(64));
+
+impl PagesHeader {
+    /// The header of an empty arena for `dictionary`.
+    pub fn empty(dictionary: [u8; 32], purges: u64) -> Self {
+        let mut header = Self::zeroed();
+        header.magic = PAGES_MAGIC;
+        header.format_version = FORMAT_VERSION;
+        header.page_bytes = std::mem::size_of::<Page>() as u32;
+        header.dims = DIMS as u32;
+        header.page_rows = PAGE_ROWS as u32;
+        header.dictionary = dictionary;
+        header.purges = purges;
+        header.checksum = header.compute_checksum();
+        header
+    }
+
+    pub fn compute_checksum(&self) -> u32 {
+        let mut copy = *self;
+        copy.checksum = 0;
+        crc32fast::hash(bytemuck::bytes_of(&copy))
+    }
+}
+
+/// The head of `terms.bin`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct TermsHeader {
+    pub magic: [u8; 8],
+    pub format_version: u32,
+    pub reserved: [u8; 52],
+}
+
+const _: () = assert!(TERMS_HEADER_BYTES == 64);
+
+impl Default for TermsHeader {
+    fn default() -> Self {
+        let mut header = Self::zeroed();
+        header.magic = TERMS_MAGIC;
+        header.format_version = FORMAT_VERSION;
+        header
+    }
+}
+
+/// One distinct term of a row and its count; 12 bytes, unaligned.
+#[repr(C, packed)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct TermEntry {
+    pub term: u64,
+    pub count: u32,
+}
+
+impl TermCount for TermEntry {
+    fn term(&self) -> TermId {
+        TermId(self.term)
+    }
+    fn count(&self) -> u32 {
+        self.count
+    }
+}
+
+/// A file mapped read-write in full, or an anonymous mapping of the same shape for an arena
+/// that lives in memory only.
+pub struct MappedFile {
+    file: Option<(File, PathBuf)>,
+    map: MmapMut,
+}
+
+impl MappedFile {
+    /// An anonymous mapping (zeroed) of at least `bytes`.
+    pub fn anonymous(bytes: usize) -> io::Result<Self> {
+        Ok(Self {
+            file: None,
+            map: MmapMut::map_anon(bytes.max(MIN_MAP_BYTES))?,
+        })
+    }
+
+    /// Open (or create) `path` and map it whole; an empty file is first grown to the minimum.
+    pub fn open(path: &Path) -> io::Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        if file.metadata()?.len() < MIN_MAP_BYTES as u64 {
+            file.set_len(MIN_MAP_BYTES as u64)?;
+        }
+        let map = map(&file)?;
+        Ok(Self {
+            file: Some((file, path.to_path_buf())),
+            map,
+        })
+    }
+
+    /// Grow the mapping (and the file) to hold at least `bytes`, doubling. Existing contents
+    /// are kept; new bytes are zero.
+    pub fn reserve(&mut self, bytes: usize) -> io::Result<()> {
+        if bytes <= self.map.len() {
+            return Ok(());
+        }
+        let grown = bytes.max(self.map.len() * 2);
+        match &self.file {
+            Some((file, _)) => {
+                self.map.flush_async()?;
+                file.set_len(grown as u64)?;
+                self.map = map(file)?;
+            }
+            None => {
+                let mut larger = MmapMut::map_anon(grown)?;
+                larger[..self.map.len()].copy_from_slice(&self.map);
+                self.map = larger;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.map
+    }
+
+    /// Ask the kernel to write dirty pages back (no wait). Nothing depends on it for a process
+    /// crash (the page cache keeps every write); it bounds what a power loss can tear.
+    pub fn flush_async(&self) -> io::Result<()> {
+        self.map.flush_async()
+    }
+
+    /// The file's path, or `None` for an anonymous mapping.
+    pub fn path(&self) -> Option<&Path> {
+        self.file.as_ref().map(|(_, path)| path.as_path())
+    }
+}
+
+#[allow(unsafe_code)]
+fn map(file: &File) -> io::Result<MmapMut> {
+    // SAFETY: the arena's files are opened only by the process that holds the store's RocksDB
+    // lock on the same data directory, so no other process maps, truncates or writes them
+    // while this mapping lives; every access goes through this `MmapMut`, and the borrow
+    // checker keeps references into it from outliving a remap (`reserve` takes `&mut self`).
+    unsafe { MmapOptions::new().map_mut(file) }
+}
