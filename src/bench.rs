@@ -121,16 +121,7 @@ fn top10(
     user: UserId,
     query: &PreparedQuery,
 ) -> Vec<Retrieved> {
-    search(
-        &memory.store,
-        &memory.dictionary,
-        arena,
-        kernels,
-        &[user],
-        query,
-        10,
-    )
-    .expect("search")
+    search(&memory.dictionary, arena, kernels, &[user], query, 10)
 }
 
 /// What `perpetuity bench scan --json` prints; scripts rely on these names.
@@ -239,15 +230,8 @@ pub fn scan(memory: &Memory, kernels: &Kernels, settings: ScanSettings) -> ScanR
                 rows
             };
             let fast = pool.install(|| top10(memory, &arena, kernels, *user, &query));
-            let exact = brute_force(
-                &memory.store,
-                &memory.dictionary,
-                &arena,
-                &[*user],
-                &query,
-                10,
-            );
-            rows(fast) == rows(exact.expect("brute force"))
+            let exact = brute_force(&memory.dictionary, &arena, &[*user], &query, 10);
+            rows(fast) == rows(exact)
         })
         .count();
 

@@ -566,9 +566,8 @@ impl Corpus {
     }
 }
 
-/// One memory to ask: its store, caught-up arena and what the harness read of it.
+/// One memory to ask: its caught-up arena and what the harness read of its store.
 struct Probe<'a> {
-    store: &'a Store,
     dictionary: &'a Dictionary,
     arena: &'a Arena,
     kernels: &'a Kernels,
@@ -577,27 +576,26 @@ struct Probe<'a> {
 
 impl Probe<'_> {
     /// Ask one question as its user, in probe mode (nothing is captured), both ways.
-    fn ask(&self, question: &Question, depth: usize) -> Result<Answers, StoreError> {
+    fn ask(&self, question: &Question, depth: usize) -> Answers {
         let user = UserId::from_key(&question.user_key);
         let started = Instant::now();
         let query = PreparedQuery::new(self.dictionary, self.arena, &question.question);
         let hits = search(
-            self.store,
             self.dictionary,
             self.arena,
             self.kernels,
             &[user],
             &query,
             depth,
-        )?;
+        );
         let elapsed = started.elapsed();
-        Ok(Answers {
+        Answers {
             ours: self.corpus.ranked(hits.into_iter().map(|hit| hit.row)),
             bm25: self
                 .corpus
                 .ranked(self.corpus.bm25(user, &query.retrieval, depth)),
             elapsed,
-        })
+        }
     }
 }
 
@@ -722,7 +720,7 @@ fn ask_pooled(
     let mut throttle = Throttle::default();
     let mut answers = Vec::with_capacity(asked.len());
     for (n, &q) in asked.iter().enumerate() {
-        answers.push(probe.ask(&dataset.questions[q], depth)?);
+        answers.push(probe.ask(&dataset.questions[q], depth));
         if throttle.due(n + 1 == asked.len()) {
             progress(&Progress::Questions {
                 asked: n + 1,
@@ -767,7 +765,6 @@ fn ask_isolated(
         arena.catch_up(&store, dictionary)?;
         let corpus = Corpus::read(&store, &[UserId::from_key(key)])?;
         let probe = Probe {
-            store: &store,
             dictionary,
             arena: &arena,
             kernels,
@@ -777,7 +774,7 @@ fn ask_isolated(
             .iter()
             .filter(|&&q| dataset.questions[q].user_key == key)
         {
-            answers.insert(q, probe.ask(&dataset.questions[q], depth)?);
+            answers.insert(q, probe.ask(&dataset.questions[q], depth));
         }
         if throttle.due(u + 1 == users.len()) {
             progress(&Progress::Isolated {
@@ -840,7 +837,6 @@ pub fn run(
     let user_ids: Vec<UserId> = users.iter().map(|key| UserId::from_key(key)).collect();
     let corpus = Corpus::read(&memory.store, &user_ids)?;
     let probe = Probe {
-        store: &memory.store,
         dictionary: &memory.dictionary,
         arena: &arena,
         kernels: &kernels,

@@ -15,8 +15,8 @@
 //!   clock; every row id is below the recorded next row id;
 //! - the stored frequency counts equal a recount from the retrieval rows, key by key;
 //! - ([`check_arena_files`]) the data directory's arena files pass their own checks;
-//!   ([`check_arena`]) a caught-up arena holds exactly the stored rows, with the same facts
-//!   and lexical terms, and a resident statistic equal to the stored counts.
+//!   ([`check_arena`]) a caught-up arena holds exactly the stored rows, with the same facts,
+//!   lexical terms and tokens, and a resident statistic equal to the stored counts.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -445,7 +445,7 @@ pub fn check_arena_files(
 }
 
 /// Check a caught-up arena against the store: every stored row is in the arena with the same
-/// user, conversation, birth clock, decay, length and lexical terms, the arena holds no other row, its
+/// user, conversation, birth clock, decay, length, lexical terms and tokens, the arena holds no other row, its
 /// watermark does not run ahead of the store, and its resident frequency statistic equals the
 /// stored counts. Appends to `report`.
 pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<(), StoreError> {
@@ -468,14 +468,14 @@ pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<
             && page.token_lens[i] as usize == row.tokens.len()
             && match store.retrieval(row.user, row.id)? {
                 Some(retrieval) => {
-                    let resident = arena.row_terms(slot);
+                    let resident = arena.row_entries(slot);
                     resident.len == retrieval.term_len()
-                        && resident.terms.len() == retrieval.terms.len()
                         && resident
                             .terms
                             .iter()
-                            .zip(&retrieval.terms)
-                            .all(|(a, b)| (a.term(), a.count()) == *b)
+                            .map(|e| (e.term(), e.count()))
+                            .eq(retrieval.terms.iter().copied())
+                        && resident.token_counts().eq(retrieval.tokens.iter().copied())
                 }
                 None => false,
             };

@@ -154,7 +154,7 @@ impl HybridScorer {
     }
 
     /// The score of a row with `terms` (`term_len` in all) and unit vector `vector`.
-    pub fn score(&self, terms: &[(TermId, u32)], term_len: u64, vector: &[f32]) -> f32 {
+    pub fn score(&self, terms: &[impl TermCount], term_len: u64, vector: &[f32]) -> f32 {
         self.score_with_cosine(terms, term_len, dot(&self.query_vector, vector))
     }
 

@@ -5,20 +5,22 @@
 //! of each row from the Hamming distance between 1-bit codes and the query terms its lexical
 //! signature may hold (one page per task on the rayon pool, per-task top-k, deterministic merge)
 //! and keeps [`STAGE_ONE_WIDENING`] × [`first_pass_k`] rows; stage two scores those with the
-//! exact lexical part and the int8 vectors' cosine and keeps [`RESCORE_K`] for the exact rescore. The exact rescore re-embeds each candidate under the
-//! current frequency statistic and orders them by [`HybridScorer`]; ties go to the lower row id.
-//! No approximate index anywhere: the first pass reads every row of the scope.
+//! exact lexical part and the int8 vectors' cosine and keeps [`RESCORE_K`] for the exact
+//! rescore. The exact rescore re-embeds each candidate from the tokens the arena holds under
+//! the current frequency statistic and orders them by [`HybridScorer`]; ties go to the lower row
+//! id. Everything reads the arena only (it holds a copy of each row's terms and tokens, checked
+//! against the store by `perpetuity integrity`). No approximate index anywhere: the first pass
+//! reads every row of the scope.
 
 use rayon::prelude::*;
 
-use crate::arena::{Arena, DIMS, PAGE_ROWS, Page, signature_bit};
+use crate::arena::{Arena, DIMS, PAGE_ROWS, Page, Slot, signature_bit};
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::Quantized;
-use crate::dictionary::derive::{RetrievalRow, derive, embed};
+use crate::dictionary::derive::{RetrievalRow, derive, embed, embed_tokens};
 use crate::relevance::HybridScorer;
 use crate::scan::kernels::{BLOCK_ROWS, Kernels, SignatureTerm, code_words, signature_weights};
 use crate::scan::topk::{Hit, TopK, parallel_top_k};
-use crate::store::{Store, StoreError};
 use crate::tokens::Tokenizer;
 use crate::types::{RowId, UserId};
 
@@ -173,36 +175,38 @@ pub fn refine(
                     continue;
                 }
             }
-            let row_terms = arena.row_terms(slot);
+            let entries = arena.row_entries(slot);
             top.push(Hit {
                 score: query
                     .scorer
-                    .score_with_cosine(row_terms.terms, row_terms.len, cosine),
+                    .score_with_cosine(entries.terms, entries.len, cosine),
                 row: hit.row,
             });
         }
     })
 }
 
-/// The exact score of one stored row for `query`.
-fn exact_score(
-    store: &Store,
+/// The exact score of the row in `slot` for `query`: its vector re-embedded from its tokens
+/// under the arena's current statistic, its exact lexical score from its terms.
+fn exact_score(dictionary: &Dictionary, arena: &Arena, query: &PreparedQuery, slot: Slot) -> f32 {
+    let entries = arena.row_entries(slot);
+    let vector = embed_tokens(dictionary, arena.stats(), entries.token_counts());
+    query.scorer.score(entries.terms, entries.len, &vector.unit)
+}
+
+/// The retrieved row in `slot`, exactly scored.
+fn retrieved(
     dictionary: &Dictionary,
     arena: &Arena,
     query: &PreparedQuery,
-    row: RowId,
-) -> Result<Option<Retrieved>, StoreError> {
-    let Some(user) = store.user_of(row)? else {
-        return Ok(None); // purged since the first pass
-    };
-    let Some(retrieval) = store.retrieval(user, row)? else {
-        return Ok(None);
-    };
-    let vector = embed(dictionary, arena.stats(), &retrieval);
-    let score = query
-        .scorer
-        .score(&retrieval.terms, retrieval.term_len(), &vector.unit);
-    Ok(Some(Retrieved { row, user, score }))
+    slot: Slot,
+) -> Retrieved {
+    let page = arena.page(slot.page);
+    Retrieved {
+        row: RowId(page.row_ids[slot.index as usize]),
+        user: UserId(page.user),
+        score: exact_score(dictionary, arena, query, slot),
+    }
 }
 
 fn rank(mut hits: Vec<Retrieved>, k: usize) -> Vec<Retrieved> {
@@ -213,14 +217,13 @@ fn rank(mut hits: Vec<Retrieved>, k: usize) -> Vec<Retrieved> {
 
 /// The `k` most relevant rows of `scope`: first pass, then exact rescore.
 pub fn search(
-    store: &Store,
     dictionary: &Dictionary,
     arena: &Arena,
     kernels: &Kernels,
     scope: &[UserId],
     query: &PreparedQuery,
     k: usize,
-) -> Result<Vec<Retrieved>, StoreError> {
+) -> Vec<Retrieved> {
     let pages = arena.scope_pages(scope);
     let live: usize = pages.iter().map(|p| p.rows as usize).sum();
     let wide = first_pass(
@@ -230,27 +233,28 @@ pub fn search(
         first_pass_k(live).saturating_mul(STAGE_ONE_WIDENING),
     );
     let candidates = refine(arena, kernels, query, &wide, RESCORE_K.max(k));
-    let scored: Vec<Option<Retrieved>> = candidates
+    let scored: Vec<Retrieved> = candidates
         .par_iter()
-        .map(|hit| exact_score(store, dictionary, arena, query, hit.row))
-        .collect::<Result<_, _>>()?;
-    Ok(rank(scored.into_iter().flatten().collect(), k))
+        .filter_map(|hit| arena.slot(hit.row))
+        .map(|slot| retrieved(dictionary, arena, query, slot))
+        .collect();
+    rank(scored, k)
 }
 
 /// The reference: the exact score of every row of `scope`, no first pass.
 pub fn brute_force(
-    store: &Store,
     dictionary: &Dictionary,
     arena: &Arena,
     scope: &[UserId],
     query: &PreparedQuery,
     k: usize,
-) -> Result<Vec<Retrieved>, StoreError> {
-    let mut scored = Vec::new();
-    for page in arena.scope_pages(scope) {
-        for &row in &page.row_ids[..page.rows as usize] {
-            scored.extend(exact_score(store, dictionary, arena, query, RowId(row))?);
-        }
-    }
-    Ok(rank(scored, k))
+) -> Vec<Retrieved> {
+    let scored: Vec<Retrieved> = arena
+        .scope_pages(scope)
+        .par_iter()
+        .flat_map_iter(|page| page.row_ids[..page.rows as usize].iter())
+        .filter_map(|&row| arena.slot(RowId(row)))
+        .map(|slot| retrieved(dictionary, arena, query, slot))
+        .collect();
+    rank(scored, k)
 }

@@ -91,7 +91,7 @@ fn catch_up_reads_only_new_rows_and_scopes_never_leak() {
     let kernels = Kernels::detect(false);
     let (ann, ben) = (UserId::from_key("ann"), UserId::from_key("ben"));
     let query = PreparedQuery::new(dict, &arena, "What is my dog called?");
-    let hits = search(&store, dict, &arena, &kernels, &[ann], &query, 10).unwrap();
+    let hits = search(dict, &arena, &kernels, &[ann], &query, 10);
     assert_eq!(hits.len(), 4);
     assert!(
         hits.iter().all(|h| h.user == ann),
@@ -99,12 +99,11 @@ fn catch_up_reads_only_new_rows_and_scopes_never_leak() {
     );
     let top = store.row(ann, hits[0].row).unwrap().unwrap();
     assert!(top.text.contains("Biscuit"), "{}", top.text);
-    let group = search(&store, dict, &arena, &kernels, &[ann, ben], &query, 10).unwrap();
+    let group = search(dict, &arena, &kernels, &[ann, ben], &query, 10);
     assert_eq!(group.len(), 8);
     assert!(group.iter().any(|h| h.user == ben));
     assert!(
         search(
-            &store,
             dict,
             &arena,
             &kernels,
@@ -112,7 +111,6 @@ fn catch_up_reads_only_new_rows_and_scopes_never_leak() {
             &query,
             10
         )
-        .unwrap()
         .is_empty()
     );
 }
@@ -158,8 +156,8 @@ fn locomo_two_stage_agrees_with_brute_force_and_with_itself() {
         let user = UserId::from_key(&q.user_key);
         let query = PreparedQuery::new(dict, &arena, &q.question);
         // The pooled group scope (every user, 5,882 rows) makes the first pass narrow for real.
-        let two_stage = search(&store, dict, &arena, &kernels, &everyone, &query, 10).unwrap();
-        let exact = brute_force(&store, dict, &arena, &everyone, &query, 10).unwrap();
+        let two_stage = search(dict, &arena, &kernels, &everyone, &query, 10);
+        let exact = brute_force(dict, &arena, &everyone, &query, 10);
         let set = |hits: &[perpetuity::retrieve::Retrieved]| {
             let mut rows: Vec<RowId> = hits.iter().map(|h| h.row).collect();
             rows.sort();
@@ -167,7 +165,7 @@ fn locomo_two_stage_agrees_with_brute_force_and_with_itself() {
         };
         agree += usize::from(set(&two_stage) == set(&exact));
         // Recall as the user, over the user's own scope.
-        let own = search(&store, dict, &arena, &kernels, &[user], &query, 10).unwrap();
+        let own = search(dict, &arena, &kernels, &[user], &query, 10);
         let found = q
             .evidence_turns
             .iter()
@@ -196,7 +194,7 @@ fn locomo_two_stage_agrees_with_brute_force_and_with_itself() {
                 .num_threads(threads)
                 .build()
                 .unwrap()
-                .install(|| search(&store, dict, &arena, &kernels, &everyone, &query, 50).unwrap())
+                .install(|| search(dict, &arena, &kernels, &everyone, &query, 50))
         })
         .collect();
     assert_eq!(runs[0], runs[1]);

@@ -1,5 +1,5 @@
 //! The arena's two files, memory-mapped: `pages.bin` (a header, then pages) and `terms.bin` (a
-//! header, then every row's term entries). Both grow in place; what counts is what the pages
+//! header, then every row's term and token entries). Both grow in place; what counts is what the pages
 //! header commits (see `docs/format.md`).
 
 use std::fs::{File, OpenOptions};
@@ -11,7 +11,7 @@ use memmap2::{MmapMut, MmapOptions};
 
 use super::page::{DIMS, PAGE_ROWS, Page};
 use crate::relevance::TermCount;
-use crate::types::TermId;
+use crate::types::{TermId, TokenId};
 
 /// Layout version of both files; any other version is rebuilt from the store.
 pub const FORMAT_VERSION: u32 = 2;
@@ -98,20 +98,28 @@ impl Default for TermsHeader {
     }
 }
 
-/// One distinct term of a row and its count; 12 bytes, unaligned.
+/// One distinct term (or token) of a row and its count; 12 bytes, unaligned.
 #[repr(C, packed)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
-pub struct TermEntry {
-    pub term: u64,
+pub struct Entry {
+    /// A term id, or a token id (below 2³²).
+    pub key: u64,
     pub count: u32,
 }
 
-impl TermCount for TermEntry {
+impl TermCount for Entry {
     fn term(&self) -> TermId {
-        TermId(self.term)
+        TermId(self.key)
     }
     fn count(&self) -> u32 {
         self.count
+    }
+}
+
+impl Entry {
+    /// The entry as a token and its count (token entries hold ids below 2³²).
+    pub fn token(&self) -> (TokenId, u32) {
+        (TokenId(self.key as u32), self.count)
     }
 }
 

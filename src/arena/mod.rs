@@ -41,15 +41,15 @@ use crate::dictionary::Dictionary;
 use crate::dictionary::derive::{RetrievalRow, embed};
 use crate::dictionary::stats::FrequencyTable;
 use crate::store::{Row, Store, StoreError};
-use crate::types::{ConversationId, RowId, UserId};
+use crate::types::{ConversationId, RowId, TokenId, UserId};
 use file::{
-    FORMAT_VERSION, MappedFile, PAGES_HEADER_BYTES, PAGES_MAGIC, PagesHeader, TERMS_HEADER_BYTES,
-    TERMS_MAGIC, TermEntry, TermsHeader,
+    Entry, FORMAT_VERSION, MappedFile, PAGES_HEADER_BYTES, PAGES_MAGIC, PagesHeader,
+    TERMS_HEADER_BYTES, TERMS_MAGIC, TermsHeader,
 };
 pub use page::{DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, blocked, signature_bit};
 
 const PAGE_BYTES: usize = std::mem::size_of::<Page>();
-const ENTRY_BYTES: usize = std::mem::size_of::<TermEntry>();
+const ENTRY_BYTES: usize = std::mem::size_of::<Entry>();
 
 /// Arena errors.
 #[derive(Debug, thiserror::Error)]
@@ -131,11 +131,20 @@ pub enum Opened {
     Rebuilt { reason: Unusable },
 }
 
-/// A row's distinct lexical terms with counts (sorted by term id), and their total.
+/// A row's distinct lexical terms with counts (sorted by term id) and their total, and its
+/// distinct tokens with counts: what the exact score reads.
 #[derive(Debug, Clone, Copy)]
-pub struct RowTerms<'a> {
-    pub terms: &'a [TermEntry],
+pub struct RowEntries<'a> {
+    pub terms: &'a [Entry],
     pub len: u64,
+    pub tokens: &'a [Entry],
+}
+
+impl RowEntries<'_> {
+    /// The tokens as [`crate::dictionary::derive::embed_tokens`] reads them.
+    pub fn token_counts(&self) -> impl Iterator<Item = (TokenId, u32)> + '_ {
+        self.tokens.iter().map(Entry::token)
+    }
 }
 
 /// Where a row lives in the arena.
@@ -366,7 +375,7 @@ impl Arena {
         {
             let page_bytes = &mut pages.bytes_mut()[PAGES_HEADER_BYTES..needed_pages(&header)];
             let committed: &mut [Page] = bytemuck::cast_slice_mut(page_bytes);
-            let entries: &[TermEntry] = bytemuck::cast_slice(
+            let entries: &[Entry] = bytemuck::cast_slice(
                 &terms.bytes()[TERMS_HEADER_BYTES..][..header.terms as usize * ENTRY_BYTES],
             );
             for (p, page) in committed.iter_mut().enumerate() {
@@ -387,7 +396,7 @@ impl Arena {
                 }
                 page.truncate(kept);
                 for i in 0..kept {
-                    let end = page.term_offsets[i].saturating_add(u64::from(page.term_counts[i]));
+                    let end = page.term_offsets[i].saturating_add(page.entries_of(i) as u64);
                     if end > header.terms {
                         return Err(bad("terms past the committed entries"));
                     }
@@ -441,7 +450,7 @@ impl Arena {
         self.header.rows as usize
     }
 
-    /// Bytes per row of the page layout (the term entries, about 12 bytes per distinct term,
+    /// Bytes per row of the page layout (the entries, 12 bytes per distinct term or token,
     /// come on top).
     pub fn bytes_per_row() -> usize {
         PAGE_BYTES / PAGE_ROWS
@@ -456,7 +465,7 @@ impl Arena {
         bytemuck::cast_slice(&self.pages.bytes()[PAGES_HEADER_BYTES..needed_pages(&self.header)])
     }
 
-    fn entries(&self) -> &[TermEntry] {
+    fn entries(&self) -> &[Entry] {
         bytemuck::cast_slice(
             &self.terms.bytes()[TERMS_HEADER_BYTES..][..self.header.terms as usize * ENTRY_BYTES],
         )
@@ -509,22 +518,24 @@ impl Arena {
         row: &Row,
         retrieval: &RetrievalRow,
     ) -> Result<(), ArenaError> {
-        // Term entries first, past the committed ones.
+        // Entries first, past the committed ones: the terms, then the tokens.
         let offset = self.header.terms;
-        let end = TERMS_HEADER_BYTES + (offset as usize + retrieval.terms.len()) * ENTRY_BYTES;
+        let entries: Vec<Entry> = retrieval
+            .terms
+            .iter()
+            .map(|&(term, count)| Entry { key: term.0, count })
+            .chain(retrieval.tokens.iter().map(|&(token, count)| Entry {
+                key: u64::from(token.0),
+                count,
+            }))
+            .collect();
+        let at = TERMS_HEADER_BYTES + offset as usize * ENTRY_BYTES;
+        let end = at + entries.len() * ENTRY_BYTES;
         self.terms
             .reserve(end)
             .map_err(|e| io_error(&self.terms, e))?;
-        let at = TERMS_HEADER_BYTES + offset as usize * ENTRY_BYTES;
-        for (k, &(term, count)) in retrieval.terms.iter().enumerate() {
-            let entry = TermEntry {
-                term: term.0,
-                count,
-            };
-            self.terms.bytes_mut()[at + k * ENTRY_BYTES..][..ENTRY_BYTES]
-                .copy_from_slice(bytemuck::bytes_of(&entry));
-        }
-        self.header.terms += retrieval.terms.len() as u64;
+        self.terms.bytes_mut()[at..end].copy_from_slice(bytemuck::cast_slice(&entries));
+        self.header.terms += entries.len() as u64;
 
         let last = self
             .by_user
@@ -558,6 +569,7 @@ impl Arena {
         page.scales[i] = quantized.scale;
         page.term_lens[i] = retrieval.term_len() as u32;
         page.term_counts[i] = retrieval.terms.len() as u32;
+        page.token_counts[i] = retrieval.tokens.len() as u32;
         for (w, bits) in embedding.sign_bits().into_iter().enumerate() {
             page.codes[blocked(i, w)] = bits;
         }
@@ -614,14 +626,17 @@ impl Arena {
             .filter(|s| *s != Slot::NONE)
     }
 
-    /// The lexical terms of the row in `slot`.
-    pub fn row_terms(&self, slot: Slot) -> RowTerms<'_> {
+    /// The lexical terms and tokens of the row in `slot`.
+    pub fn row_entries(&self, slot: Slot) -> RowEntries<'_> {
         let page = self.page(slot.page);
         let i = slot.index as usize;
         let start = page.term_offsets[i] as usize;
-        RowTerms {
-            terms: &self.entries()[start..start + page.term_counts[i] as usize],
+        let (terms, tokens) = self.entries()[start..start + page.entries_of(i)]
+            .split_at(page.term_counts[i] as usize);
+        RowEntries {
+            terms,
             len: u64::from(page.term_lens[i]),
+            tokens,
         }
     }
 
@@ -668,8 +683,8 @@ fn needed_pages(header: &PagesHeader) -> usize {
     PAGES_HEADER_BYTES + header.pages as usize * PAGE_BYTES
 }
 
-/// CRC-32 of a page (its checksum field taken as zero) followed by its rows' term entries.
-fn page_checksum(page: &Page, entries: &[TermEntry]) -> u32 {
+/// CRC-32 of a page (its checksum field taken as zero) followed by its rows' entries.
+fn page_checksum(page: &Page, entries: &[Entry]) -> u32 {
     const FIELD: std::ops::Range<usize> = 12..16;
     let bytes = bytemuck::bytes_of(page);
     let mut hasher = crc32fast::Hasher::new();
@@ -679,7 +694,7 @@ fn page_checksum(page: &Page, entries: &[TermEntry]) -> u32 {
     for i in 0..page.rows as usize {
         let start = page.term_offsets[i] as usize;
         hasher.update(bytemuck::cast_slice(
-            &entries[start..start + page.term_counts[i] as usize],
+            &entries[start..start + page.entries_of(i)],
         ));
     }
     hasher.finalize()

@@ -12,7 +12,7 @@ pub const PAGE_ROWS: usize = 64;
 pub const DIMS: usize = 256;
 const WORDS: usize = DIMS / 64;
 
-/// One page: up to [`PAGE_ROWS`] rows of one user, column by column. 23,872 bytes.
+/// One page: up to [`PAGE_ROWS`] rows of one user, column by column. 24,128 bytes.
 ///
 /// Slots at and past `rows` are zero: a page is zeroed when allocated and rows are only ever
 /// appended, so a page's bytes are a function of its first `rows` rows (the checksum relies on
@@ -22,13 +22,13 @@ const WORDS: usize = DIMS / 64;
 pub struct Page {
     pub user: u64,
     pub rows: u32,
-    /// CRC-32 of the page with this field zero, followed by its rows' term entries.
+    /// CRC-32 of the page with this field zero, followed by its rows' entries.
     pub checksum: u32,
     pub reserved: [u32; 12],
     pub row_ids: [u64; PAGE_ROWS],
     pub conversations: [u64; PAGE_ROWS],
     pub birth_clocks: [u64; PAGE_ROWS],
-    /// Where each row's term entries start in `terms.bin`, in entries.
+    /// Where each row's entries start in `terms.bin`, in entries: its terms, then its tokens.
     pub term_offsets: [u64; PAGE_ROWS],
     pub decays: [f32; PAGE_ROWS],
     pub token_lens: [u32; PAGE_ROWS],
@@ -38,6 +38,9 @@ pub struct Page {
     pub term_lens: [u32; PAGE_ROWS],
     /// Each row's number of distinct terms (entries in `terms.bin`).
     pub term_counts: [u32; PAGE_ROWS],
+    /// Each row's number of distinct tokens (entries in `terms.bin`, after its terms): what
+    /// the exact rescore embeds.
+    pub token_counts: [u32; PAGE_ROWS],
     /// 1-bit codes, blocked: word `w` of row `r` at `(r / 8 · WORDS + w) · 8 + r % 8`.
     pub codes: [u64; PAGE_ROWS * WORDS],
     /// Lexical signatures, blocked like `codes`: bit [`signature_bit`] of each of the row's
@@ -47,7 +50,7 @@ pub struct Page {
     pub vectors: [i8; PAGE_ROWS * DIMS],
 }
 
-const _: () = assert!(std::mem::size_of::<Page>() == 23_872);
+const _: () = assert!(std::mem::size_of::<Page>() == 24_128);
 const _: () = assert!(std::mem::size_of::<Page>().is_multiple_of(64));
 
 /// Bits in a row's lexical signature.
@@ -86,6 +89,11 @@ impl Page {
         &self.signatures[..blocks * BLOCK_ROWS * WORDS]
     }
 
+    /// Entries of row `i` in `terms.bin`: its terms, then its tokens.
+    pub fn entries_of(&self, i: usize) -> usize {
+        self.term_counts[i] as usize + self.token_counts[i] as usize
+    }
+
     /// The int8 vector of row `i`.
     pub fn vector(&self, i: usize) -> &[i8] {
         &self.vectors[i * DIMS..(i + 1) * DIMS]
@@ -104,6 +112,7 @@ impl Page {
         self.scales[tail.clone()].fill(0.0);
         self.term_lens[tail.clone()].fill(0);
         self.term_counts[tail.clone()].fill(0);
+        self.token_counts[tail.clone()].fill(0);
         for i in tail {
             for w in 0..WORDS {
                 self.codes[blocked(i, w)] = 0;

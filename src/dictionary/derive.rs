@@ -95,9 +95,18 @@ pub fn token_weight(dict: &Dictionary, stats: &impl FrequencyStats, token: Token
 
 /// The dense embedding of `row` under `stats`.
 pub fn embed(dict: &Dictionary, stats: &impl FrequencyStats, row: &RetrievalRow) -> Embedding {
+    embed_tokens(dict, stats, row.tokens.iter().copied())
+}
+
+/// The dense embedding of a row's distinct tokens with their counts under `stats`.
+pub fn embed_tokens(
+    dict: &Dictionary,
+    stats: &impl FrequencyStats,
+    tokens: impl IntoIterator<Item = (TokenId, u32)>,
+) -> Embedding {
     let dims = dict.dims();
     let mut acc = vec![0f32; dims];
-    for &(token, count) in &row.tokens {
+    for (token, count) in tokens {
         let Some((scale, values)) = dict.vector(token) else {
             continue;
         };
