@@ -19,7 +19,7 @@ use crate::dictionary::Dictionary;
 use crate::dictionary::derive::Quantized;
 use crate::dictionary::derive::{RetrievalRow, derive, embed, embed_tokens};
 use crate::relevance::HybridScorer;
-use crate::scan::kernels::{BLOCK_ROWS, Kernels, SignatureTerm, code_words, signature_weights};
+use crate::scan::kernels::{BLOCK_ROWS, Kernels, SignatureTerm, code_words};
 use crate::scan::topk::{Hit, TopK, parallel_top_k};
 use crate::tokens::Tokenizer;
 use crate::types::{RowId, UserId};
@@ -101,13 +101,16 @@ fn signature_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
         .collect()
 }
 
-/// Stage one over every row of a scope's `pages` ([`Arena::scope_pages`]): the `k` best by the estimate from the 1-bit codes'
-/// Hamming distance and the lexical signature ([`HybridScorer::estimate`]), ties by row id.
+/// Stage one over every row of a scope's `pages` ([`Arena::scope_pages`]): the `k` best by the
+/// estimate from the 1-bit codes' Hamming distance and the lexical signature
+/// ([`HybridScorer::estimate`]), ties by row id; returned in row id order, the order stage two
+/// reads them back from the arena (a user's pages hold its rows in row id order, so the reads
+/// move forward through memory).
 pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: usize) -> Vec<Hit> {
     let terms = signature_terms(query);
     let dense = HybridScorer::hamming_table(DIMS);
     let lexical = query.scorer.lexical_factor();
-    parallel_top_k(pages.len(), k, |p, top: &mut TopK| {
+    let top = parallel_top_k(pages.len(), k, |p, top: &mut TopK| {
         let page = pages[p];
         let blocks = page.blocks();
         let mut distances = [0u32; PAGE_ROWS];
@@ -117,7 +120,7 @@ pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: 
             &mut distances[..blocks * BLOCK_ROWS],
         );
         let mut matched = [0f32; PAGE_ROWS];
-        signature_weights(
+        (kernels.signature)(
             &terms,
             code_words(DIMS),
             page.signatures_of_blocks(blocks),
@@ -130,7 +133,8 @@ pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: 
                 row: RowId(page.row_ids[i]),
             });
         }
-    })
+    });
+    top.into_row_order()
 }
 
 /// Stage two: score stage one's hits with the exact lexical part (BM25 over the row's resident
@@ -153,7 +157,7 @@ pub fn refine(
     // Chunks of hits are scored as tasks on the rayon pool; each task prunes against its own
     // kept rows, which is never tighter than the merged ones, so the skip stays exact.
     let chunks = hits.len().div_ceil(REFINE_CHUNK_HITS);
-    parallel_top_k(chunks, k, |c, top: &mut TopK| {
+    let top = parallel_top_k(chunks, k, |c, top: &mut TopK| {
         let mut dot = [0i32; 1];
         let end = ((c + 1) * REFINE_CHUNK_HITS).min(hits.len());
         for hit in &hits[c * REFINE_CHUNK_HITS..end] {
@@ -183,7 +187,8 @@ pub fn refine(
                 row: hit.row,
             });
         }
-    })
+    });
+    top.into_sorted()
 }
 
 /// The exact score of the row in `slot` for `query`: its vector re-embedded from its tokens

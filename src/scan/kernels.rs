@@ -7,13 +7,16 @@
 //!   only: no horizontal sums, no shuffles.
 //! - `dot_i8`: int8 dot product into i32 (the rescore of quantised vectors).
 //! - `dot_f32`: f32 dot product (the exact dense rescore).
+//! - `signature`: for each row, the summed weights of the query terms whose bit its lexical
+//!   signature has (the first pass's lexical estimate), over the same blocked layout.
 //!
 //! Implementations:
 //! - `scalar`: plain loops. `u64::count_ones` compiles to `POPCNT` on the x86-64-v3 baseline.
 //! - `wide`: 256-bit vectors through the `wide` crate, whose instructions are fixed at compile
 //!   time by the baseline in `.cargo/config.toml` (AVX2 and FMA).
-//! - `avx512`: `core::arch` AVX-512 VPOPCNTDQ for Hamming, chosen only when the CPU reports the
-//!   features at start-up. A VNNI int8 kernel was measured and did not pay: out of cache it ran
+//! - `avx512`: `core::arch` AVX-512 VPOPCNTDQ for Hamming, and a bit test into a mask register
+//!   with a masked add (AVX-512 F and VL) for the signature weights, each chosen only when the
+//!   CPU reports the features at start-up. A VNNI int8 kernel was measured and did not pay: out of cache it ran
 //!   at 0.87-0.96x the `wide` kernel (`docs/benchmarks.md`), so there is none.
 //!
 //! [`Kernels::detect`] picks one implementation per kernel once, on purpose, and the choice is
@@ -43,6 +46,9 @@ pub type HammingFn = fn(query: &[u64], codes: &[u64], out: &mut [u32]);
 pub type DotI8Fn = fn(query: &[i8], rows: &[i8], out: &mut [i32]);
 /// Dot product of two equally long f32 vectors.
 pub type DotF32Fn = fn(a: &[f32], b: &[f32]) -> f32;
+/// Lexical-signature weights (see [`signature_weights`], the specification).
+pub type SignatureFn =
+    fn(terms: &[SignatureTerm], words: usize, signatures: &[u64], out: &mut [f32]);
 
 /// The kernels chosen for this process.
 #[derive(Debug, Clone, Copy)]
@@ -53,6 +59,8 @@ pub struct Kernels {
     pub dot_i8_isa: Isa,
     pub dot_f32: DotF32Fn,
     pub dot_f32_isa: Isa,
+    pub signature: SignatureFn,
+    pub signature_isa: Isa,
 }
 
 impl Kernels {
@@ -64,6 +72,8 @@ impl Kernels {
         dot_i8_isa: Isa::Scalar,
         dot_f32: scalar::dot_f32,
         dot_f32_isa: Isa::Scalar,
+        signature: signature_weights,
+        signature_isa: Isa::Scalar,
     };
 
     /// The fastest implementation of each kernel that this CPU runs, or all scalar when
@@ -79,10 +89,16 @@ impl Kernels {
             dot_i8_isa: Isa::Wide,
             dot_f32: wide_impl::dot_f32,
             dot_f32_isa: Isa::Wide,
+            signature: signature_weights,
+            signature_isa: Isa::Scalar,
         };
         if avx512::has_vpopcntdq() {
             k.hamming = avx512::hamming;
             k.hamming_isa = Isa::Avx512;
+        }
+        if avx512::has_vl() {
+            k.signature = avx512::signature_weights;
+            k.signature_isa = Isa::Avx512;
         }
         k
     }
@@ -90,8 +106,8 @@ impl Kernels {
     /// One line naming each choice, for the start-up log.
     pub fn describe(&self) -> String {
         format!(
-            "hamming={:?} dot_i8={:?} dot_f32={:?}",
-            self.hamming_isa, self.dot_i8_isa, self.dot_f32_isa
+            "hamming={:?} dot_i8={:?} dot_f32={:?} signature={:?}",
+            self.hamming_isa, self.dot_i8_isa, self.dot_f32_isa, self.signature_isa
         )
     }
 }
@@ -224,6 +240,54 @@ pub mod avx512 {
         }
     }
 
+    /// True when the CPU runs the masked-add signature kernel (AVX-512 F and VL).
+    pub fn has_vl() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// Signature weights with a bit test into a mask register and a masked add per term:
+    /// one register holds a signature word of a block's eight rows, one holds their eight
+    /// sums. Each lane adds the same weights in the same order as the scalar loop (an add of
+    /// nothing where the scalar loop adds 0.0), so the sums are bit-identical.
+    pub fn signature_weights(
+        terms: &[super::SignatureTerm],
+        words: usize,
+        signatures: &[u64],
+        out: &mut [f32],
+    ) {
+        assert!(
+            has_vl(),
+            "avx512::signature_weights called without AVX-512 VL"
+        );
+        assert_eq!(out.len() % super::BLOCK_ROWS, 0, "whole blocks only");
+        assert!(
+            signatures.len() >= out.len() * words,
+            "signatures shorter than out"
+        );
+        assert!(
+            terms.iter().all(|t| t.word < words),
+            "a term names a word past the signature"
+        );
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the first assert checked the CPU features `signature_masked` is compiled
+        // for; the others guarantee whole blocks, that `signatures` holds every block `out`
+        // asks for, and that every term's word lies inside a block, which bounds each load and
+        // store.
+        unsafe {
+            x86::signature_masked(terms, words, signatures, out)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        super::signature_weights(terms, words, signatures, out)
+    }
+
     /// Hamming with `VPOPCNTQ`: one register holds word `w` of a block's eight rows.
     pub fn hamming(query: &[u64], codes: &[u64], out: &mut [u32]) {
         assert!(has_vpopcntdq(), "avx512::hamming called without VPOPCNTDQ");
@@ -246,6 +310,34 @@ pub mod avx512 {
     #[cfg(target_arch = "x86_64")]
     mod x86 {
         use std::arch::x86_64::*;
+
+        #[target_feature(enable = "avx512f,avx512vl")]
+        pub(super) unsafe fn signature_masked(
+            terms: &[super::super::SignatureTerm],
+            words: usize,
+            signatures: &[u64],
+            out: &mut [f32],
+        ) {
+            let masks: Vec<__m512i> = terms
+                .iter()
+                .map(|t| _mm512_set1_epi64(t.mask as i64))
+                .collect();
+            let weights: Vec<__m256> = terms.iter().map(|t| _mm256_set1_ps(t.weight)).collect();
+            let block_words = words * 8;
+            for (b, sums) in out.chunks_exact_mut(8).enumerate() {
+                let base = signatures[b * block_words..].as_ptr();
+                let mut acc = _mm256_setzero_ps();
+                for ((term, mask), weight) in terms.iter().zip(&masks).zip(&weights) {
+                    // SAFETY: block `b` holds `words · 8` words inside `signatures` and
+                    // `term.word < words`, so the 64-byte load is in bounds.
+                    let lanes = unsafe { _mm512_loadu_si512(base.add(term.word * 8).cast()) };
+                    let set = _mm512_test_epi64_mask(lanes, *mask);
+                    acc = _mm256_mask_add_ps(acc, set, acc, *weight);
+                }
+                // SAFETY: `sums` is 8 f32 = 32 bytes, exactly what the store writes.
+                unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), acc) };
+            }
+        }
 
         #[target_feature(enable = "avx512f,avx512vpopcntdq")]
         pub(super) unsafe fn hamming_vpopcnt(query: &[u64], codes: &[u64], out: &mut [u32]) {
@@ -369,6 +461,31 @@ mod tests {
             }
         }
 
+        /// Bit-identical: each lane adds the same weights in the same order.
+        #[test]
+        fn signature_weights_agree_with_scalar(
+            words in 1usize..6,
+            blocks in 0usize..4,
+            seed in proptest::collection::vec(
+                prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()], 5 * 3 * BLOCK_ROWS),
+            terms in proptest::collection::vec((0usize..64, 0usize..6, -4.0f32..4.0), 0..40),
+        ) {
+            let rows = blocks * BLOCK_ROWS;
+            let signatures = &seed[..rows * words];
+            let terms: Vec<SignatureTerm> = terms
+                .into_iter()
+                .map(|(bit, word, weight)| SignatureTerm { word: word % words, mask: 1 << bit, weight })
+                .collect();
+            let mut expected = vec![f32::NAN; rows];
+            signature_weights(&terms, words, signatures, &mut expected);
+            if avx512::has_vl() {
+                let mut got = vec![f32::NAN; rows];
+                avx512::signature_weights(&terms, words, signatures, &mut got);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                prop_assert_eq!(bits(&got), bits(&expected));
+            }
+        }
+
         /// Sums in another order may differ in the last bits: within 1e-5 relative to the sum
         /// of absolute products (plus 1e-6 absolute).
         #[test]
@@ -436,5 +553,6 @@ mod tests {
         assert_eq!(k.dot_f32_isa, Isa::Wide);
         assert_eq!(k.hamming_isa == Isa::Avx512, avx512::has_vpopcntdq());
         assert_eq!(k.dot_i8_isa, Isa::Wide);
+        assert_eq!(k.signature_isa == Isa::Avx512, avx512::has_vl());
     }
 }

@@ -104,12 +104,20 @@ impl TopK {
         self.hits.sort_by(Hit::rank_cmp);
         self.hits
     }
+
+    /// The k best hits in row id order (for a pass that reads them back from the arena, where
+    /// a user's rows lie in row id order).
+    pub fn into_row_order(mut self) -> Vec<Hit> {
+        self.select();
+        self.hits.sort_unstable_by_key(|h| h.row);
+        self.hits
+    }
 }
 
 /// The k best hits over `blocks` blocks, scored by `score_block(block, &mut top)` on the current
 /// rayon pool (each task keeps its own [`TopK`]; partial results are merged once). The result is
 /// the same for any number of threads.
-pub fn parallel_top_k<F>(blocks: usize, k: usize, score_block: F) -> Vec<Hit>
+pub fn parallel_top_k<F>(blocks: usize, k: usize, score_block: F) -> TopK
 where
     F: Fn(usize, &mut TopK) + Sync,
 {
@@ -123,7 +131,6 @@ where
             },
         )
         .reduce(|| TopK::new(k), TopK::merge)
-        .into_sorted()
 }
 
 #[cfg(test)]
@@ -183,6 +190,7 @@ mod tests {
                             top.push(Hit { score, row: RowId(i as u64) });
                         }
                     })
+                    .into_sorted()
                 });
                 prop_assert_eq!(&got, &expected, "{} threads", threads);
             }
