@@ -1,15 +1,19 @@
 //! Benchmarks that print figures (`perpetuity bench ...`): seeded synthetic input, the memory
-//! bandwidth reference, and the scan benchmark. Figures go to `docs/benchmarks.md`.
+//! bandwidth reference, the scan benchmark and the fidelity check. Figures go to
+//! `docs/benchmarks.md`.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::arena::{Arena, DIMS};
+use crate::arena::{Arena, ArenaError, DIMS, Opened};
 use crate::capture::Message;
+use crate::dictionary::Dictionary;
 use crate::memory::Memory;
 use crate::retrieve::{
-    PreparedQuery, Retrieved, STAGE_ONE_WIDENING, brute_force, first_pass, first_pass_k, search,
+    PreparedQuery, Retrieved, STAGE_ONE_WIDENING, brute_force_many, first_pass, first_pass_k,
+    search,
 };
 use crate::scan::kernels::{Kernels, code_words};
 use crate::types::{Role, UserId};
@@ -113,15 +117,63 @@ pub fn read_bandwidth(bytes: usize) -> f64 {
     (data.len() * 8) as f64 / times[2].as_secs_f64()
 }
 
-/// The top 10 of `user`'s scope.
-fn top10(
-    memory: &Memory,
+/// The seeded synthetic queries of the benchmarks: a random user's scope and a sentence.
+pub fn synthetic_queries(count: usize, users: usize) -> Vec<(UserId, String)> {
+    let mut rng = XorShift(QUERY_SEED);
+    (0..count)
+        .map(|_| {
+            let user = UserId::from_key(&format!("bench-user-{}", rng.below(users)));
+            (user, sentence(&mut rng))
+        })
+        .collect()
+}
+
+/// How often the two-stage search's top 10 is the brute force's top 10 (as sets).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Fidelity {
+    pub queries: usize,
+    pub agree: usize,
+    pub share: f64,
+}
+
+/// Ask every `(scope, text)` both ways and count the agreeing top-10 sets. Brute force runs
+/// once per scope for all of that scope's queries (`brute_force_many`).
+pub fn fidelity(
+    dictionary: &Dictionary,
     arena: &Arena,
     kernels: &Kernels,
-    user: UserId,
-    query: &PreparedQuery,
-) -> Vec<Retrieved> {
-    search(&memory.dictionary, arena, kernels, &[user], query, 10)
+    asked: &[(Vec<UserId>, String)],
+) -> Fidelity {
+    let mut by_scope: BTreeMap<&[UserId], Vec<&str>> = BTreeMap::new();
+    for (scope, text) in asked {
+        by_scope.entry(scope).or_default().push(text);
+    }
+    let set = |hits: &[Retrieved]| {
+        let mut rows: Vec<_> = hits.iter().map(|h| h.row).collect();
+        rows.sort();
+        rows
+    };
+    let mut agree = 0;
+    for (scope, texts) in by_scope {
+        let queries: Vec<PreparedQuery> = texts
+            .iter()
+            .map(|text| PreparedQuery::new(dictionary, arena, text))
+            .collect();
+        let exact = brute_force_many(dictionary, arena, scope, &queries, 10);
+        for (query, exact) in queries.iter().zip(&exact) {
+            let fast = search(dictionary, arena, kernels, scope, query, 10);
+            agree += usize::from(set(&fast) == set(exact));
+        }
+    }
+    Fidelity {
+        queries: asked.len(),
+        agree,
+        share: if asked.is_empty() {
+            f64::NAN
+        } else {
+            agree as f64 / asked.len() as f64
+        },
+    }
 }
 
 /// What `perpetuity bench scan --json` prints; scripts rely on these names.
@@ -138,7 +190,13 @@ pub struct ScanReport {
     pub query_p50_ms: f64,
     pub query_p99_ms: f64,
     pub fidelity_top10: f64,
+    /// Rows caught up per second when the arena was opened (null when it had nothing to
+    /// catch up: mapped from the data directory and current).
     pub catch_up_rows_per_s: f64,
+    /// Whether the arena was mapped from the data directory (false: rebuilt from the store).
+    pub arena_mapped: bool,
+    /// Opening (mapping or rebuilding) and catching up the arena, in milliseconds.
+    pub arena_open_ms: f64,
 }
 
 /// Settings of one scan benchmark.
@@ -155,21 +213,22 @@ pub struct ScanSettings {
 /// `settings.users` users: cold catch-up, first-pass throughput on one core over the largest
 /// scope, query latency (catch-up + prepare + search, no network) on `threads` threads, and
 /// the share of queries whose two-stage top 10 equals brute force's.
-pub fn scan(memory: &Memory, kernels: &Kernels, settings: ScanSettings) -> ScanReport {
+pub fn scan(
+    memory: &Memory,
+    kernels: &Kernels,
+    settings: ScanSettings,
+) -> Result<ScanReport, ArenaError> {
+    // The arena as serving opens it: mapped from the data directory, or rebuilt from the store.
     let started = Instant::now();
-    let mut arena = Arena::new();
-    let caught = arena
-        .catch_up(&memory.store, &memory.dictionary)
-        .expect("catch-up from a fresh store");
-    let catch_up_rows_per_s = caught as f64 / started.elapsed().as_secs_f64();
-
-    let mut rng = XorShift(QUERY_SEED);
-    let queries: Vec<(UserId, String)> = (0..settings.queries.max(1))
-        .map(|_| {
-            let user = UserId::from_key(&format!("bench-user-{}", rng.below(settings.users)));
-            (user, sentence(&mut rng))
-        })
-        .collect();
+    let (mut arena, opened) = Arena::open(&memory.store, &memory.dictionary)?;
+    let caught = arena.catch_up(&memory.store, &memory.dictionary)?;
+    let arena_open_ms = started.elapsed().as_secs_f64() * 1e3;
+    let catch_up_rows_per_s = if caught > 0 {
+        caught as f64 / started.elapsed().as_secs_f64()
+    } else {
+        f64::NAN
+    };
+    let queries = synthetic_queries(settings.queries.max(1), settings.users);
 
     // First pass alone on one core, over user 0's scope (all rows when there is one user).
     let pages = arena.scope_pages(&[UserId::from_key("bench-user-0")]);
@@ -212,30 +271,28 @@ pub fn scan(memory: &Memory, kernels: &Kernels, settings: ScanSettings) -> ScanR
                 .catch_up(&memory.store, &memory.dictionary)
                 .expect("catch-up");
             let query = PreparedQuery::new(&memory.dictionary, &arena, text);
-            std::hint::black_box(top10(memory, &arena, kernels, *user, &query));
+            std::hint::black_box(search(
+                &memory.dictionary,
+                &arena,
+                kernels,
+                &[*user],
+                &query,
+                10,
+            ));
         });
         latency
             .record(started.elapsed().as_micros() as u64)
             .expect("latency fits the histogram");
     }
 
-    let fidelity_queries = &queries[..settings.fidelity_queries.min(queries.len())];
-    let agree = fidelity_queries
+    let asked: Vec<(Vec<UserId>, String)> = queries
         .iter()
-        .filter(|(user, text)| {
-            let query = PreparedQuery::new(&memory.dictionary, &arena, text);
-            let rows = |hits: Vec<Retrieved>| {
-                let mut rows: Vec<_> = hits.into_iter().map(|h| h.row).collect();
-                rows.sort();
-                rows
-            };
-            let fast = pool.install(|| top10(memory, &arena, kernels, *user, &query));
-            let exact = brute_force(&memory.dictionary, &arena, &[*user], &query, 10);
-            rows(fast) == rows(exact)
-        })
-        .count();
+        .take(settings.fidelity_queries)
+        .map(|(user, text)| (vec![*user], text.clone()))
+        .collect();
+    let fidelity = pool.install(|| fidelity(&memory.dictionary, &arena, kernels, &asked));
 
-    ScanReport {
+    Ok(ScanReport {
         rows: arena.rows(),
         users: settings.users,
         threads: settings.threads,
@@ -246,11 +303,9 @@ pub fn scan(memory: &Memory, kernels: &Kernels, settings: ScanSettings) -> ScanR
         bandwidth_ratio: first_pass_bytes_per_s / memory_read_bytes_per_s,
         query_p50_ms: latency.value_at_quantile(0.5) as f64 / 1000.0,
         query_p99_ms: latency.value_at_quantile(0.99) as f64 / 1000.0,
-        fidelity_top10: if fidelity_queries.is_empty() {
-            f64::NAN
-        } else {
-            agree as f64 / fidelity_queries.len() as f64
-        },
+        fidelity_top10: fidelity.share,
         catch_up_rows_per_s,
-    }
+        arena_mapped: matches!(opened, Opened::Mapped { .. }),
+        arena_open_ms,
+    })
 }

@@ -145,6 +145,32 @@ enum BenchCommand {
         #[command(flatten)]
         dictionary: DictionaryArgs,
     },
+    /// Top-10 agreement of the two-stage search with brute force (the same exact scorer over
+    /// every row): LoCoMo questions, each in its user's scope and in the scope of every
+    /// conversation pooled, and seeded synthetic queries over a synthetic pool.
+    Fidelity {
+        /// A LoCoMo file (e.g. locomo10.json) whose questions are asked; none: skipped.
+        #[arg(long)]
+        locomo: Option<PathBuf>,
+        /// Rows of the synthetic pool (0: skipped).
+        #[arg(long, default_value_t = 1_000_000)]
+        rows: usize,
+        /// Users the synthetic rows are spread over (1: one scope holds every row).
+        #[arg(long, default_value_t = 1)]
+        users: usize,
+        /// Synthetic queries asked.
+        #[arg(long, default_value_t = 200)]
+        queries: usize,
+        /// Where to put the synthetic store (default: a fresh temp folder, removed afterwards);
+        /// a store that already holds rows is reused as it is.
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+    },
     /// Capture rate (rows/s) into a fresh store with the WAL on.
     Ingest {
         /// Messages to capture.
@@ -354,6 +380,30 @@ fn main() -> anyhow::Result<()> {
                 threads,
                 queries,
                 fidelity_queries,
+            },
+            data,
+            json,
+            &dictionary,
+        ),
+        Command::Bench {
+            command:
+                BenchCommand::Fidelity {
+                    locomo,
+                    rows,
+                    users,
+                    queries,
+                    data,
+                    json,
+                    dictionary,
+                },
+        } => bench_fidelity(
+            locomo.as_deref(),
+            bench::ScanSettings {
+                rows,
+                users,
+                threads: rayon::current_num_threads(),
+                queries,
+                fidelity_queries: queries,
             },
             data,
             json,
@@ -621,6 +671,159 @@ fn bench_ingest(
     Ok(())
 }
 
+/// A store holding the seeded synthetic pool of `settings` (ingested unless `data` already
+/// holds rows), with the guard that removes a temporary one.
+fn synthetic_memory(
+    data: Option<PathBuf>,
+    settings: bench::ScanSettings,
+    dictionary: &DictionaryArgs,
+    name: &'static str,
+) -> anyhow::Result<(BenchDir, Memory)> {
+    let place = BenchDir::new(data, name, Existing::Reuse)?;
+    let memory = dictionary.open(&DataArgs {
+        dir: place.dir.clone(),
+        sync_writes: false,
+    })?;
+    if memory.store.rows_since(RowId(0)).next().is_none() {
+        let input = bench::synthetic_messages(settings.rows, settings.users, bench::MESSAGE_SEED);
+        ingest::ingest(
+            &memory.store,
+            &memory.dictionary,
+            &input,
+            progress_printer(name),
+        )?;
+    } else {
+        eprintln!(
+            "bench {name}: {} already holds rows; reusing them (--rows is ignored; --users must match the store)",
+            place.dir.display()
+        );
+    }
+    Ok((place, memory))
+}
+
+/// The fidelity report: one entry per part that ran.
+#[derive(serde::Serialize)]
+struct FidelityReport {
+    locomo_own_scope: Option<bench::Fidelity>,
+    locomo_pooled_scope: Option<bench::Fidelity>,
+    synthetic: Option<SyntheticFidelity>,
+}
+
+#[derive(serde::Serialize)]
+struct SyntheticFidelity {
+    rows: usize,
+    users: usize,
+    #[serde(flatten)]
+    fidelity: bench::Fidelity,
+}
+
+fn bench_fidelity(
+    locomo: Option<&Path>,
+    settings: bench::ScanSettings,
+    data: Option<PathBuf>,
+    json: bool,
+    dictionary: &DictionaryArgs,
+) -> anyhow::Result<()> {
+    let kernels = Kernels::detect(false);
+    eprintln!("bench fidelity: kernels {}", kernels.describe());
+    let mut report = FidelityReport {
+        locomo_own_scope: None,
+        locomo_pooled_scope: None,
+        synthetic: None,
+    };
+    if let Some(file) = locomo {
+        let dataset = datasets::load(Format::Locomo, file)?;
+        let scratch = BenchDir::new(None, "fidelity-locomo", Existing::Refuse)?;
+        let memory = dictionary.open(&DataArgs {
+            dir: scratch.dir.clone(),
+            sync_writes: false,
+        })?;
+        ingest::ingest(
+            &memory.store,
+            &memory.dictionary,
+            &dataset.messages,
+            progress_printer("fidelity-locomo"),
+        )?;
+        let mut arena = Arena::new();
+        arena.catch_up(&memory.store, &memory.dictionary)?;
+        let mut everyone: Vec<UserId> = dataset
+            .questions
+            .iter()
+            .map(|q| UserId::from_key(&q.user_key))
+            .collect();
+        everyone.sort_unstable();
+        everyone.dedup();
+        let own: Vec<(Vec<UserId>, String)> = dataset
+            .questions
+            .iter()
+            .map(|q| (vec![UserId::from_key(&q.user_key)], q.question.clone()))
+            .collect();
+        let pooled: Vec<(Vec<UserId>, String)> = dataset
+            .questions
+            .iter()
+            .map(|q| (everyone.clone(), q.question.clone()))
+            .collect();
+        eprintln!(
+            "bench fidelity: {} LoCoMo questions, own and pooled scope",
+            own.len()
+        );
+        report.locomo_own_scope = Some(bench::fidelity(&memory.dictionary, &arena, &kernels, &own));
+        report.locomo_pooled_scope = Some(bench::fidelity(
+            &memory.dictionary,
+            &arena,
+            &kernels,
+            &pooled,
+        ));
+    }
+    if settings.rows > 0 {
+        anyhow::ensure!(settings.users > 0, "--users must be at least 1");
+        let (_place, memory) = synthetic_memory(data, settings, dictionary, "fidelity")?;
+        let started = Instant::now();
+        let (mut arena, _) = Arena::open(&memory.store, &memory.dictionary)?;
+        arena.catch_up(&memory.store, &memory.dictionary)?;
+        eprintln!(
+            "bench fidelity: arena of {} rows ready in {:.1?}; {} synthetic queries",
+            arena.rows(),
+            started.elapsed(),
+            settings.queries
+        );
+        let asked: Vec<(Vec<UserId>, String)> =
+            bench::synthetic_queries(settings.queries, settings.users)
+                .into_iter()
+                .map(|(user, text)| (vec![user], text))
+                .collect();
+        report.synthetic = Some(SyntheticFidelity {
+            rows: arena.rows(),
+            users: settings.users,
+            fidelity: bench::fidelity(&memory.dictionary, &arena, &kernels, &asked),
+        });
+    }
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        let line = |name: &str, f: &bench::Fidelity| {
+            println!(
+                "  {name}: {} of {} top-10 sets equal brute force's = {:.4}",
+                f.agree, f.queries, f.share
+            );
+        };
+        println!("bench fidelity (target >= 0.995):");
+        if let Some(f) = &report.locomo_own_scope {
+            line("LoCoMo, each question in its user's scope", f);
+        }
+        if let Some(f) = &report.locomo_pooled_scope {
+            line("LoCoMo, every conversation pooled in one scope", f);
+        }
+        if let Some(s) = &report.synthetic {
+            line(
+                &format!("synthetic, {} rows over {} users", s.rows, s.users),
+                &s.fidelity,
+            );
+        }
+    }
+    Ok(())
+}
+
 fn bench_scan(
     settings: bench::ScanSettings,
     data: Option<PathBuf>,
@@ -632,34 +835,15 @@ fn bench_scan(
         "--rows and --users must be at least 1"
     );
     anyhow::ensure!(settings.threads > 0, "--threads must be at least 1");
-    let place = BenchDir::new(data, "scan", Existing::Reuse)?;
-    let data = DataArgs {
-        dir: place.dir.clone(),
-        sync_writes: false,
-    };
-    let memory = dictionary.open(&data)?;
-    if memory.store.rows_since(RowId(0)).next().is_none() {
-        let input = bench::synthetic_messages(settings.rows, settings.users, bench::MESSAGE_SEED);
-        ingest::ingest(
-            &memory.store,
-            &memory.dictionary,
-            &input,
-            progress_printer("bench scan: ingest"),
-        )?;
-    } else {
-        eprintln!(
-            "bench scan: {} already holds rows; reusing them (--rows and --users are ignored)",
-            place.dir.display()
-        );
-    }
+    let (_place, memory) = synthetic_memory(data, settings, dictionary, "scan")?;
     let kernels = Kernels::detect(false);
     eprintln!("bench scan: kernels {}", kernels.describe());
-    let report = bench::scan(&memory, &kernels, settings);
+    let report = bench::scan(&memory, &kernels, settings)?;
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "bench scan: {} rows over {} users, {} threads, {} bytes/row resident\n  first pass (one core, largest scope): {:.0}M rows/s, {:.2} GB/s = {:.0}% of read bandwidth {:.2} GB/s\n  query (catch-up + prepare + search, top 10): p50 {:.2} ms, p99 {:.2} ms\n  fidelity (two-stage top 10 = brute force): {:.4}\n  cold catch-up: {:.0} rows/s",
+            "bench scan: {} rows over {} users, {} threads, {} bytes/row resident\n  first pass (one core, largest scope): {:.0}M rows/s, {:.2} GB/s = {:.0}% of read bandwidth {:.2} GB/s\n  query (catch-up + prepare + search, top 10): p50 {:.2} ms, p99 {:.2} ms\n  fidelity (two-stage top 10 = brute force): {:.4}\n  arena {} and caught up in {:.0} ms ({:.0} rows/s caught up)",
             report.rows,
             report.users,
             report.threads,
@@ -671,6 +855,12 @@ fn bench_scan(
             report.query_p50_ms,
             report.query_p99_ms,
             report.fidelity_top10,
+            if report.arena_mapped {
+                "mapped"
+            } else {
+                "rebuilt"
+            },
+            report.arena_open_ms,
             report.catch_up_rows_per_s
         );
     }

@@ -191,26 +191,28 @@ pub fn refine(
     top.into_sorted()
 }
 
-/// The exact score of the row in `slot` for `query`: its vector re-embedded from its tokens
-/// under the arena's current statistic, its exact lexical score from its terms.
-fn exact_score(dictionary: &Dictionary, arena: &Arena, query: &PreparedQuery, slot: Slot) -> f32 {
-    let entries = arena.row_entries(slot);
-    let vector = embed_tokens(dictionary, arena.stats(), entries.token_counts());
-    query.scorer.score(entries.terms, entries.len, &vector.unit)
-}
-
-/// The retrieved row in `slot`, exactly scored.
-fn retrieved(
+/// The exact scores of the row in `slot` for each of `queries`: its vector re-embedded once
+/// from its tokens under the arena's current statistic, its exact lexical score from its terms.
+fn exact_scores<'q>(
     dictionary: &Dictionary,
     arena: &Arena,
-    query: &PreparedQuery,
     slot: Slot,
-) -> Retrieved {
+    queries: impl IntoIterator<Item = &'q PreparedQuery>,
+) -> impl Iterator<Item = f32> {
+    let entries = arena.row_entries(slot);
+    let vector = embed_tokens(dictionary, arena.stats(), entries.token_counts());
+    queries
+        .into_iter()
+        .map(move |query| query.scorer.score(entries.terms, entries.len, &vector.unit))
+}
+
+/// The row in `slot` as a result with `score`.
+fn retrieved(arena: &Arena, slot: Slot, score: f32) -> Retrieved {
     let page = arena.page(slot.page);
     Retrieved {
         row: RowId(page.row_ids[slot.index as usize]),
         user: UserId(page.user),
-        score: exact_score(dictionary, arena, query, slot),
+        score,
     }
 }
 
@@ -241,7 +243,12 @@ pub fn search(
     let scored: Vec<Retrieved> = candidates
         .par_iter()
         .filter_map(|hit| arena.slot(hit.row))
-        .map(|slot| retrieved(dictionary, arena, query, slot))
+        .map(|slot| {
+            let score = exact_scores(dictionary, arena, slot, [query])
+                .next()
+                .expect("one query, one score");
+            retrieved(arena, slot, score)
+        })
         .collect();
     rank(scored, k)
 }
@@ -254,12 +261,51 @@ pub fn brute_force(
     query: &PreparedQuery,
     k: usize,
 ) -> Vec<Retrieved> {
-    let scored: Vec<Retrieved> = arena
+    brute_force_many(dictionary, arena, scope, std::slice::from_ref(query), k)
+        .pop()
+        .expect("one query, one list")
+}
+
+/// [`brute_force`] for many queries in one pass over the scope: each row is re-embedded once
+/// and scored for every query (pages split across the rayon pool, per-task top-k per query,
+/// deterministic merge).
+pub fn brute_force_many(
+    dictionary: &Dictionary,
+    arena: &Arena,
+    scope: &[UserId],
+    queries: &[PreparedQuery],
+    k: usize,
+) -> Vec<Vec<Retrieved>> {
+    let fresh = || vec![TopK::new(k); queries.len()];
+    let tops = arena
         .scope_pages(scope)
         .par_iter()
-        .flat_map_iter(|page| page.row_ids[..page.rows as usize].iter())
-        .filter_map(|&row| arena.slot(RowId(row)))
-        .map(|slot| retrieved(dictionary, arena, query, slot))
-        .collect();
-    rank(scored, k)
+        .fold(fresh, |mut tops, page| {
+            for &row in &page.row_ids[..page.rows as usize] {
+                let Some(slot) = arena.slot(RowId(row)) else {
+                    continue;
+                };
+                for (top, score) in tops
+                    .iter_mut()
+                    .zip(exact_scores(dictionary, arena, slot, queries))
+                {
+                    top.push(Hit {
+                        score,
+                        row: RowId(row),
+                    });
+                }
+            }
+            tops
+        })
+        .reduce(fresh, |a, b| {
+            a.into_iter().zip(b).map(|(x, y)| x.merge(y)).collect()
+        });
+    tops.into_iter()
+        .map(|top| {
+            top.into_sorted()
+                .into_iter()
+                .filter_map(|hit| Some(retrieved(arena, arena.slot(hit.row)?, hit.score)))
+                .collect()
+        })
+        .collect()
 }

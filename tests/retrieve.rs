@@ -200,3 +200,25 @@ fn locomo_two_stage_agrees_with_brute_force_and_with_itself() {
     assert_eq!(runs[0], runs[1]);
     assert_eq!(runs[0], runs[2]);
 }
+
+/// `perpetuity bench fidelity` at small scale: seeded synthetic queries over a 20,000-row
+/// synthetic pool in one scope, the two-stage top 10 against brute force.
+#[test]
+fn synthetic_two_stage_agrees_with_brute_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let dict = common::dictionary();
+    let messages =
+        perpetuity::bench::synthetic_messages(20_000, 1, perpetuity::bench::MESSAGE_SEED);
+    ingest(&store, dict, &messages, |_, _| {}).unwrap();
+    let mut arena = Arena::new();
+    arena.catch_up(&store, dict).unwrap();
+    let asked: Vec<(Vec<UserId>, String)> = perpetuity::bench::synthetic_queries(100, 1)
+        .into_iter()
+        .map(|(user, text)| (vec![user], text))
+        .collect();
+    let fidelity = perpetuity::bench::fidelity(dict, &arena, &Kernels::detect(false), &asked);
+    println!("synthetic 20,000 rows: {fidelity:?}");
+    assert_eq!(fidelity.queries, 100);
+    assert!(fidelity.share >= 0.995, "{fidelity:?}");
+}
