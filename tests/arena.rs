@@ -290,3 +290,19 @@ fn a_purge_makes_the_next_open_rebuild_without_reporting_damage() {
     integrity::check_arena_files(&store, dict, &mut report).unwrap();
     assert!(report.is_clean(), "{:#?}", report.violations);
 }
+
+#[test]
+fn a_catch_up_longer_than_one_batch_commits_batch_by_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_rows(dir.path(), 70_000);
+    let dict = common::dictionary();
+    let (mut arena, _) = Arena::open(&store, dict).unwrap();
+    assert_eq!(arena.catch_up(&store, dict).unwrap(), 70_000);
+    assert_eq!(arena.watermark(), store.next_row());
+    drop(arena);
+    let expected = reference(&store);
+    assert_eq!(
+        open_and_check(&store, &expected),
+        Opened::Mapped { rows: 70_000 }
+    );
+}

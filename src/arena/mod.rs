@@ -35,10 +35,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use bytemuck::Zeroable;
+use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use crate::dictionary::Dictionary;
-use crate::dictionary::derive::{RetrievalRow, embed};
+use crate::dictionary::derive::{Embedding, RetrievalRow, embed};
 use crate::dictionary::stats::FrequencyTable;
 use crate::store::{Row, Store, StoreError};
 use crate::types::{ConversationId, RowId, TokenId, UserId};
@@ -49,6 +50,9 @@ use file::{
 pub use page::{DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, blocked, signature_bit};
 
 const PAGE_BYTES: usize = std::mem::size_of::<Page>();
+/// Rows a catch-up reads, embeds and commits at a time: its memory stays bounded however far
+/// behind the arena is, and a rebuild interrupted midway resumes from its last batch.
+const CATCH_UP_BATCH_ROWS: usize = 65_536;
 const ENTRY_BYTES: usize = std::mem::size_of::<Entry>();
 
 /// Arena errors.
@@ -472,8 +476,9 @@ impl Arena {
     }
 
     /// Read every row newer than the watermark from the store, count its retrieval row into
-    /// the resident statistic, embed it, append it to its user's last page, and commit.
-    /// Returns the number of rows read. Row ids are committed in increasing order (the store's
+    /// the resident statistic, embed it, append it to its user's last page, and commit, in
+    /// batches of [`CATCH_UP_BATCH_ROWS`] (progress logged after each full batch). Returns the
+    /// number of rows read. Row ids are committed in increasing order (the store's
     /// write mutex), so after reading row `n` no row below `n` can appear later.
     pub fn catch_up(
         &mut self,
@@ -485,7 +490,8 @@ impl Arena {
                 found: dictionary.dims(),
             });
         }
-        let mut fresh: Vec<(Row, RetrievalRow)> = Vec::new();
+        let mut caught = 0;
+        let mut batch: Vec<(Row, RetrievalRow)> = Vec::with_capacity(CATCH_UP_BATCH_ROWS);
         for row in store.rows_since(self.watermark()) {
             let row = row?;
             let retrieval =
@@ -499,24 +505,46 @@ impl Arena {
                 self.stats.add(&retrieval);
                 self.counted_below = RowId(row.id.0 + 1);
             }
-            fresh.push((row, retrieval));
+            batch.push((row, retrieval));
+            if batch.len() == CATCH_UP_BATCH_ROWS {
+                caught += self.append_batch(dictionary, &mut batch)?;
+                tracing::info!(rows = caught, "arena catch-up in progress");
+            }
         }
-        if fresh.is_empty() {
+        caught += self.append_batch(dictionary, &mut batch)?;
+        Ok(caught)
+    }
+
+    /// Embed a batch of rows (on the rayon pool, under the statistic as it stands), append
+    /// them in row id order and commit. Empties `batch`; returns how many rows it held.
+    fn append_batch(
+        &mut self,
+        dictionary: &Dictionary,
+        batch: &mut Vec<(Row, RetrievalRow)>,
+    ) -> Result<usize, ArenaError> {
+        if batch.is_empty() {
             return Ok(0);
         }
-        for (row, retrieval) in &fresh {
-            self.append(dictionary, row, retrieval)?;
+        let stats = &self.stats;
+        let embeddings: Vec<Embedding> = batch
+            .par_iter()
+            .map(|(_, retrieval)| embed(dictionary, stats, retrieval))
+            .collect();
+        for ((row, retrieval), embedding) in batch.iter().zip(&embeddings) {
+            self.append(row, retrieval, embedding)?;
             self.header.watermark = row.id.0 + 1;
         }
         self.commit()?;
-        Ok(fresh.len())
+        let rows = batch.len();
+        batch.clear();
+        Ok(rows)
     }
 
     fn append(
         &mut self,
-        dictionary: &Dictionary,
         row: &Row,
         retrieval: &RetrievalRow,
+        embedding: &Embedding,
     ) -> Result<(), ArenaError> {
         // Entries first, past the committed ones: the terms, then the tokens.
         let offset = self.header.terms;
@@ -556,7 +584,6 @@ impl Arena {
                 p
             }
         };
-        let embedding = embed(dictionary, &self.stats, retrieval);
         let quantized = embedding.quantize();
         let page = &mut self.page_slice_mut()[page_index as usize];
         let i = page.rows as usize;
