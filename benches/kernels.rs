@@ -2,20 +2,21 @@
 //! measured in the same run.
 //!
 //! Run: `cargo bench --bench kernels`. Read bandwidth comes from `perpetuity::bench::read_bandwidth`
-//! over 512 MiB, in the same run. Sizes: 1-bit codes of 256 dims (32 bytes per row, in
-//! blocks of 8 rows) for 8M rows (256 MiB), int8 rows of 256 dims for 1M rows (256 MiB); larger than the L3 cache.
+//! over 512 MiB, in the same run. Sizes: 2-bit codes of 256 dims (64 bytes per row: sign and
+//! magnitude bits, in blocks of 8 rows) for 4M rows (256 MiB), int8 rows of 256 dims for 1M
+//! rows (256 MiB); larger than the L3 cache.
 //! Prints medians of repeated runs.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use perpetuity::scan::kernels::{self, BLOCK_ROWS, DotI8Fn, HammingFn, Isa, Kernels};
+use perpetuity::scan::kernels::{self, BLOCK_ROWS, DotI8Fn, Isa, Kernels, TwoBitFn, TwoBitQuery};
 use perpetuity::scan::topk::{Hit, TopK};
 use perpetuity::types::RowId;
 
 const DIMS: usize = 256;
 const REPEATS: usize = 5;
-const CODE_ROWS: usize = 8 << 20;
+const CODE_ROWS: usize = 4 << 20;
 const INT8_ROWS: usize = 1 << 20;
 /// Buffer of the read-bandwidth reference: twice the L3 cache of the machines we measure on.
 const BANDWIDTH_BYTES: usize = 512 << 20;
@@ -60,29 +61,36 @@ fn main() {
     println!("kernels chosen at start-up: {}", chosen.describe());
 
     let words = kernels::code_words(DIMS);
-    let codes = fill(CODE_ROWS * words);
+    let signs = fill(CODE_ROWS * words);
+    let magnitudes: Vec<u64> = signs.iter().map(|w| w.rotate_left(29)).collect();
     let bandwidth = perpetuity::bench::read_bandwidth(BANDWIDTH_BYTES);
     println!(
         "memory read bandwidth, one core, {} MiB sequential: {:.2} GB/s",
         BANDWIDTH_BYTES >> 20,
         bandwidth / 1e9
     );
+    let code_bytes = 2 * words * 8;
 
-    let query = fill(words + 1)[1..].to_vec();
-    let mut out = vec![0u32; CODE_ROWS];
-    let mut hammings: Vec<(Isa, HammingFn)> = vec![(Isa::Scalar, kernels::scalar::hamming)];
+    let weights: Vec<u8> = fill(2 * DIMS / 8)
+        .into_iter()
+        .flat_map(u64::to_le_bytes)
+        .map(|b| b.max(1))
+        .collect();
+    let query = TwoBitQuery::new(weights[..DIMS].to_vec(), weights[DIMS..].to_vec());
+    let mut out = vec![0i32; CODE_ROWS];
+    let mut two_bits: Vec<(Isa, TwoBitFn)> = vec![(Isa::Scalar, kernels::scalar::two_bit)];
     if kernels::avx512::has_vpopcntdq() {
-        hammings.push((Isa::Avx512, kernels::avx512::hamming));
+        two_bits.push((Isa::Avx512, kernels::avx512::two_bit));
     }
-    for (isa, f) in hammings {
+    for (isa, f) in two_bits {
         let t = time(|| {
-            f(&query, &codes, &mut out);
+            f(&query, &signs, &magnitudes, &mut out);
             black_box(&out);
         });
         let rows_per_s = CODE_ROWS as f64 / t.as_secs_f64();
-        let bytes_per_s = rows_per_s * (words * 8) as f64;
+        let bytes_per_s = rows_per_s * code_bytes as f64;
         println!(
-            "hamming {isa:?}: {CODE_ROWS} rows x {DIMS} bits in {t:.2?}: {:.0}M rows/s/core, {:.2} GB/s, {:.0}% of read bandwidth",
+            "two_bit {isa:?}: {CODE_ROWS} rows x {DIMS} dims in {t:.2?}: {:.0}M rows/s/core, {:.2} GB/s, {:.0}% of read bandwidth",
             rows_per_s / 1e6,
             bytes_per_s / 1e9,
             100.0 * bytes_per_s / bandwidth
@@ -90,24 +98,28 @@ fn main() {
     }
     drop(out);
 
-    // The first pass end to end on one core: chosen Hamming kernel in chunks, then top-k.
+    // The dense first pass end to end on one core: the chosen 2-bit kernel in chunks, then
+    // top-k.
     let scan = || {
         let mut top = TopK::new(TOP_K);
-        let mut buf = vec![0u32; SCAN_CHUNK_ROWS];
-        // Rows arrive in increasing id, so a distance equal to the worst kept one loses its
-        // tie: only strictly smaller distances can enter once the top-k is full.
-        let mut bound = u32::MAX;
-        for (c, chunk) in codes.chunks(SCAN_CHUNK_ROWS * words).enumerate() {
-            let rows = chunk.len() / words;
-            (chosen.hamming)(&query, chunk, &mut buf[..rows]);
-            for (i, &d) in buf[..rows].iter().enumerate() {
-                if d < bound {
+        let mut buf = vec![0i32; SCAN_CHUNK_ROWS];
+        // Rows arrive in increasing id, so a sum equal to the worst kept one loses its tie:
+        // only strictly larger sums can enter once the top-k is full.
+        let mut bound = i32::MIN;
+        let chunks = signs
+            .chunks(SCAN_CHUNK_ROWS * words)
+            .zip(magnitudes.chunks(SCAN_CHUNK_ROWS * words));
+        for (c, (s, m)) in chunks.enumerate() {
+            let rows = s.len() / words;
+            (chosen.two_bit)(&query, s, m, &mut buf[..rows]);
+            for (i, &sum) in buf[..rows].iter().enumerate() {
+                if sum > bound {
                     top.push(Hit {
-                        score: -(d as f32),
+                        score: sum as f32,
                         row: RowId((c * SCAN_CHUNK_ROWS + i) as u64),
                     });
                     if let Some(worst) = top.threshold() {
-                        bound = (-worst.score) as u32;
+                        bound = worst.score as i32;
                     }
                 }
             }
@@ -119,12 +131,12 @@ fn main() {
     });
     let scan_rows_per_s = CODE_ROWS as f64 / t.as_secs_f64();
     println!(
-        "first pass (hamming {:?} + top-{TOP_K}): {CODE_ROWS} rows in {t:.2?}: {:.0}M rows/s/core, {:.0}% of read bandwidth",
-        chosen.hamming_isa,
+        "first pass (two_bit {:?} + top-{TOP_K}): {CODE_ROWS} rows in {t:.2?}: {:.0}M rows/s/core, {:.0}% of read bandwidth",
+        chosen.two_bit_isa,
         scan_rows_per_s / 1e6,
-        100.0 * scan_rows_per_s * (words * 8) as f64 / bandwidth
+        100.0 * scan_rows_per_s * code_bytes as f64 / bandwidth
     );
-    drop(codes);
+    drop((signs, magnitudes));
     assert_eq!(CODE_ROWS % BLOCK_ROWS, 0);
 
     let bytes: Vec<i8> = fill(INT8_ROWS * DIMS / 8)
@@ -188,7 +200,7 @@ fn faiss_reference(first_pass_rows_per_s: f64) {
         .unwrap_or(f64::NAN);
     let sq8 = figures["sq8_flat_rows_per_s"].as_f64().unwrap_or(f64::NAN);
     println!(
-        "faiss {} (one core, k={TOP_K}): IndexBinaryFlat {:.0}M rows/s (first pass here: {:.2}x), SQ8 flat {:.1}M rows/s",
+        "faiss {} (one core, k={TOP_K}): IndexBinaryFlat (1-bit codes) {:.0}M rows/s (2-bit first pass here: {:.2}x), SQ8 flat {:.1}M rows/s",
         figures["faiss_version"],
         binary / 1e6,
         first_pass_rows_per_s / binary,

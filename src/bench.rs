@@ -254,8 +254,9 @@ pub fn scan(
         .collect();
     times.sort();
     let first_pass_rows_per_s_per_core = scope_rows as f64 / times[2].as_secs_f64();
-    // Stage one reads a row's 1-bit code and lexical signature.
-    let first_pass_bytes_per_row = 2 * code_words(DIMS) * 8;
+    // Stage one reads a row's 2-bit code (two bits per dimension), lexical signature, scale α
+    // and term length.
+    let first_pass_bytes_per_row = 3 * code_words(DIMS) * 8 + 8;
     let first_pass_bytes_per_s = first_pass_rows_per_s_per_core * first_pass_bytes_per_row as f64;
     let memory_read_bytes_per_s = read_bandwidth(512 << 20);
 

@@ -201,23 +201,17 @@ impl HybridScorer {
 
     /// A cheap estimate of [`HybridScorer::score`] for the first pass, from an estimated
     /// `cosine` and `matched_idf`, the IDF sum of the query terms the row may hold, scored as
-    /// if each occurred once in a row of mean length.
-    pub fn estimate(&self, cosine: f32, matched_idf: f32) -> f32 {
-        // One occurrence in a row of mean length scores idf · (k1 + 1) / (1 + k1) = idf.
-        DENSE_WEIGHT * cosine + self.lexical_factor() * matched_idf
+    /// if each occurred once in a row of `row_len` terms: `idf · (k1 + 1) / (1 + k1 · (1 − b +
+    /// b · row_len / mean_len))`.
+    pub fn estimate(&self, cosine: f32, matched_idf: f32, row_len: u32) -> f32 {
+        let Bm25 { k1, b } = Bm25::STANDARD;
+        let norm = k1 * (1.0 - b + b * row_len as f32 / self.mean_len.max(f32::EPSILON));
+        let once = (k1 + 1.0) / (1.0 + norm);
+        self.dense_part(cosine) + self.lexical_factor() * matched_idf * once
     }
 
-    /// The dense part of [`HybridScorer::estimate`] for every Hamming distance `0..=dims`
-    /// between `dims`-bit sign codes: `DENSE_WEIGHT · cos(π · d / dims)`, looked up per row
-    /// instead of computed.
-    pub fn hamming_table(dims: usize) -> Vec<f32> {
-        (0..=dims)
-            .map(|d| DENSE_WEIGHT * (std::f32::consts::PI * d as f32 / dims as f32).cos())
-            .collect()
-    }
-
-    /// The factor turning `matched_idf` into the lexical part of [`HybridScorer::estimate`].
-    pub fn lexical_factor(&self) -> f32 {
+    /// The factor turning a BM25 sum into the lexical part of the score.
+    fn lexical_factor(&self) -> f32 {
         if self.bm25_max > 0.0 {
             (1.0 - DENSE_WEIGHT) / self.bm25_max
         } else {

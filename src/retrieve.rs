@@ -2,7 +2,7 @@
 //! part here.
 //!
 //! The first pass reads every row of the scope in two steps. Stage one estimates the final score
-//! of each row from the Hamming distance between 1-bit codes and the query terms its lexical
+//! of each row from its 2-bit code (the arena's [`Codebook`]) and the query terms its lexical
 //! signature may hold (one page per task on the rayon pool, per-task top-k, deterministic merge)
 //! and keeps [`STAGE_ONE_WIDENING`] × [`first_pass_k`] rows; stage two scores those with the
 //! exact lexical part and the int8 vectors' cosine and keeps [`RESCORE_K`] for the exact
@@ -14,21 +14,26 @@
 
 use rayon::prelude::*;
 
+use crate::arena::codebook::Codebook;
 use crate::arena::{Arena, DIMS, PAGE_ROWS, Page, Slot, signature_bit};
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::Quantized;
 use crate::dictionary::derive::{RetrievalRow, derive, embed, embed_tokens};
 use crate::relevance::HybridScorer;
-use crate::scan::kernels::{BLOCK_ROWS, Kernels, SignatureTerm, code_words};
+use crate::scan::kernels::{
+    BLOCK_ROWS, Kernels, SignatureTerm, TwoBitQuery, WEIGHT_OFFSET, code_words,
+};
 use crate::scan::topk::{Hit, TopK, parallel_top_k};
 use crate::tokens::Tokenizer;
 use crate::types::{RowId, UserId};
 
 /// Candidates the first pass keeps, never fewer than this (or the whole scope).
 pub const FIRST_PASS_MIN_K: usize = 256;
-/// Stage one keeps this many times [`first_pass_k`]: its estimate (Hamming, lexical signature)
-/// is coarse, and on LoCoMo's pooled 5,882 rows a narrower cut lost true top-10 rows.
-pub const STAGE_ONE_WIDENING: usize = 4;
+/// Stage one keeps this many times [`first_pass_k`]. With the 2-bit estimate one suffices:
+/// measured on LoCoMo (own and pooled scopes) and the synthetic 100,000- and 1,000,000-row
+/// pools, the two-stage top 10 equals brute force's on at least 99.5% of queries
+/// (`docs/benchmarks.md`); the 1-bit Hamming estimate needed four and still fell short at scale.
+pub const STAGE_ONE_WIDENING: usize = 1;
 /// Hits per stage-two task: enough work per task to outweigh scheduling, small enough that a
 /// few thousand hits still spread over every thread.
 const REFINE_CHUNK_HITS: usize = 1024;
@@ -56,12 +61,67 @@ pub struct Retrieved {
     pub score: f32,
 }
 
-/// A query prepared once: its retrieval row, its unit vector under the arena's statistic, its
-/// 1-bit code and its exact scorer.
+/// The dense part of stage one's estimate for one query: a row's cosine is estimated as
+/// `base + α · step · S`, with `S` the 2-bit kernel's integer sum over the row's code, `α` the
+/// row's scale, `base = q · μ`.
+#[derive(Debug, Clone)]
+pub struct DenseEstimate {
+    pub weights: TwoBitQuery,
+    pub base: f32,
+    pub step: f32,
+}
+
+/// Largest magnitude of a quantised 2-bit weight.
+const WEIGHT_MAX: f32 = (WEIGHT_OFFSET - 1) as f32;
+
+impl DenseEstimate {
+    /// The estimate of unit vector `unit` under `codebook`: per dimension `a_i = q_i · lo_i`
+    /// (added with the row's sign) and `c_i = q_i · (hi_i − lo_i)` (added where the row's
+    /// magnitude bit is set), quantised on one common step to integers in `±127`.
+    pub fn new(codebook: &Codebook, unit: &[f32]) -> Self {
+        let a: Vec<f32> = unit
+            .iter()
+            .zip(&codebook.lo)
+            .map(|(q, lo)| q * lo)
+            .collect();
+        let c: Vec<f32> = unit
+            .iter()
+            .zip(codebook.hi.iter().zip(&codebook.lo))
+            .map(|(q, (hi, lo))| q * (hi - lo))
+            .collect();
+        let largest = a.iter().chain(&c).fold(0f32, |m, x| m.max(x.abs()));
+        let step = if largest > 0.0 {
+            largest / WEIGHT_MAX
+        } else {
+            1.0
+        };
+        let quantise = |w: &[f32]| -> Vec<u8> {
+            w.iter()
+                .map(|x| {
+                    ((x / step).round().clamp(-WEIGHT_MAX, WEIGHT_MAX) as i32 + WEIGHT_OFFSET) as u8
+                })
+                .collect()
+        };
+        Self {
+            weights: TwoBitQuery::new(quantise(&a), quantise(&c)),
+            base: crate::relevance::dot(unit, &codebook.mean),
+            step,
+        }
+    }
+
+    /// The estimated cosine of a row with scale `alpha` and kernel sum `sum`.
+    #[inline]
+    pub fn cosine(&self, alpha: f32, sum: i32) -> f32 {
+        self.base + alpha * self.step * sum as f32
+    }
+}
+
+/// A query prepared once: its retrieval row, its stage-one dense estimate, its int8 vector and
+/// its exact scorer, all under the arena's statistic and codebook.
 #[derive(Debug, Clone)]
 pub struct PreparedQuery {
     pub retrieval: RetrievalRow,
-    pub code: Vec<u64>,
+    pub dense: DenseEstimate,
     pub int8: Quantized,
     pub scorer: HybridScorer,
 }
@@ -71,12 +131,12 @@ impl PreparedQuery {
         let tokenizer = Tokenizer::new();
         let retrieval = derive(dictionary, &tokenizer, None, &tokenizer.encode(text));
         let embedding = embed(dictionary, arena.stats(), &retrieval);
-        let code = embedding.sign_bits();
+        let dense = DenseEstimate::new(arena.codebook(), &embedding.unit);
         let int8 = embedding.quantize();
         let scorer = HybridScorer::new(&retrieval.terms, embedding.unit, arena.stats());
         Self {
             retrieval,
-            code,
+            dense,
             int8,
             scorer,
         }
@@ -102,22 +162,21 @@ fn signature_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
 }
 
 /// Stage one over every row of a scope's `pages` ([`Arena::scope_pages`]): the `k` best by the
-/// estimate from the 1-bit codes' Hamming distance and the lexical signature
+/// estimate from the 2-bit codes ([`DenseEstimate`]) and the lexical signature
 /// ([`HybridScorer::estimate`]), ties by row id; returned in row id order, the order stage two
 /// reads them back from the arena (a user's pages hold its rows in row id order, so the reads
 /// move forward through memory).
 pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: usize) -> Vec<Hit> {
     let terms = signature_terms(query);
-    let dense = HybridScorer::hamming_table(DIMS);
-    let lexical = query.scorer.lexical_factor();
     let top = parallel_top_k(pages.len(), k, |p, top: &mut TopK| {
         let page = pages[p];
         let blocks = page.blocks();
-        let mut distances = [0u32; PAGE_ROWS];
-        (kernels.hamming)(
-            &query.code,
-            page.codes_of_blocks(blocks),
-            &mut distances[..blocks * BLOCK_ROWS],
+        let mut sums = [0i32; PAGE_ROWS];
+        (kernels.two_bit)(
+            &query.dense.weights,
+            page.signs_of_blocks(blocks),
+            page.magnitudes_of_blocks(blocks),
+            &mut sums[..blocks * BLOCK_ROWS],
         );
         let mut matched = [0f32; PAGE_ROWS];
         (kernels.signature)(
@@ -127,9 +186,10 @@ pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: 
             &mut matched[..blocks * BLOCK_ROWS],
         );
         let rows = page.rows as usize;
-        for (i, (&d, &m)) in distances[..rows].iter().zip(&matched[..rows]).enumerate() {
+        for i in 0..rows {
+            let cosine = query.dense.cosine(page.alphas[i], sums[i]);
             top.push(Hit {
-                score: dense[d as usize] + lexical * m,
+                score: query.scorer.estimate(cosine, matched[i], page.term_lens[i]),
                 row: RowId(page.row_ids[i]),
             });
         }

@@ -7,7 +7,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use perpetuity::arena::file::{PAGES_HEADER_BYTES, PagesHeader, TERMS_HEADER_BYTES};
+use perpetuity::arena::codebook::Codebook;
+use perpetuity::arena::file::{PAGES_HEADER_BYTES, PAGES_OFFSET, PagesHeader, TERMS_HEADER_BYTES};
 use perpetuity::arena::{Arena, Opened, Page, Unusable, arena_dir};
 use perpetuity::bench::synthetic_messages;
 use perpetuity::ingest::ingest;
@@ -142,7 +143,7 @@ fn an_append_killed_before_its_commit_is_cut_back() {
     let mut pages = std::fs::read(&pages_path).unwrap();
     let head = header(&pages);
     let size = std::mem::size_of::<Page>();
-    let start = PAGES_HEADER_BYTES + (head.pages as usize - 1) * size;
+    let start = PAGES_OFFSET + (head.pages as usize - 1) * size;
     let last = start..start + size;
     let mut page: Page = bytemuck::pod_read_unaligned(&pages[last.clone()]);
     assert!((page.rows as usize) < perpetuity::arena::PAGE_ROWS);
@@ -153,7 +154,7 @@ fn an_append_killed_before_its_commit_is_cut_back() {
     page.vectors[i * 256] = 77;
     page.rows += 1;
     pages[last].copy_from_slice(bytemuck::bytes_of(&page));
-    let next = PAGES_HEADER_BYTES + head.pages as usize * size;
+    let next = PAGES_OFFSET + head.pages as usize * size;
     pages[next..next + size].fill(0xAB);
     std::fs::write(&pages_path, &pages).unwrap();
     let mut terms = std::fs::read(&terms_path).unwrap();
@@ -183,7 +184,7 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
     );
     let head = header(&good_pages);
     let size = std::mem::size_of::<Page>();
-    let pages_end = PAGES_HEADER_BYTES + head.pages as usize * size;
+    let pages_end = PAGES_OFFSET + head.pages as usize * size;
     assert_eq!(
         good_pages.len() % 4096,
         0,
@@ -205,11 +206,32 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
     };
 
     // A byte of data every committed row depends on: always detected.
-    let row0 = PAGES_HEADER_BYTES + std::mem::offset_of!(Page, vectors);
-    let code0 = PAGES_HEADER_BYTES + std::mem::offset_of!(Page, codes);
-    let id0 = PAGES_HEADER_BYTES + std::mem::offset_of!(Page, row_ids);
+    let row0 = PAGES_OFFSET + std::mem::offset_of!(Page, vectors);
+    let sign0 = PAGES_OFFSET + std::mem::offset_of!(Page, signs);
+    let magnitude0 = PAGES_OFFSET + std::mem::offset_of!(Page, magnitudes);
+    let alpha0 = PAGES_OFFSET + std::mem::offset_of!(Page, alphas);
+    let id0 = PAGES_OFFSET + std::mem::offset_of!(Page, row_ids);
     let last_row0 = row0 + (head.pages as usize - 1) * size;
-    for at in [0, 40, id0, code0, row0 + 5, last_row0 + 3] {
+    // The codebook: its mean, a bucket mean, its row count, its checksum.
+    let codebook = [
+        PAGES_HEADER_BYTES + 1,
+        PAGES_HEADER_BYTES + std::mem::offset_of!(Codebook, hi) + 17,
+        PAGES_HEADER_BYTES + std::mem::offset_of!(Codebook, rows),
+        PAGES_OFFSET - 1,
+    ];
+    for at in [
+        0,
+        40,
+        id0,
+        sign0,
+        magnitude0,
+        alpha0,
+        row0 + 5,
+        last_row0 + 3,
+    ]
+    .into_iter()
+    .chain(codebook)
+    {
         flip(&pages_path, &good_pages, at);
         damage(open_and_check(&store, &expected));
         restore();
@@ -252,8 +274,7 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
         .write(true)
         .open(&pages_path)
         .unwrap();
-    file.set_len((PAGES_HEADER_BYTES + size / 3) as u64)
-        .unwrap();
+    file.set_len((PAGES_OFFSET + size / 3) as u64).unwrap();
     damage(open_and_check(&store, &expected));
 
     // Integrity reports damage it finds.
@@ -305,4 +326,77 @@ fn a_catch_up_longer_than_one_batch_commits_batch_by_batch() {
         open_and_check(&store, &expected),
         Opened::Mapped { rows: 70_000 }
     );
+}
+
+/// The codebook is computed when the arena first holds rows and again whenever the rows reach
+/// four times the count it was computed over; every row's code is then its encoding under the
+/// current codebook, a reopened arena maps the same codebook and codes, and integrity stays
+/// clean.
+#[test]
+fn the_codebook_follows_the_rows_and_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_rows(dir.path(), 40);
+    let dict = common::dictionary();
+    let (mut arena, _) = Arena::open(&store, dict).unwrap();
+    arena.catch_up(&store, dict).unwrap();
+    assert_eq!(arena.codebook().rows, 40);
+    let first = *arena.codebook();
+
+    // 40 → 150 rows: below 4 × 40, rows are coded with the codebook of 40.
+    ingest(&store, dict, &synthetic_messages(110, USERS, 9), |_, _| {}).unwrap();
+    arena.catch_up(&store, dict).unwrap();
+    assert_eq!(arena.rows(), 150);
+    assert_eq!(*arena.codebook(), first);
+    assert_codes_are_encodings(&arena);
+
+    // 150 → 170 rows reaches 4 × 40: computed again over all 170, every row re-encoded.
+    ingest(&store, dict, &synthetic_messages(20, USERS, 10), |_, _| {}).unwrap();
+    arena.catch_up(&store, dict).unwrap();
+    assert_eq!(arena.codebook().rows, 170);
+    assert_ne!(*arena.codebook(), first);
+    assert_codes_are_encodings(&arena);
+    let (codebook, codes) = (*arena.codebook(), codes_of(&arena));
+    drop(arena);
+
+    let (mut reopened, opened) = Arena::open(&store, dict).unwrap();
+    assert_eq!(opened, Opened::Mapped { rows: 170 });
+    assert_eq!(*reopened.codebook(), codebook);
+    assert_eq!(codes_of(&reopened), codes);
+    reopened.catch_up(&store, dict).unwrap();
+    let mut report = Report::default();
+    integrity::check_arena(&store, &reopened, &mut report).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+}
+
+/// Every row's sign and magnitude words and scale α, in page order.
+fn codes_of(arena: &Arena) -> Vec<(Vec<u64>, f32)> {
+    let pages = arena.scope_pages(&(0..USERS).map(user).collect::<Vec<_>>());
+    pages
+        .iter()
+        .flat_map(|page| {
+            (0..page.rows as usize).map(|i| {
+                let words = (0..4).flat_map(|w| {
+                    let at = perpetuity::arena::blocked(i, w);
+                    [page.signs[at], page.magnitudes[at]]
+                });
+                (words.collect(), page.alphas[i])
+            })
+        })
+        .collect()
+}
+
+fn assert_codes_are_encodings(arena: &Arena) {
+    for page in arena.scope_pages(&(0..USERS).map(user).collect::<Vec<_>>()) {
+        for i in 0..page.rows as usize {
+            let code = arena.codebook().encode(page.vector(i), page.scales[i]);
+            for w in 0..4 {
+                let at = perpetuity::arena::blocked(i, w);
+                assert_eq!(
+                    (page.signs[at], page.magnitudes[at]),
+                    (code.signs[w], code.magnitudes[w])
+                );
+            }
+            assert_eq!(page.alphas[i].to_bits(), code.alpha.to_bits());
+        }
+    }
 }

@@ -217,7 +217,7 @@ proptest! {
 
     /// Any token sequence (including ids past the vocabulary) derives without panic, the
     /// encoding round-trips, a second derivation gives the same bytes, and the embedding is a
-    /// unit vector or all zeros, with compact codes that agree with it.
+    /// unit vector or all zeros, with an int8 quantisation that agrees with it.
     #[test]
     fn derivation_is_total_and_stable(
         ids in proptest::collection::vec(0u32..200_100, 0..300),
@@ -243,10 +243,6 @@ proptest! {
         let q = e.quantize();
         for (x, v) in e.unit.iter().zip(&q.values) {
             prop_assert!((x - q.scale * f32::from(*v)).abs() <= q.scale * 0.5 + 1e-7);
-        }
-        let bits = e.sign_bits();
-        for (i, x) in e.unit.iter().enumerate() {
-            prop_assert_eq!((bits[i / 64] >> (i % 64)) & 1 == 1, *x > 0.0);
         }
     }
 

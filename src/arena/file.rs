@@ -1,4 +1,4 @@
-//! The arena's two files, memory-mapped: `pages.bin` (a header, then pages) and `terms.bin` (a
+//! The arena's two files, memory-mapped: `pages.bin` (a header, the codebook, then pages) and `terms.bin` (a
 //! header, then every row's term and token entries). Both grow in place; what counts is what the pages
 //! header commits (see `docs/format.md`).
 
@@ -9,16 +9,21 @@ use std::path::{Path, PathBuf};
 use bytemuck::{Pod, Zeroable};
 use memmap2::{MmapMut, MmapOptions};
 
+use super::codebook::Codebook;
 use super::page::{DIMS, PAGE_ROWS, Page};
 use crate::relevance::TermCount;
 use crate::types::{TermId, TokenId};
 
 /// Layout version of both files; any other version is rebuilt from the store.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 pub const PAGES_MAGIC: [u8; 8] = *b"PPTYPAGE";
 pub const TERMS_MAGIC: [u8; 8] = *b"PPTYTERM";
-/// Bytes before the first page of `pages.bin`.
+/// Bytes of the header at the start of `pages.bin`.
 pub const PAGES_HEADER_BYTES: usize = std::mem::size_of::<PagesHeader>();
+/// Bytes of the codebook, right after the header.
+pub const CODEBOOK_BYTES: usize = std::mem::size_of::<Codebook>();
+/// Bytes before the first page of `pages.bin`: the header and the codebook.
+pub const PAGES_OFFSET: usize = PAGES_HEADER_BYTES + CODEBOOK_BYTES;
 /// Bytes before the first entry of `terms.bin`.
 pub const TERMS_HEADER_BYTES: usize = std::mem::size_of::<TermsHeader>();
 /// Smallest mapping: a file grows by doubling from here.
@@ -48,7 +53,10 @@ pub struct PagesHeader {
     pub purges: u64,
     /// SHA-256 of the serving dictionary's manifest.
     pub dictionary: [u8; 32],
-    pub reserved: [u8; 28],
+    /// The committed codebook's checksum: a codebook written without its header is not
+    /// taken.
+    pub codebook_checksum: u32,
+    pub reserved: [u8; 24],
     /// CRC-32 of the header with this field zero.
     pub checksum: u32,
 }
@@ -57,7 +65,7 @@ const _: () = assert!(PAGES_HEADER_BYTES == 128);
 const _: () = assert!(PAGES_HEADER_BYTES.is_multiple_of(64));
 
 impl PagesHeader {
-    /// The header of an empty arena for `dictionary`.
+    /// The header of an empty arena for `dictionary`, committing [`Codebook::empty`].
     pub fn empty(dictionary: [u8; 32], purges: u64) -> Self {
         let mut header = Self::zeroed();
         header.magic = PAGES_MAGIC;
@@ -67,6 +75,7 @@ impl PagesHeader {
         header.page_rows = PAGE_ROWS as u32;
         header.dictionary = dictionary;
         header.purges = purges;
+        header.codebook_checksum = Codebook::empty().checksum;
         header.checksum = header.compute_checksum();
         header
     }

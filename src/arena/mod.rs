@@ -5,11 +5,13 @@
 //! Layout, chosen for the scan: a page holds [`PAGE_ROWS`] rows of ONE user, column by column
 //! ([`Page`], a `#[repr(C)]` Pod struct). A user's query walks only that user's pages (or, for a
 //! group scope, the pages of the group's users), so a memory pooled over many users costs a
-//! query only what its scope holds; inside a page the 1-bit codes sit in blocks of eight rows,
-//! word-major, the layout the Hamming kernel reads with vertical operations only.
+//! query only what its scope holds; inside a page the 2-bit codes' sign and magnitude bits sit
+//! in blocks of eight rows, word-major, the layout the 2-bit kernel reads with vertical
+//! operations only. The codes are encoded under the arena's [`Codebook`], computed from the
+//! rows themselves and again whenever they have grown fourfold.
 //!
 //! Files (`docs/format.md` has the grammar): `<data>/arena/<dictionary version>/pages.bin`, a
-//! header that is the commit record, then pages; and `terms.bin`, each row's distinct terms
+//! header that is the commit record, the codebook, then pages; and `terms.bin`, each row's distinct terms
 //! with counts for the exact lexical score. Appends write the new rows into the mapping first
 //! and the header last, so a process killed at any point leaves a header that counts only
 //! whole rows; what it does not count is cut away when the files are opened again. Every page
@@ -27,6 +29,7 @@
 //! Purging while serving is not wired yet: `perpetuity purge` runs on a closed store and bumps
 //! the store's purge count, so the next process rebuilds its arena.
 
+pub mod codebook;
 pub mod file;
 pub mod page;
 
@@ -43,8 +46,9 @@ use crate::dictionary::derive::{Embedding, RetrievalRow, embed};
 use crate::dictionary::stats::FrequencyTable;
 use crate::store::{Row, Store, StoreError};
 use crate::types::{ConversationId, RowId, TokenId, UserId};
+use codebook::Codebook;
 use file::{
-    Entry, FORMAT_VERSION, MappedFile, PAGES_HEADER_BYTES, PAGES_MAGIC, PagesHeader,
+    Entry, FORMAT_VERSION, MappedFile, PAGES_HEADER_BYTES, PAGES_MAGIC, PAGES_OFFSET, PagesHeader,
     TERMS_HEADER_BYTES, TERMS_MAGIC, TermsHeader,
 };
 pub use page::{DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, blocked, signature_bit};
@@ -53,6 +57,11 @@ const PAGE_BYTES: usize = std::mem::size_of::<Page>();
 /// Rows a catch-up reads, embeds and commits at a time: its memory stays bounded however far
 /// behind the arena is, and a rebuild interrupted midway resumes from its last batch.
 const CATCH_UP_BATCH_ROWS: usize = 65_536;
+/// The codebook is computed again whenever the rows reach this many times the count it was
+/// last computed over: every row is re-encoded then, so re-encoding costs O(1) per row
+/// amortised, and no row is coded by a codebook computed over less than a quarter of today's
+/// rows.
+const CODEBOOK_GROWTH: u64 = 4;
 const ENTRY_BYTES: usize = std::mem::size_of::<Entry>();
 
 /// Arena errors.
@@ -88,6 +97,10 @@ pub enum Unusable {
     /// Class: corruption.
     #[error("pages.bin: header checksum mismatch")]
     HeaderChecksum,
+    /// Class: corruption. The codebook fails its checksum or is not the one the header
+    /// committed.
+    #[error("pages.bin: codebook checksum mismatch")]
+    CodebookChecksum,
     /// Class: configuration.
     #[error("pages.bin: page layout differs from this build's")]
     Layout,
@@ -172,6 +185,8 @@ pub struct Arena {
     terms: MappedFile,
     /// The committed header, updated in memory during a catch-up and written at its end.
     header: PagesHeader,
+    /// The codebook the rows' 2-bit codes were encoded with, written with the header.
+    codebook: Codebook,
     by_user: HashMap<UserId, Vec<u32>>,
     /// Slot of each row, indexed by row id (row ids are dense; purged ids hold `Slot::NONE`).
     slots: Vec<Slot>,
@@ -221,20 +236,25 @@ impl Arena {
     /// one-off scans: evaluation, benchmarks, checks.
     pub fn new() -> Self {
         let io = |e| panic!("cannot map anonymous memory for the arena: {e}");
-        let mut pages = MappedFile::anonymous(PAGES_HEADER_BYTES).unwrap_or_else(io);
+        let mut pages = MappedFile::anonymous(PAGES_OFFSET).unwrap_or_else(io);
         let mut terms = MappedFile::anonymous(TERMS_HEADER_BYTES).unwrap_or_else(io);
         let header = PagesHeader::empty([0; 32], 0);
-        pages.bytes_mut()[..PAGES_HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&header));
-        terms.bytes_mut()[..TERMS_HEADER_BYTES]
-            .copy_from_slice(bytemuck::bytes_of(&TermsHeader::default()));
-        Self::with_files(pages, terms, header)
+        let codebook = Codebook::empty();
+        write_heads(&mut pages, &mut terms, &header, &codebook);
+        Self::with_files(pages, terms, header, codebook)
     }
 
-    fn with_files(pages: MappedFile, terms: MappedFile, header: PagesHeader) -> Self {
+    fn with_files(
+        pages: MappedFile,
+        terms: MappedFile,
+        header: PagesHeader,
+        codebook: Codebook,
+    ) -> Self {
         Self {
             pages,
             terms,
             header,
+            codebook,
             by_user: HashMap::new(),
             slots: Vec::new(),
             stats: FrequencyTable::default(),
@@ -292,12 +312,10 @@ impl Arena {
                 let mut pages = MappedFile::open(&pages_path).map_err(io(&pages_path))?;
                 let mut terms = MappedFile::open(&terms_path).map_err(io(&terms_path))?;
                 let header = PagesHeader::empty(id, purges);
-                pages.bytes_mut()[..PAGES_HEADER_BYTES]
-                    .copy_from_slice(bytemuck::bytes_of(&header));
-                terms.bytes_mut()[..TERMS_HEADER_BYTES]
-                    .copy_from_slice(bytemuck::bytes_of(&TermsHeader::default()));
+                let codebook = Codebook::empty();
+                write_heads(&mut pages, &mut terms, &header, &codebook);
                 (
-                    Self::with_files(pages, terms, header),
+                    Self::with_files(pages, terms, header, codebook),
                     Opened::Rebuilt { reason },
                 )
             }
@@ -358,7 +376,7 @@ impl Arena {
                 next: store_next.0,
             });
         }
-        let needed = PAGES_HEADER_BYTES + header.pages as usize * PAGE_BYTES;
+        let needed = needed_pages(&header);
         if pages.bytes().len() < needed {
             return Err(Unusable::Truncated {
                 file: "pages.bin",
@@ -374,10 +392,17 @@ impl Arena {
                 needed,
             });
         }
+        let codebook: Codebook =
+            bytemuck::pod_read_unaligned(&pages.bytes()[PAGES_HEADER_BYTES..PAGES_OFFSET]);
+        if codebook.checksum != codebook.compute_checksum()
+            || codebook.checksum != header.codebook_checksum
+        {
+            return Err(Unusable::CodebookChecksum);
+        }
         // Cut rows appended after the last commit, then check every page.
         let mut rows = 0u64;
         {
-            let page_bytes = &mut pages.bytes_mut()[PAGES_HEADER_BYTES..needed_pages(&header)];
+            let page_bytes = &mut pages.bytes_mut()[PAGES_OFFSET..needed_pages(&header)];
             let committed: &mut [Page] = bytemuck::cast_slice_mut(page_bytes);
             let entries: &[Entry] = bytemuck::cast_slice(
                 &terms.bytes()[TERMS_HEADER_BYTES..][..header.terms as usize * ENTRY_BYTES],
@@ -417,7 +442,7 @@ impl Arena {
                 expected: header.rows,
             });
         }
-        let mut arena = Self::with_files(pages, terms, header);
+        let mut arena = Self::with_files(pages, terms, header, codebook);
         arena.index_pages();
         Ok(arena)
     }
@@ -466,7 +491,12 @@ impl Arena {
     }
 
     fn page_slice(&self) -> &[Page] {
-        bytemuck::cast_slice(&self.pages.bytes()[PAGES_HEADER_BYTES..needed_pages(&self.header)])
+        bytemuck::cast_slice(&self.pages.bytes()[PAGES_OFFSET..needed_pages(&self.header)])
+    }
+
+    /// The codebook of the rows' 2-bit codes.
+    pub fn codebook(&self) -> &Codebook {
+        &self.codebook
     }
 
     fn entries(&self) -> &[Entry] {
@@ -534,6 +564,9 @@ impl Arena {
             self.append(row, retrieval, embedding)?;
             self.header.watermark = row.id.0 + 1;
         }
+        if self.header.rows >= CODEBOOK_GROWTH * self.codebook.rows {
+            self.recompute_codebook();
+        }
         self.commit()?;
         let rows = batch.len();
         batch.clear();
@@ -574,7 +607,7 @@ impl Arena {
             _ => {
                 let p = self.header.pages as u32;
                 self.pages
-                    .reserve(PAGES_HEADER_BYTES + (p as usize + 1) * PAGE_BYTES)
+                    .reserve(PAGES_OFFSET + (p as usize + 1) * PAGE_BYTES)
                     .map_err(|e| io_error(&self.pages, e))?;
                 self.header.pages += 1;
                 let page = &mut self.page_slice_mut()[p as usize];
@@ -585,6 +618,7 @@ impl Arena {
             }
         };
         let quantized = embedding.quantize();
+        let codebook = self.codebook;
         let page = &mut self.page_slice_mut()[page_index as usize];
         let i = page.rows as usize;
         page.row_ids[i] = row.id.0;
@@ -597,9 +631,7 @@ impl Arena {
         page.term_lens[i] = retrieval.term_len() as u32;
         page.term_counts[i] = retrieval.terms.len() as u32;
         page.token_counts[i] = retrieval.tokens.len() as u32;
-        for (w, bits) in embedding.sign_bits().into_iter().enumerate() {
-            page.codes[blocked(i, w)] = bits;
-        }
+        page.set_code(i, &codebook.encode(&quantized.values, quantized.scale));
         for &(term, _) in &retrieval.terms {
             let bit = signature_bit(term);
             page.signatures[blocked(i, bit / 64)] |= 1 << (bit % 64);
@@ -621,7 +653,16 @@ impl Arena {
 
     fn page_slice_mut(&mut self) -> &mut [Page] {
         let end = needed_pages(&self.header);
-        bytemuck::cast_slice_mut(&mut self.pages.bytes_mut()[PAGES_HEADER_BYTES..end])
+        bytemuck::cast_slice_mut(&mut self.pages.bytes_mut()[PAGES_OFFSET..end])
+    }
+
+    /// Compute the codebook over every held row and re-encode every row with it; every page is
+    /// then due a new checksum.
+    fn recompute_codebook(&mut self) {
+        self.codebook = Codebook::compute(self.page_slice());
+        let codebook = self.codebook;
+        codebook.encode_all(self.page_slice_mut());
+        self.dirty = (0..self.header.pages as u32).collect();
     }
 
     /// Seal the pages written since the last commit with their checksums, then write the
@@ -634,6 +675,10 @@ impl Arena {
             let checksum = page_checksum(&self.page_slice()[p as usize], self.entries());
             self.page_slice_mut()[p as usize].checksum = checksum;
         }
+        let codebook = self.codebook;
+        self.pages.bytes_mut()[PAGES_HEADER_BYTES..PAGES_OFFSET]
+            .copy_from_slice(bytemuck::bytes_of(&codebook));
+        self.header.codebook_checksum = codebook.checksum;
         self.header.checksum = self.header.compute_checksum();
         let header = self.header;
         self.pages.bytes_mut()[..PAGES_HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&header));
@@ -705,9 +750,23 @@ fn io_error(file: &MappedFile, source: io::Error) -> ArenaError {
     }
 }
 
+/// Write the heads of an empty arena: the pages header, the codebook, the terms header.
+fn write_heads(
+    pages: &mut MappedFile,
+    terms: &mut MappedFile,
+    header: &PagesHeader,
+    codebook: &Codebook,
+) {
+    pages.bytes_mut()[..PAGES_HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(header));
+    pages.bytes_mut()[PAGES_HEADER_BYTES..PAGES_OFFSET]
+        .copy_from_slice(bytemuck::bytes_of(codebook));
+    terms.bytes_mut()[..TERMS_HEADER_BYTES]
+        .copy_from_slice(bytemuck::bytes_of(&TermsHeader::default()));
+}
+
 /// End of the committed pages in `pages.bin`.
 fn needed_pages(header: &PagesHeader) -> usize {
-    PAGES_HEADER_BYTES + header.pages as usize * PAGE_BYTES
+    PAGES_OFFSET + header.pages as usize * PAGE_BYTES
 }
 
 /// CRC-32 of a page (its checksum field taken as zero) followed by its rows' entries.

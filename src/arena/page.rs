@@ -3,6 +3,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use super::codebook::RowCode;
 use crate::scan::kernels::{BLOCK_ROWS, code_words};
 use crate::types::TermId;
 
@@ -10,9 +11,10 @@ use crate::types::TermId;
 pub const PAGE_ROWS: usize = 64;
 /// Dense dimensions the page layout is built for.
 pub const DIMS: usize = 256;
-const WORDS: usize = DIMS / 64;
+/// Code words per row.
+pub const WORDS: usize = DIMS / 64;
 
-/// One page: up to [`PAGE_ROWS`] rows of one user, column by column. 24,128 bytes.
+/// One page: up to [`PAGE_ROWS`] rows of one user, column by column. 26,432 bytes.
 ///
 /// Slots at and past `rows` are zero: a page is zeroed when allocated and rows are only ever
 /// appended, so a page's bytes are a function of its first `rows` rows (the checksum relies on
@@ -41,16 +43,21 @@ pub struct Page {
     /// Each row's number of distinct tokens (entries in `terms.bin`, after its terms): what
     /// the exact rescore embeds.
     pub token_counts: [u32; PAGE_ROWS],
-    /// 1-bit codes, blocked: word `w` of row `r` at `(r / 8 · WORDS + w) · 8 + r % 8`.
-    pub codes: [u64; PAGE_ROWS * WORDS],
-    /// Lexical signatures, blocked like `codes`: bit [`signature_bit`] of each of the row's
+    /// Each row's 2-bit code scale α ([`super::codebook::Codebook::encode`]).
+    pub alphas: [f32; PAGE_ROWS],
+    /// Sign bits of the 2-bit codes, blocked: word `w` of row `r` at
+    /// `(r / 8 · WORDS + w) · 8 + r % 8`.
+    pub signs: [u64; PAGE_ROWS * WORDS],
+    /// Magnitude bits of the 2-bit codes, blocked like `signs`.
+    pub magnitudes: [u64; PAGE_ROWS * WORDS],
+    /// Lexical signatures, blocked like `signs`: bit [`signature_bit`] of each of the row's
     /// terms is set, so the first pass can estimate which query terms a row holds.
     pub signatures: [u64; PAGE_ROWS * WORDS],
     /// int8 vectors, row-major.
     pub vectors: [i8; PAGE_ROWS * DIMS],
 }
 
-const _: () = assert!(std::mem::size_of::<Page>() == 24_128);
+const _: () = assert!(std::mem::size_of::<Page>() == 26_432);
 const _: () = assert!(std::mem::size_of::<Page>().is_multiple_of(64));
 
 /// Bits in a row's lexical signature.
@@ -68,9 +75,23 @@ pub fn blocked(i: usize, word: usize) -> usize {
 }
 
 impl Page {
-    /// The 1-bit codes of the page's first `blocks` blocks.
-    pub fn codes_of_blocks(&self, blocks: usize) -> &[u64] {
-        &self.codes[..blocks * BLOCK_ROWS * code_words(DIMS)]
+    /// The sign bits of the page's first `blocks` blocks.
+    pub fn signs_of_blocks(&self, blocks: usize) -> &[u64] {
+        &self.signs[..blocks * BLOCK_ROWS * code_words(DIMS)]
+    }
+
+    /// The magnitude bits of the page's first `blocks` blocks.
+    pub fn magnitudes_of_blocks(&self, blocks: usize) -> &[u64] {
+        &self.magnitudes[..blocks * BLOCK_ROWS * code_words(DIMS)]
+    }
+
+    /// Write row `i`'s 2-bit code.
+    pub fn set_code(&mut self, i: usize, code: &RowCode) {
+        for w in 0..WORDS {
+            self.signs[blocked(i, w)] = code.signs[w];
+            self.magnitudes[blocked(i, w)] = code.magnitudes[w];
+        }
+        self.alphas[i] = code.alpha;
     }
 
     /// Blocks holding at least one row.
@@ -110,12 +131,14 @@ impl Page {
         self.decays[tail.clone()].fill(0.0);
         self.token_lens[tail.clone()].fill(0);
         self.scales[tail.clone()].fill(0.0);
+        self.alphas[tail.clone()].fill(0.0);
         self.term_lens[tail.clone()].fill(0);
         self.term_counts[tail.clone()].fill(0);
         self.token_counts[tail.clone()].fill(0);
         for i in tail {
             for w in 0..WORDS {
-                self.codes[blocked(i, w)] = 0;
+                self.signs[blocked(i, w)] = 0;
+                self.magnitudes[blocked(i, w)] = 0;
                 self.signatures[blocked(i, w)] = 0;
             }
             self.vectors[i * DIMS..(i + 1) * DIMS].fill(0);

@@ -140,20 +140,6 @@ impl Embedding {
             .collect();
         Quantized { values, scale }
     }
-
-    /// One bit per dimension, set where the component is positive; dimension `i` is bit
-    /// `i % 64` of word `i / 64`.
-    pub fn sign_bits(&self) -> Vec<u64> {
-        self.unit
-            .chunks(64)
-            .map(|chunk| {
-                chunk
-                    .iter()
-                    .enumerate()
-                    .fold(0u64, |bits, (i, x)| bits | (u64::from(*x > 0.0) << i))
-            })
-            .collect()
-    }
 }
 
 impl RetrievalRow {

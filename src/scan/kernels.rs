@@ -1,10 +1,11 @@
 //! Scoring kernels, each with a dull scalar twin that reads like the specification.
 //!
-//! - `hamming`: Hamming distance between 1-bit codes (the first pass): `popcount(q ^ r)`, over
-//!   codes stored in blocks of [`BLOCK_ROWS`] rows, word-major inside a block (word `w` of row
-//!   `r` of block `b` at `(b · words + w) · BLOCK_ROWS + r`). The layout lets one 512-bit
-//!   register hold the same word of eight rows, so a block is scored with vertical operations
-//!   only: no horizontal sums, no shuffles.
+//! - `two_bit`: the dense sum of the first pass over 2-bit codes, `Σ_i σ_i · (a_i + m_i · c_i)`
+//!   with a row's sign bits `σ_i = ±1` and magnitude bits `m_i`, and per-query integer weights
+//!   `a`, `c` ([`TwoBitQuery`]). Codes are stored in blocks of [`BLOCK_ROWS`] rows, word-major
+//!   inside a block (word `w` of row `r` of block `b` at `(b · words + w) · BLOCK_ROWS + r`).
+//!   The layout lets one 512-bit register hold the same word of eight rows, so a block is
+//!   scored with vertical operations only: no horizontal sums, no shuffles.
 //! - `dot_i8`: int8 dot product into i32 (the rescore of quantised vectors).
 //! - `dot_f32`: f32 dot product (the exact dense rescore).
 //! - `signature`: for each row, the summed weights of the query terms whose bit its lexical
@@ -14,7 +15,8 @@
 //! - `scalar`: plain loops. `u64::count_ones` compiles to `POPCNT` on the x86-64-v3 baseline.
 //! - `wide`: 256-bit vectors through the `wide` crate, whose instructions are fixed at compile
 //!   time by the baseline in `.cargo/config.toml` (AVX2 and FMA).
-//! - `avx512`: `core::arch` AVX-512 VPOPCNTDQ for Hamming, and a bit test into a mask register
+//! - `avx512`: `core::arch` AVX-512 VPOPCNTDQ for the 2-bit sum (bit-planes of the weights,
+//!   masked popcounts), and a bit test into a mask register
 //!   with a masked add (AVX-512 F and VL) for the signature weights, each chosen only when the
 //!   CPU reports the features at start-up. A VNNI int8 kernel was measured and did not pay: out of cache it ran
 //!   at 0.87-0.96x the `wide` kernel (`docs/benchmarks.md`), so there is none.
@@ -23,10 +25,10 @@
 //! logged by the caller. Integer kernels agree bit for bit with the scalar twin (proptests
 //! below); the f32 kernel sums in another order and agrees within a stated tolerance.
 
-/// Rows per block of the 1-bit code layout.
+/// Rows per block of the blocked code layout.
 pub const BLOCK_ROWS: usize = 8;
 
-/// Words of a 1-bit code for `dims` dimensions.
+/// Words of a one-bit-per-dimension code column for `dims` dimensions.
 pub fn code_words(dims: usize) -> usize {
     dims.div_ceil(64)
 }
@@ -39,9 +41,10 @@ pub enum Isa {
     Avx512,
 }
 
-/// Hamming distances of `query` (one code of `words` u64) against blocked `codes`:
-/// `out.len()` rows, a multiple of [`BLOCK_ROWS`], and `codes.len() == out.len() · words`.
-pub type HammingFn = fn(query: &[u64], codes: &[u64], out: &mut [u32]);
+/// 2-bit sums of `query` against blocked `signs` and `magnitudes` (see [`scalar::two_bit`], the
+/// specification): `out.len()` rows, a multiple of [`BLOCK_ROWS`], each code column holding at
+/// least `out.len() · query.words()` words.
+pub type TwoBitFn = fn(query: &TwoBitQuery, signs: &[u64], magnitudes: &[u64], out: &mut [i32]);
 /// Dot products of `query` against each row of `rows` (`out.len()` rows of `query.len()`).
 pub type DotI8Fn = fn(query: &[i8], rows: &[i8], out: &mut [i32]);
 /// Dot product of two equally long f32 vectors.
@@ -53,8 +56,8 @@ pub type SignatureFn =
 /// The kernels chosen for this process.
 #[derive(Debug, Clone, Copy)]
 pub struct Kernels {
-    pub hamming: HammingFn,
-    pub hamming_isa: Isa,
+    pub two_bit: TwoBitFn,
+    pub two_bit_isa: Isa,
     pub dot_i8: DotI8Fn,
     pub dot_i8_isa: Isa,
     pub dot_f32: DotF32Fn,
@@ -66,8 +69,8 @@ pub struct Kernels {
 impl Kernels {
     /// Every kernel scalar (the `--scalar-kernels` switch, and the reference in tests).
     pub const SCALAR: Self = Self {
-        hamming: scalar::hamming,
-        hamming_isa: Isa::Scalar,
+        two_bit: scalar::two_bit,
+        two_bit_isa: Isa::Scalar,
         dot_i8: scalar::dot_i8,
         dot_i8_isa: Isa::Scalar,
         dot_f32: scalar::dot_f32,
@@ -83,8 +86,8 @@ impl Kernels {
             return Self::SCALAR;
         }
         let mut k = Self {
-            hamming: scalar::hamming,
-            hamming_isa: Isa::Scalar,
+            two_bit: scalar::two_bit,
+            two_bit_isa: Isa::Scalar,
             dot_i8: wide_impl::dot_i8,
             dot_i8_isa: Isa::Wide,
             dot_f32: wide_impl::dot_f32,
@@ -93,8 +96,8 @@ impl Kernels {
             signature_isa: Isa::Scalar,
         };
         if avx512::has_vpopcntdq() {
-            k.hamming = avx512::hamming;
-            k.hamming_isa = Isa::Avx512;
+            k.two_bit = avx512::two_bit;
+            k.two_bit_isa = Isa::Avx512;
         }
         if avx512::has_vl() {
             k.signature = avx512::signature_weights;
@@ -106,8 +109,68 @@ impl Kernels {
     /// One line naming each choice, for the start-up log.
     pub fn describe(&self) -> String {
         format!(
-            "hamming={:?} dot_i8={:?} dot_f32={:?} signature={:?}",
-            self.hamming_isa, self.dot_i8_isa, self.dot_f32_isa, self.signature_isa
+            "two_bit={:?} dot_i8={:?} dot_f32={:?} signature={:?}",
+            self.two_bit_isa, self.dot_i8_isa, self.dot_f32_isa, self.signature_isa
+        )
+    }
+}
+
+/// Bits of a quantised 2-bit weight.
+pub const WEIGHT_BITS: usize = 8;
+/// What a stored weight carries on top of its signed value, so that it is unsigned: a weight
+/// `v` in `−127..=127` is stored as `v + WEIGHT_OFFSET`. A power of two, so the kernels
+/// multiply by it with a shift.
+pub const WEIGHT_OFFSET: i32 = 1 << (WEIGHT_BITS - 1);
+
+/// A query's per-dimension weights as the 2-bit kernel reads them: `a` (added for every
+/// dimension) and `c` (added where the row's magnitude bit is set), each stored unsigned with
+/// [`WEIGHT_OFFSET`], and their bit-planes for the popcount kernel (plane `j` holds bit `j` of
+/// every dimension's weight, one bit per dimension like the codes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TwoBitQuery {
+    a: Vec<u8>,
+    c: Vec<u8>,
+    /// Word `w` of plane `j` at `j · words + w`.
+    a_planes: Vec<u64>,
+    c_planes: Vec<u64>,
+    /// `Σ_i a_i` as stored (offset included).
+    a_total: i64,
+}
+
+impl TwoBitQuery {
+    /// Weights for `a.len()` dimensions, a multiple of 64; `c` as long.
+    pub fn new(a: Vec<u8>, c: Vec<u8>) -> Self {
+        assert_eq!(a.len(), c.len(), "one weight of each kind per dimension");
+        assert!(a.len().is_multiple_of(64), "whole code words only");
+        let words = a.len() / 64;
+        let planes = |weights: &[u8]| {
+            let mut planes = vec![0u64; WEIGHT_BITS * words];
+            for (i, &v) in weights.iter().enumerate() {
+                for (j, plane) in planes.chunks_exact_mut(words).enumerate() {
+                    plane[i / 64] |= u64::from(v >> j & 1) << (i % 64);
+                }
+            }
+            planes
+        };
+        Self {
+            a_planes: planes(&a),
+            c_planes: planes(&c),
+            a_total: a.iter().map(|&v| i64::from(v)).sum(),
+            a,
+            c,
+        }
+    }
+
+    /// Code words per row.
+    pub fn words(&self) -> usize {
+        self.a.len() / 64
+    }
+
+    /// The signed weights `(a_i, c_i)` of dimension `i`.
+    pub fn weights(&self, i: usize) -> (i32, i32) {
+        (
+            i32::from(self.a[i]) - WEIGHT_OFFSET,
+            i32::from(self.c[i]) - WEIGHT_OFFSET,
         )
     }
 }
@@ -121,7 +184,7 @@ pub struct SignatureTerm {
     pub weight: f32,
 }
 
-/// For each row of blocked `signatures` (same layout as the 1-bit codes, `words` u64 per row):
+/// For each row of blocked `signatures` (same layout as the code bits, `words` u64 per row):
 /// `out[r]` = the sum of the weights of the `terms` whose bit row `r` has. Written block by
 /// block, term by term, so the eight rows of a block are one vertical operation the compiler
 /// vectorises at the baseline; a single plain loop, so it is its own specification.
@@ -147,17 +210,26 @@ pub fn signature_weights(
 
 /// The specification.
 pub mod scalar {
-    use super::BLOCK_ROWS;
+    use super::{BLOCK_ROWS, TwoBitQuery};
 
-    pub fn hamming(query: &[u64], codes: &[u64], out: &mut [u32]) {
-        let words = query.len();
-        for (block, dist) in codes
+    /// For each row: `Σ_i σ_i · (a_i + m_i · c_i)` over its dimensions, with `σ_i = +1` where
+    /// its sign bit is set and `−1` where not, `m_i` its magnitude bit, `a_i`, `c_i` the query's
+    /// signed weights. Bit `i % 64` of word `i / 64` is dimension `i`.
+    pub fn two_bit(query: &TwoBitQuery, signs: &[u64], magnitudes: &[u64], out: &mut [i32]) {
+        let words = query.words();
+        for ((s, m), sums) in signs
             .chunks_exact(words * BLOCK_ROWS)
+            .zip(magnitudes.chunks_exact(words * BLOCK_ROWS))
             .zip(out.chunks_exact_mut(BLOCK_ROWS))
         {
-            for (r, d) in dist.iter_mut().enumerate() {
-                *d = (0..words)
-                    .map(|w| (query[w] ^ block[w * BLOCK_ROWS + r]).count_ones())
+            for (r, sum) in sums.iter_mut().enumerate() {
+                *sum = (0..words * 64)
+                    .map(|i| {
+                        let bit = |column: &[u64]| column[i / 64 * BLOCK_ROWS + r] >> (i % 64) & 1;
+                        let (a, c) = query.weights(i);
+                        let b = a + if bit(m) == 1 { c } else { 0 };
+                        if bit(s) == 1 { b } else { -b }
+                    })
                     .sum();
             }
         }
@@ -227,7 +299,7 @@ pub mod wide_impl {
 /// AVX-512 kernels through `core::arch`, used only after runtime detection.
 #[allow(unsafe_code)]
 pub mod avx512 {
-    /// True when the CPU runs the VPOPCNTDQ Hamming kernel.
+    /// True when the CPU runs the VPOPCNTDQ 2-bit kernel.
     pub fn has_vpopcntdq() -> bool {
         #[cfg(target_arch = "x86_64")]
         {
@@ -288,23 +360,27 @@ pub mod avx512 {
         super::signature_weights(terms, words, signatures, out)
     }
 
-    /// Hamming with `VPOPCNTQ`: one register holds word `w` of a block's eight rows.
-    pub fn hamming(query: &[u64], codes: &[u64], out: &mut [u32]) {
-        assert!(has_vpopcntdq(), "avx512::hamming called without VPOPCNTDQ");
+    /// The 2-bit sum with `VPOPCNTQ` over the weights' bit-planes: for the masks `s`, `s ∧ m`
+    /// and `m` of a word of eight rows, `Σ_mask w = Σ_j 2^j · popcount(mask ∧ plane_j)`, and
+    /// `S = 2·Σ_s a − Σ a + 2·Σ_{s∧m} c − Σ_m c`, each corrected for [`super::WEIGHT_OFFSET`]
+    /// by the plain popcounts of the masks. All integer, so equal to the scalar loop.
+    pub fn two_bit(query: &super::TwoBitQuery, signs: &[u64], magnitudes: &[u64], out: &mut [i32]) {
+        assert!(has_vpopcntdq(), "avx512::two_bit called without VPOPCNTDQ");
         assert_eq!(out.len() % super::BLOCK_ROWS, 0, "whole blocks only");
+        let words = query.words();
         assert!(
-            codes.len() >= out.len() * query.len(),
+            signs.len() >= out.len() * words && magnitudes.len() >= out.len() * words,
             "codes shorter than out"
         );
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the first assert checked the CPU features `hamming_vpopcnt` is compiled for;
-        // the others guarantee whole blocks and that `codes` holds every block `out` asks for,
-        // which bounds each of its loads and stores.
+        // SAFETY: the first assert checked the CPU features `two_bit_vpopcnt` is compiled for;
+        // the others guarantee whole blocks and that both code columns hold every block `out`
+        // asks for, which bounds each of its loads and stores.
         unsafe {
-            x86::hamming_vpopcnt(query, codes, out)
+            x86::two_bit_vpopcnt(query, signs, magnitudes, out)
         }
         #[cfg(not(target_arch = "x86_64"))]
-        super::scalar::hamming(query, codes, out)
+        super::scalar::two_bit(query, signs, magnitudes, out)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -340,42 +416,79 @@ pub mod avx512 {
         }
 
         #[target_feature(enable = "avx512f,avx512vpopcntdq")]
-        pub(super) unsafe fn hamming_vpopcnt(query: &[u64], codes: &[u64], out: &mut [u32]) {
-            let words = query.len();
-            let q: Vec<__m512i> = query.iter().map(|&w| _mm512_set1_epi64(w as i64)).collect();
-            let block_words = words * 8;
-            // One block: the distances of its eight rows as eight u64 lanes.
-            let block = |base: *const u64| {
-                let mut acc = _mm512_setzero_si512();
-                for (w, qw) in q.iter().enumerate() {
-                    // SAFETY: `base` starts a whole block of `words · 8` words inside `codes`
-                    // and `w < words`, so the 64-byte load is in bounds.
-                    let c = unsafe { _mm512_loadu_si512(base.add(w * 8).cast()) };
-                    acc = _mm512_add_epi64(acc, _mm512_popcnt_epi64(_mm512_xor_si512(*qw, c)));
-                }
-                acc
+        pub(super) unsafe fn two_bit_vpopcnt(
+            query: &super::super::TwoBitQuery,
+            signs: &[u64],
+            magnitudes: &[u64],
+            out: &mut [i32],
+        ) {
+            use super::super::{WEIGHT_BITS, WEIGHT_OFFSET};
+            let words = query.words();
+            let broadcast = |planes: &[u64]| -> Vec<__m512i> {
+                planes
+                    .iter()
+                    .map(|&w| _mm512_set1_epi64(w as i64))
+                    .collect()
             };
-            let pairs = out.len() / 16;
-            for p in 0..pairs {
-                // Two blocks per step: independent chains keep two loads in flight.
-                let base = codes[2 * p * block_words..].as_ptr();
-                let (a, b) = (block(base), block(base.wrapping_add(block_words)));
-                let dist = &mut out[p * 16..p * 16 + 16];
-                // SAFETY: `dist` is 16 u32 = 64 bytes; each store writes 32 of them.
-                unsafe {
-                    _mm256_storeu_si256(dist.as_mut_ptr().cast(), _mm512_cvtepi64_epi32(a));
-                    _mm256_storeu_si256(dist.as_mut_ptr().add(8).cast(), _mm512_cvtepi64_epi32(b));
+            let (a_planes, c_planes) = (broadcast(&query.a_planes), broadcast(&query.c_planes));
+            // What does not depend on the row: `−Σ a + offset · dims`.
+            let constant =
+                _mm512_set1_epi64(-query.a_total + i64::from(WEIGHT_OFFSET) * (words * 64) as i64);
+            let block_words = words * 8;
+            for (b, sums) in out.chunks_exact_mut(8).enumerate() {
+                let (s_base, m_base) = (
+                    signs[b * block_words..].as_ptr(),
+                    magnitudes[b * block_words..].as_ptr(),
+                );
+                // `twice`: 2·Σ_s a + 2·Σ_{s∧m} c; `once`: Σ_m c; `counts`: the offset's share,
+                // 2·|s| + 2·|s∧m| − |m|.
+                let (mut twice, mut once, mut counts) = (
+                    _mm512_setzero_si512(),
+                    _mm512_setzero_si512(),
+                    _mm512_setzero_si512(),
+                );
+                for w in 0..words {
+                    // SAFETY: block `b` holds `words · 8` words inside each column and
+                    // `w < words`, so both 64-byte loads are in bounds.
+                    let (s, m) = unsafe {
+                        (
+                            _mm512_loadu_si512(s_base.add(w * 8).cast()),
+                            _mm512_loadu_si512(m_base.add(w * 8).cast()),
+                        )
+                    };
+                    let sm = _mm512_and_si512(s, m);
+                    let (pop_s, pop_sm) = (_mm512_popcnt_epi64(s), _mm512_popcnt_epi64(sm));
+                    counts = _mm512_add_epi64(
+                        counts,
+                        _mm512_sub_epi64(
+                            _mm512_slli_epi64::<1>(_mm512_add_epi64(pop_s, pop_sm)),
+                            _mm512_popcnt_epi64(m),
+                        ),
+                    );
+                    for j in 0..WEIGHT_BITS {
+                        let (a, c) = (a_planes[j * words + w], c_planes[j * words + w]);
+                        let both = _mm512_add_epi64(
+                            _mm512_popcnt_epi64(_mm512_and_si512(s, a)),
+                            _mm512_popcnt_epi64(_mm512_and_si512(sm, c)),
+                        );
+                        let shift = _mm512_set1_epi64(j as i64);
+                        twice = _mm512_add_epi64(twice, _mm512_sllv_epi64(both, shift));
+                        once = _mm512_add_epi64(
+                            once,
+                            _mm512_sllv_epi64(_mm512_popcnt_epi64(_mm512_and_si512(m, c)), shift),
+                        );
+                    }
                 }
-            }
-            if !out.len().is_multiple_of(16) {
-                let last = out.len() / 8 - 1;
-                let acc = block(codes[last * block_words..].as_ptr());
-                // SAFETY: the last 8 u32 of `out` are 32 bytes, exactly what the store writes.
+                let sum = _mm512_add_epi64(
+                    _mm512_sub_epi64(_mm512_slli_epi64::<1>(twice), once),
+                    _mm512_sub_epi64(
+                        constant,
+                        _mm512_slli_epi64::<{ WEIGHT_BITS as u32 - 1 }>(counts),
+                    ),
+                );
+                // SAFETY: `sums` is 8 i32 = 32 bytes, exactly what the store writes.
                 unsafe {
-                    _mm256_storeu_si256(
-                        out[last * 8..].as_mut_ptr().cast(),
-                        _mm512_cvtepi64_epi32(acc),
-                    )
+                    _mm256_storeu_si256(sums.as_mut_ptr().cast(), _mm512_cvtepi64_epi32(sum))
                 };
             }
         }
@@ -388,12 +501,17 @@ mod tests {
     use proptest::prelude::*;
 
     /// Every implementation this CPU can run, scalar first.
-    fn hamming_impls() -> Vec<(Isa, HammingFn)> {
-        let mut v: Vec<(Isa, HammingFn)> = vec![(Isa::Scalar, scalar::hamming)];
+    fn two_bit_impls() -> Vec<(Isa, TwoBitFn)> {
+        let mut v: Vec<(Isa, TwoBitFn)> = vec![(Isa::Scalar, scalar::two_bit)];
         if avx512::has_vpopcntdq() {
-            v.push((Isa::Avx512, avx512::hamming));
+            v.push((Isa::Avx512, avx512::two_bit));
         }
         v
+    }
+
+    /// u8 weights with the edges over-represented.
+    fn weight_edge() -> impl Strategy<Value = u8> {
+        prop_oneof![Just(0u8), Just(1u8), Just(128u8), Just(255u8), any::<u8>()]
     }
 
     fn dot_i8_impls() -> Vec<(Isa, DotI8Fn)> {
@@ -418,28 +536,36 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(512))]
 
         #[test]
-        fn hamming_agrees_with_scalar(
-            words in 1usize..9,
+        fn two_bit_agrees_with_scalar(
+            words in 1usize..6,
             blocks in 0usize..4,
             seed in proptest::collection::vec(
-                prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()], 9 * (1 + 3 * BLOCK_ROWS)),
+                prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()], 2 * 5 * 3 * BLOCK_ROWS),
+            weights in proptest::collection::vec(weight_edge(), 2 * 5 * 64),
         ) {
             let rows = blocks * BLOCK_ROWS;
-            let query = &seed[..words];
-            let codes = &seed[words..words + rows * words];
-            let mut expected = vec![0u32; rows];
-            scalar::hamming(query, codes, &mut expected);
-            // The blocked layout is what the specification says it is.
-            for (r, &distance) in expected.iter().enumerate() {
+            let (signs, magnitudes) = seed.split_at(seed.len() / 2);
+            let (signs, magnitudes) = (&signs[..rows * words], &magnitudes[..rows * words]);
+            let dims = words * 64;
+            let query = TwoBitQuery::new(weights[..dims].to_vec(), weights[dims..2 * dims].to_vec());
+            let mut expected = vec![i32::MIN; rows];
+            scalar::two_bit(&query, signs, magnitudes, &mut expected);
+            // The specification is the sum it names, read straight from the blocked layout.
+            for (r, &sum) in expected.iter().enumerate() {
                 let (b, i) = (r / BLOCK_ROWS, r % BLOCK_ROWS);
-                let direct: u32 = (0..words)
-                    .map(|w| (query[w] ^ codes[(b * words + w) * BLOCK_ROWS + i]).count_ones())
+                let direct: i32 = (0..dims)
+                    .map(|d| {
+                        let at = (b * words + d / 64) * BLOCK_ROWS + i;
+                        let (s, m) = (signs[at] >> (d % 64) & 1, magnitudes[at] >> (d % 64) & 1);
+                        let (a, c) = query.weights(d);
+                        (2 * s as i32 - 1) * (a + m as i32 * c)
+                    })
                     .sum();
-                prop_assert_eq!(distance, direct);
+                prop_assert_eq!(sum, direct);
             }
-            for (isa, f) in hamming_impls() {
-                let mut got = vec![u32::MAX; rows];
-                f(query, codes, &mut got);
+            for (isa, f) in two_bit_impls() {
+                let mut got = vec![i32::MAX; rows];
+                f(&query, signs, magnitudes, &mut got);
                 prop_assert_eq!(&got, &expected, "{:?}", isa);
             }
         }
@@ -532,6 +658,25 @@ mod tests {
     }
 
     #[test]
+    fn two_bit_sums_a_hand_example() {
+        // Dimension 0: a = 3, c = 5; dimension 1: a = −2, c = 10; the rest zero.
+        let mut a = vec![128u8; 64];
+        let mut c = vec![128u8; 64];
+        (a[0], c[0], a[1], c[1]) = (131, 133, 126, 138);
+        let query = TwoBitQuery::new(a, c);
+        // Row 0: both signs set, magnitude of dimension 0: (3 + 5) + (−2) = 6.
+        // Row 1: no sign set, magnitude of dimension 1: −3 − (−2 + 10) = −11.
+        let mut signs = vec![0u64; BLOCK_ROWS];
+        let mut magnitudes = vec![0u64; BLOCK_ROWS];
+        (signs[0], magnitudes[0], magnitudes[1]) = (0b11, 0b01, 0b10);
+        for (isa, f) in two_bit_impls() {
+            let mut out = [7i32; BLOCK_ROWS];
+            f(&query, &signs, &magnitudes, &mut out);
+            assert_eq!(out, [6, -11, -1, -1, -1, -1, -1, -1], "{isa:?}");
+        }
+    }
+
+    #[test]
     fn extreme_int8_rows_are_exact() {
         let dims = 256;
         let query = vec![i8::MIN; dims];
@@ -551,7 +696,7 @@ mod tests {
         assert_eq!(Kernels::detect(true).describe(), Kernels::SCALAR.describe());
         let k = Kernels::detect(false);
         assert_eq!(k.dot_f32_isa, Isa::Wide);
-        assert_eq!(k.hamming_isa == Isa::Avx512, avx512::has_vpopcntdq());
+        assert_eq!(k.two_bit_isa == Isa::Avx512, avx512::has_vpopcntdq());
         assert_eq!(k.dot_i8_isa, Isa::Wide);
         assert_eq!(k.signature_isa == Isa::Avx512, avx512::has_vl());
     }
