@@ -396,21 +396,16 @@ pub mod avx512 {
             signatures: &[u64],
             out: &mut [f32],
         ) {
-            let masks: Vec<__m512i> = terms
-                .iter()
-                .map(|t| _mm512_set1_epi64(t.mask as i64))
-                .collect();
-            let weights: Vec<__m256> = terms.iter().map(|t| _mm256_set1_ps(t.weight)).collect();
             let block_words = words * 8;
             for (b, sums) in out.chunks_exact_mut(8).enumerate() {
                 let base = signatures[b * block_words..].as_ptr();
                 let mut acc = _mm256_setzero_ps();
-                for ((term, mask), weight) in terms.iter().zip(&masks).zip(&weights) {
+                for term in terms {
                     // SAFETY: block `b` holds `words · 8` words inside `signatures` and
                     // `term.word < words`, so the 64-byte load is in bounds.
                     let lanes = unsafe { _mm512_loadu_si512(base.add(term.word * 8).cast()) };
-                    let set = _mm512_test_epi64_mask(lanes, *mask);
-                    acc = _mm256_mask_add_ps(acc, set, acc, *weight);
+                    let set = _mm512_test_epi64_mask(lanes, _mm512_set1_epi64(term.mask as i64));
+                    acc = _mm256_mask_add_ps(acc, set, acc, _mm256_set1_ps(term.weight));
                 }
                 // SAFETY: `sums` is 8 f32 = 32 bytes, exactly what the store writes.
                 unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), acc) };
@@ -426,13 +421,9 @@ pub mod avx512 {
         ) {
             use super::super::{WEIGHT_BITS, WEIGHT_OFFSET};
             let words = query.words();
-            let broadcast = |planes: &[u64]| -> Vec<__m512i> {
-                planes
-                    .iter()
-                    .map(|&w| _mm512_set1_epi64(w as i64))
-                    .collect()
-            };
-            let (a_planes, c_planes) = (broadcast(&query.a_planes), broadcast(&query.c_planes));
+            // Plane words are broadcast where they are used (a load-and-broadcast each): a
+            // call allocates nothing, and a scan makes one call per page.
+            let (a_planes, c_planes) = (&query.a_planes, &query.c_planes);
             // What does not depend on the row: `−Σ a + offset · dims`.
             let constant =
                 _mm512_set1_epi64(-query.a_total + i64::from(WEIGHT_OFFSET) * (words * 64) as i64);
@@ -468,7 +459,10 @@ pub mod avx512 {
                         ),
                     );
                     for j in 0..WEIGHT_BITS {
-                        let (a, c) = (a_planes[j * words + w], c_planes[j * words + w]);
+                        let (a, c) = (
+                            _mm512_set1_epi64(a_planes[j * words + w] as i64),
+                            _mm512_set1_epi64(c_planes[j * words + w] as i64),
+                        );
                         let both = _mm512_add_epi64(
                             _mm512_popcnt_epi64(_mm512_and_si512(s, a)),
                             _mm512_popcnt_epi64(_mm512_and_si512(sm, c)),
