@@ -40,6 +40,10 @@ const REFINE_CHUNK_HITS: usize = 1024;
 /// Slack on the stage-two bound, far above f32 rounding of a sum of a few dozen terms, so a
 /// rounding difference can never skip a row that belongs.
 const PRUNE_MARGIN: f32 = 1e-4;
+/// How far ahead stage two starts loading a candidate's columns, and its terms (which need the
+/// columns' entry offset first).
+const PREFETCH_ROWS_AHEAD: usize = 8;
+const PREFETCH_TERMS_AHEAD: usize = 4;
 /// Candidates of the int8 stage that the exact rescore scores.
 pub const RESCORE_K: usize = 256;
 /// Growth of the first pass with the scope: `FIRST_PASS_SQRT_FACTOR · √rows`.
@@ -220,8 +224,18 @@ pub fn refine(
     let top = parallel_top_k(chunks, k, |c, top: &mut TopK| {
         let mut dot = [0i32; 1];
         let end = ((c + 1) * REFINE_CHUNK_HITS).min(hits.len());
-        for hit in &hits[c * REFINE_CHUNK_HITS..end] {
-            let Some(slot) = arena.slot(hit.row) else {
+        let chunk = &hits[c * REFINE_CHUNK_HITS..end];
+        let slots: Vec<Option<Slot>> = chunk.iter().map(|hit| arena.slot(hit.row)).collect();
+        for (n, (hit, slot)) in chunk.iter().zip(&slots).enumerate() {
+            // The candidates are sparse in the arena: start loading the rows a few steps ahead
+            // (their columns first, then, once their entry offsets are at hand, their terms).
+            if let Some(&Some(ahead)) = slots.get(n + PREFETCH_ROWS_AHEAD) {
+                arena.prefetch_row(ahead);
+            }
+            if let Some(&Some(ahead)) = slots.get(n + PREFETCH_TERMS_AHEAD) {
+                arena.prefetch_terms(ahead);
+            }
+            let Some(slot) = *slot else {
                 continue;
             };
             let page = arena.page(slot.page);

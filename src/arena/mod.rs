@@ -44,6 +44,7 @@ use sha2::{Digest, Sha256};
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::{Embedding, RetrievalRow, embed};
 use crate::dictionary::stats::FrequencyTable;
+use crate::scan::kernels::prefetch;
 use crate::store::{Row, Store, StoreError};
 use crate::types::{ConversationId, RowId, TokenId, UserId};
 use codebook::Codebook;
@@ -709,6 +710,36 @@ impl Arena {
             terms,
             len: u64::from(page.term_lens[i]),
             tokens,
+        }
+    }
+
+    /// Start loading what stage two reads of the row in `slot`: its int8 vector, scale,
+    /// entry offsets and counts, and signature words.
+    pub fn prefetch_row(&self, slot: Slot) {
+        let page = self.page(slot.page);
+        let i = slot.index as usize;
+        let vector = page.vector(i);
+        for line in (0..vector.len()).step_by(64) {
+            prefetch(&vector[line]);
+        }
+        prefetch(&page.scales[i]);
+        prefetch(&page.term_offsets[i]);
+        prefetch(&page.term_counts[i]);
+        prefetch(&page.term_lens[i]);
+        for w in 0..SIGNATURE_BITS / 64 {
+            prefetch(&page.signatures[blocked(i, w)]);
+        }
+    }
+
+    /// Start loading the lexical terms of the row in `slot` (reads its entry offset).
+    pub fn prefetch_terms(&self, slot: Slot) {
+        let page = self.page(slot.page);
+        let i = slot.index as usize;
+        let start = page.term_offsets[i] as usize;
+        let entries = &self.entries()[start..start + page.term_counts[i] as usize];
+        let bytes: &[u8] = bytemuck::cast_slice(entries);
+        for line in (0..bytes.len()).step_by(64) {
+            prefetch(&bytes[line]);
         }
     }
 
