@@ -26,7 +26,7 @@ pub const CODEBOOK_BYTES: usize = std::mem::size_of::<Codebook>();
 pub const PAGES_OFFSET: usize = PAGES_HEADER_BYTES + CODEBOOK_BYTES;
 /// Bytes before the first entry of `terms.bin`.
 pub const TERMS_HEADER_BYTES: usize = std::mem::size_of::<TermsHeader>();
-/// Smallest mapping: a file grows by doubling from here.
+/// Smallest mapping: a file grows by a quarter at a time from here.
 const MIN_MAP_BYTES: usize = 1 << 20;
 
 /// The head of `pages.bin`: the commit record of the whole arena. Everything it does not count
@@ -157,7 +157,7 @@ impl MappedFile {
             .truncate(false)
             .open(path)?;
         if file.metadata()?.len() < MIN_MAP_BYTES as u64 {
-            file.set_len(MIN_MAP_BYTES as u64)?;
+            allocate(&file, MIN_MAP_BYTES)?;
         }
         let map = map(&file)?;
         Ok(Self {
@@ -166,17 +166,18 @@ impl MappedFile {
         })
     }
 
-    /// Grow the mapping (and the file) to hold at least `bytes`, doubling. Existing contents
-    /// are kept; new bytes are zero.
+    /// Grow the mapping (and the file) to hold at least `bytes`, by a quarter at least (growth
+    /// stays amortised O(1) per byte, and allocated space at most a quarter over what is used).
+    /// Existing contents are kept; new bytes are zero.
     pub fn reserve(&mut self, bytes: usize) -> io::Result<()> {
         if bytes <= self.map.len() {
             return Ok(());
         }
-        let grown = bytes.max(self.map.len() * 2);
+        let grown = bytes.max(self.map.len() + self.map.len() / 4);
         match &self.file {
             Some((file, _)) => {
                 self.map.flush_async()?;
-                file.set_len(grown as u64)?;
+                allocate(file, grown)?;
                 self.map = map(file)?;
             }
             None => {
@@ -205,6 +206,26 @@ impl MappedFile {
     /// The file's path, or `None` for an anonymous mapping.
     pub fn path(&self) -> Option<&Path> {
         self.file.as_ref().map(|(_, path)| path.as_path())
+    }
+}
+
+/// Grow `file` to `bytes` with its blocks allocated on disk, so a full disk fails here, as an
+/// error, rather than later as a fault (SIGBUS) on a write into a sparse part of the mapping.
+/// A filesystem without `fallocate` gets a plain (sparse) resize.
+fn allocate(file: &File, bytes: usize) -> io::Result<()> {
+    let len = file.metadata()?.len();
+    if bytes as u64 <= len {
+        return Ok(());
+    }
+    match rustix::fs::fallocate(
+        file,
+        rustix::fs::FallocateFlags::empty(),
+        len,
+        bytes as u64 - len,
+    ) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::OPNOTSUPP) => file.set_len(bytes as u64),
+        Err(errno) => Err(errno.into()),
     }
 }
 
