@@ -78,6 +78,13 @@ fn open_and_check(store: &Store, expected: &[Vec<Retrieved>]) -> Opened {
     opened
 }
 
+/// Open the data directory's arena, catch it up (committing it) and close it.
+fn write_arena(store: &Store) {
+    let dict = common::dictionary();
+    let (mut arena, _) = Arena::open(store, dict).unwrap();
+    arena.catch_up(store, dict).unwrap();
+}
+
 fn files(store: &Store) -> (PathBuf, PathBuf) {
     let dir = arena_dir(store.path(), common::dictionary().version());
     (dir.join("pages.bin"), dir.join("terms.bin"))
@@ -130,10 +137,7 @@ fn a_reopened_arena_maps_what_was_committed() {
 fn an_append_killed_before_its_commit_is_cut_back() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_with_rows(dir.path(), 200);
-    let dict = common::dictionary();
-    let (mut arena, _) = Arena::open(&store, dict).unwrap();
-    arena.catch_up(&store, dict).unwrap();
-    drop(arena);
+    write_arena(&store);
     let expected = reference(&store);
 
     // What a process killed in the middle of a catch-up leaves: a row written into a page
@@ -173,9 +177,7 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_with_rows(dir.path(), 200);
     let dict = common::dictionary();
-    let (mut arena, _) = Arena::open(&store, dict).unwrap();
-    arena.catch_up(&store, dict).unwrap();
-    drop(arena);
+    write_arena(&store);
     let expected = reference(&store);
     let (pages_path, terms_path) = files(&store);
     let (good_pages, good_terms) = (
@@ -295,9 +297,7 @@ fn a_purge_makes_the_next_open_rebuild_without_reporting_damage() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_with_rows(dir.path(), 150);
     let dict = common::dictionary();
-    let (mut arena, _) = Arena::open(&store, dict).unwrap();
-    arena.catch_up(&store, dict).unwrap();
-    drop(arena);
+    write_arena(&store);
     store.purge_user(user(1)).unwrap();
     let expected = reference(&store);
     assert!(expected[1].is_empty() && !expected[0].is_empty());
