@@ -44,6 +44,18 @@ fn fill(words: usize) -> Vec<u64> {
 }
 
 /// Median wall time of `REPEATS` runs of `run`.
+/// One kernel's line: `rows` rows of `bytes_per_row` bytes in `t`, against `bandwidth`.
+fn report(name: &str, rows: usize, bytes_per_row: usize, t: Duration, bandwidth: f64) {
+    let rows_per_s = rows as f64 / t.as_secs_f64();
+    let bytes_per_s = rows_per_s * bytes_per_row as f64;
+    println!(
+        "{name}: {rows} rows x {DIMS} dims in {t:.2?}: {:.1}M rows/s/core, {:.2} GB/s, {:.0}% of read bandwidth",
+        rows_per_s / 1e6,
+        bytes_per_s / 1e9,
+        100.0 * bytes_per_s / bandwidth
+    );
+}
+
 fn time(mut run: impl FnMut()) -> Duration {
     median(
         (0..REPEATS)
@@ -87,13 +99,12 @@ fn main() {
             f(&query, &signs, &magnitudes, &mut out);
             black_box(&out);
         });
-        let rows_per_s = CODE_ROWS as f64 / t.as_secs_f64();
-        let bytes_per_s = rows_per_s * code_bytes as f64;
-        println!(
-            "two_bit {isa:?}: {CODE_ROWS} rows x {DIMS} dims in {t:.2?}: {:.0}M rows/s/core, {:.2} GB/s, {:.0}% of read bandwidth",
-            rows_per_s / 1e6,
-            bytes_per_s / 1e9,
-            100.0 * bytes_per_s / bandwidth
+        report(
+            &format!("two_bit {isa:?}"),
+            CODE_ROWS,
+            code_bytes,
+            t,
+            bandwidth,
         );
     }
     drop(out);
@@ -155,14 +166,7 @@ fn main() {
             f(&query, &bytes, &mut out);
             black_box(&out);
         });
-        let rows_per_s = INT8_ROWS as f64 / t.as_secs_f64();
-        let bytes_per_s = rows_per_s * DIMS as f64;
-        println!(
-            "dot_i8 {isa:?}: {INT8_ROWS} rows x {DIMS} dims in {t:.2?}: {:.1}M rows/s/core, {:.2} GB/s, {:.0}% of read bandwidth",
-            rows_per_s / 1e6,
-            bytes_per_s / 1e9,
-            100.0 * bytes_per_s / bandwidth
-        );
+        report(&format!("dot_i8 {isa:?}"), INT8_ROWS, DIMS, t, bandwidth);
     }
     faiss_reference(scan_rows_per_s);
 }

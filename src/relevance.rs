@@ -32,6 +32,18 @@ impl Bm25 {
     /// The textbook setting (k1 = 1.2, b = 0.75).
     pub const STANDARD: Self = Self { k1: 1.2, b: 0.75 };
 
+    /// A row's length term, `k1 · (1 − b + b · row_len / mean_len)`.
+    #[inline]
+    pub fn norm(&self, row_len: u64, mean_len: f32) -> f32 {
+        self.k1 * (1.0 - self.b + self.b * row_len as f32 / mean_len.max(f32::EPSILON))
+    }
+
+    /// One matched term's share of the score: `idf · tf · (k1 + 1) / (tf + norm)`.
+    #[inline]
+    pub fn term_score(&self, idf: f32, tf: f32, norm: f32) -> f32 {
+        idf * tf * (self.k1 + 1.0) / (tf + norm)
+    }
+
     /// Inverse document frequency under the shared statistic, `ln(1 + (N − df + ½)/(df + ½))`:
     /// never negative, so a term in most rows still scores a little.
     pub fn idf(stats: &impl FrequencyStats, term: TermId) -> f32 {
@@ -52,7 +64,7 @@ impl Bm25 {
         row_len: u64,
         mean_len: f32,
     ) -> f32 {
-        let norm = self.k1 * (1.0 - self.b + self.b * row_len as f32 / mean_len.max(f32::EPSILON));
+        let norm = self.norm(row_len, mean_len);
         let (mut qi, mut ri, mut score) = (0, 0, 0f32);
         while qi < query.len() && ri < row.len() {
             match query[qi].0.cmp(&row[ri].term()) {
@@ -60,7 +72,7 @@ impl Bm25 {
                 std::cmp::Ordering::Greater => ri += 1,
                 std::cmp::Ordering::Equal => {
                     let tf = row[ri].count() as f32;
-                    score += idf[qi] * tf * (self.k1 + 1.0) / (tf + norm);
+                    score += self.term_score(idf[qi], tf, norm);
                     qi += 1;
                     ri += 1;
                 }
@@ -139,12 +151,12 @@ impl QueryTerms {
         row_len: u64,
         mean_len: f32,
     ) -> f32 {
-        let norm = bm25.k1 * (1.0 - bm25.b + bm25.b * row_len as f32 / mean_len.max(f32::EPSILON));
+        let norm = bm25.norm(row_len, mean_len);
         let mut score = 0f32;
         for entry in row {
             if let Some(q) = self.position(entry.term()) {
                 let tf = entry.count() as f32;
-                score += idf[q] * tf * (bm25.k1 + 1.0) / (tf + norm);
+                score += bm25.term_score(idf[q], tf, norm);
             }
         }
         score
@@ -204,9 +216,8 @@ impl HybridScorer {
     /// if each occurred once in a row of `row_len` terms: `idf · (k1 + 1) / (1 + k1 · (1 − b +
     /// b · row_len / mean_len))`.
     pub fn estimate(&self, cosine: f32, matched_idf: f32, row_len: u32) -> f32 {
-        let Bm25 { k1, b } = Bm25::STANDARD;
-        let norm = k1 * (1.0 - b + b * row_len as f32 / self.mean_len.max(f32::EPSILON));
-        let once = (k1 + 1.0) / (1.0 + norm);
+        let bm25 = Bm25::STANDARD;
+        let once = bm25.term_score(1.0, 1.0, bm25.norm(u64::from(row_len), self.mean_len));
         self.dense_part(cosine) + self.lexical_factor() * matched_idf * once
     }
 
