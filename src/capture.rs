@@ -127,7 +127,7 @@ impl<'a> Capturer<'a> {
             name: message.name.clone(),
             timestamp_ms: message.timestamp_ms,
             source_turn: message.source_turn.clone(),
-            decay: heat::birth_decay(),
+            decay: heat::birth_decay(heat::novelty(self.dictionary, &tokens)),
             born_peak: heat::BORN_PEAK,
             chunks,
         })

@@ -35,6 +35,7 @@ use crate::dictionary::derive::RetrievalRow;
 use crate::dictionary::stats::FrequencyTable;
 use crate::ingest::{self, IngestSummary};
 use crate::memory::Memory;
+use crate::recall::{Ask, RecallConfig, recall};
 use crate::relevance::{Bm25, mean_row_len};
 use crate::retrieve::{PreparedQuery, RESCORE_K, search};
 use crate::scan::kernels::Kernels;
@@ -352,8 +353,8 @@ impl Serialize for Level {
     }
 }
 
-/// Frame metrics: every evidence turn inside the rendered frame, and the frame's size. There
-/// is no frame yet, so every value is `null`.
+/// Frame metrics of ours, pooled (`null` for the other systems): the share of questions whose
+/// every evidence turn is inside the rendered frame, and the frame's size in tokens.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct FrameMetrics {
     pub evidence_in_frame: Option<f64>,
@@ -483,8 +484,17 @@ struct Ranked {
 struct Answers {
     ours: Ranked,
     bm25: Ranked,
+    /// Ours as the frame showed it, where a frame was rendered.
+    frame: Option<Shown>,
     /// Prepare + search of ours.
     elapsed: Duration,
+}
+
+/// The turns a rendered frame shows, and its tokens.
+#[derive(Debug, Clone)]
+struct Shown {
+    turns: HashSet<Turn>,
+    tokens: usize,
 }
 
 /// What the harness reads of one store: each row's turn and session, and each asked user's
@@ -494,6 +504,8 @@ struct Corpus {
     rows: HashMap<UserId, Vec<(RowId, RetrievalRow)>>,
     stored_turns: HashSet<(UserId, String)>,
     stats: FrequencyTable,
+    /// Each user's latest turn time: the "now" a probe's frame is rendered at.
+    latest: HashMap<UserId, i64>,
 }
 
 impl Corpus {
@@ -503,6 +515,7 @@ impl Corpus {
             rows: HashMap::new(),
             stored_turns: HashSet::new(),
             stats: store.frequency_table()?,
+            latest: HashMap::new(),
         };
         for &user in users {
             let mut rows = Vec::new();
@@ -515,6 +528,10 @@ impl Corpus {
                             user: user.0,
                             row: row.id.0,
                         })?;
+                if let Some(at) = row.timestamp_ms {
+                    let latest = corpus.latest.entry(user).or_insert(at);
+                    *latest = (*latest).max(at);
+                }
                 let turn = match row.source_turn {
                     Some(id) => {
                         corpus.stored_turns.insert((user, id.clone()));
@@ -566,17 +583,19 @@ impl Corpus {
     }
 }
 
-/// One memory to ask: its caught-up arena and what the harness read of its store.
+/// One memory to ask: its caught-up arena and what the harness read of its store; with
+/// `frame`, each question's frame is rendered too (probe mode: nothing written).
 struct Probe<'a> {
     dictionary: &'a Dictionary,
     arena: &'a Arena,
     kernels: &'a Kernels,
     corpus: &'a Corpus,
+    frame: Option<(&'a Memory, &'a RecallConfig)>,
 }
 
 impl Probe<'_> {
     /// Ask one question as its user, in probe mode (nothing is captured), both ways.
-    fn ask(&self, question: &Question, depth: usize) -> Answers {
+    fn ask(&self, question: &Question, depth: usize) -> Result<Answers, StoreError> {
         let user = UserId::from_key(&question.user_key);
         let started = Instant::now();
         let query = PreparedQuery::new(self.dictionary, self.arena, &question.question);
@@ -589,25 +608,52 @@ impl Probe<'_> {
             depth,
         );
         let elapsed = started.elapsed();
-        Answers {
+        let frame = match self.frame {
+            Some((memory, config)) => {
+                let ask = Ask {
+                    user,
+                    conversation: None,
+                    question: &question.question,
+                    probe: true,
+                    now_ms: self.corpus.latest.get(&user).copied(),
+                };
+                let recall = recall(memory, self.arena, self.kernels, config, &ask)?;
+                Some(Shown {
+                    turns: recall
+                        .frame
+                        .rows
+                        .iter()
+                        .filter_map(|row| self.corpus.units.get(row))
+                        .map(|(turn, _)| turn.clone())
+                        .collect(),
+                    tokens: recall.frame.tokens,
+                })
+            }
+            None => None,
+        };
+        Ok(Answers {
+            frame,
             ours: self.corpus.ranked(hits.into_iter().map(|hit| hit.row)),
             bm25: self
                 .corpus
                 .ranked(self.corpus.bm25(user, &query.retrieval, depth)),
             elapsed,
-        }
+        })
     }
 }
 
-/// One question's metrics at both levels (`None` where it has no evidence at that level).
+/// One question's metrics at both levels (`None` where it has no evidence at that level), and
+/// its frame's: whether every evidence turn was shown (`None` without turn evidence) and the
+/// frame's tokens.
 #[derive(Debug, Clone)]
 struct Scored {
     turn: Option<Vec<f64>>,
     session: Option<Vec<f64>>,
+    frame: Option<(Option<bool>, usize)>,
 }
 
 impl Scored {
-    fn new(question: &Question, ranked: &Ranked, ks: &[usize]) -> Self {
+    fn new(question: &Question, ranked: &Ranked, frame: Option<&Shown>, ks: &[usize]) -> Self {
         let turns: Vec<Turn> = question
             .evidence_turns
             .iter()
@@ -618,6 +664,11 @@ impl Scored {
             turn: (!turns.is_empty()).then(|| question_metrics(&ranked.turns, &turns, ks)),
             session: (!sessions.is_empty())
                 .then(|| question_metrics(&ranked.sessions, &sessions, ks)),
+            frame: frame.map(|shown| {
+                let all_in =
+                    (!turns.is_empty()).then(|| turns.iter().all(|t| shown.turns.contains(t)));
+                (all_in, shown.tokens)
+            }),
         }
     }
 }
@@ -635,6 +686,7 @@ struct Outcome<'a> {
 
 fn summarize<'a>(ks: &[usize], scores: impl Iterator<Item = &'a Scored>) -> Summary {
     let (mut turn, mut session) = (Level::new(ks), Level::new(ks));
+    let (mut in_frame, mut tokens) = (Vec::new(), Vec::new());
     for scored in scores {
         if let Some(metrics) = &scored.turn {
             turn.add(metrics);
@@ -642,11 +694,24 @@ fn summarize<'a>(ks: &[usize], scores: impl Iterator<Item = &'a Scored>) -> Summ
         if let Some(metrics) = &scored.session {
             session.add(metrics);
         }
+        if let Some((all_in, frame_tokens)) = scored.frame {
+            in_frame.extend(all_in);
+            tokens.push(frame_tokens as u64);
+        }
     }
+    tokens.sort_unstable();
+    let quantile = |q: f64| {
+        (!tokens.is_empty()).then(|| tokens[((tokens.len() - 1) as f64 * q).round() as usize])
+    };
     Summary {
         turn,
         session,
-        frame: FrameMetrics::default(),
+        frame: FrameMetrics {
+            evidence_in_frame: (!in_frame.is_empty())
+                .then(|| in_frame.iter().filter(|&&b| b).count() as f64 / in_frame.len() as f64),
+            median_tokens: quantile(0.5),
+            p90_tokens: quantile(0.9),
+        },
     }
 }
 
@@ -720,7 +785,7 @@ fn ask_pooled(
     let mut throttle = Throttle::default();
     let mut answers = Vec::with_capacity(asked.len());
     for (n, &q) in asked.iter().enumerate() {
-        answers.push(probe.ask(&dataset.questions[q], depth));
+        answers.push(probe.ask(&dataset.questions[q], depth)?);
         if throttle.due(n + 1 == asked.len()) {
             progress(&Progress::Questions {
                 asked: n + 1,
@@ -769,12 +834,13 @@ fn ask_isolated(
             arena: &arena,
             kernels,
             corpus: &corpus,
+            frame: None,
         };
         for &q in asked
             .iter()
             .filter(|&&q| dataset.questions[q].user_key == key)
         {
-            answers.insert(q, probe.ask(&dataset.questions[q], depth));
+            answers.insert(q, probe.ask(&dataset.questions[q], depth)?);
         }
         if throttle.due(u + 1 == users.len()) {
             progress(&Progress::Isolated {
@@ -836,11 +902,13 @@ pub fn run(
     arena.catch_up(&memory.store, &memory.dictionary)?;
     let user_ids: Vec<UserId> = users.iter().map(|key| UserId::from_key(key)).collect();
     let corpus = Corpus::read(&memory.store, &user_ids)?;
+    let recall_config = RecallConfig::default();
     let probe = Probe {
         dictionary: &memory.dictionary,
         arena: &arena,
         kernels: &kernels,
         corpus: &corpus,
+        frame: Some((memory, &recall_config)),
     };
     let pooled = ask_pooled(&probe, &dataset, &asked, ranked_rows, &mut progress)?;
     let mut latency = hdrhistogram::Histogram::<u64>::new(3).expect("3 significant figures");
@@ -865,10 +933,10 @@ pub fn run(
             Outcome {
                 question,
                 half: user_index[question.user_key.as_str()] % 2,
-                ours: Scored::new(question, &pooled.ours, &ks),
-                bm25: Scored::new(question, &pooled.bm25, &ks),
-                isolated: Scored::new(question, &alone.ours, &ks),
-                isolated_bm25: Scored::new(question, &alone.bm25, &ks),
+                ours: Scored::new(question, &pooled.ours, pooled.frame.as_ref(), &ks),
+                bm25: Scored::new(question, &pooled.bm25, None, &ks),
+                isolated: Scored::new(question, &alone.ours, None, &ks),
+                isolated_bm25: Scored::new(question, &alone.bm25, None, &ks),
             }
         })
         .collect();
@@ -1093,7 +1161,18 @@ impl Report {
                 &odd.bm25.turn,
             ],
         )?;
-        writeln!(out, "\nframe: not measured (no frame is rendered yet)")?;
+        let frame = &self.overall.frame;
+        match (
+            frame.evidence_in_frame,
+            frame.median_tokens,
+            frame.p90_tokens,
+        ) {
+            (Some(share), Some(median), Some(p90)) => writeln!(
+                out,
+                "\nframe, pooled (probe mode): evidence in frame {share:.3}, tokens median {median}, p90 {p90}"
+            )?,
+            _ => writeln!(out, "\nframe: no question with turn evidence")?,
+        }
         writeln!(
             out,
             "latency, pooled (prepare + search of {} rows): p50 {:.2} ms, p99 {:.2} ms",

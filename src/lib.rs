@@ -8,6 +8,7 @@
 
 pub mod arena;
 pub mod bench;
+pub mod budget;
 pub mod capture;
 pub mod codec;
 pub mod config;
@@ -15,11 +16,13 @@ pub mod datasets;
 pub mod dictionary;
 pub mod error;
 pub mod eval;
+pub mod frame;
 pub mod heat;
 pub mod ingest;
 pub mod integrity;
 pub mod memory;
 pub mod proxy;
+pub mod recall;
 pub mod relevance;
 pub mod retrieve;
 pub mod scan;

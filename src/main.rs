@@ -66,6 +66,34 @@ enum Command {
         #[command(flatten)]
         dictionary: DictionaryArgs,
     },
+    /// Render the frame a question would get, in probe mode: nothing is captured, no
+    /// activation is written. Prints each message with its token count and what the cap left out.
+    Frame {
+        #[command(flatten)]
+        data: DataArgs,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+        /// The user's key (e.g. a LoCoMo sample id).
+        #[arg(long)]
+        user: String,
+        /// The conversation being continued: rendered last, its recent stretch kept.
+        #[arg(long)]
+        conversation: Option<String>,
+        /// Render time for the labels' ages, RFC 3339 (default: now).
+        #[arg(long)]
+        now: Option<String>,
+        /// The budget's ceiling in tokens (the cap of the broadest question).
+        #[arg(long, default_value_t = perpetuity::budget::Budget::default().ceiling)]
+        ceiling: usize,
+        /// Render as if the memory tools rode along.
+        #[arg(long)]
+        tools: bool,
+        /// Print the frame as JSON.
+        #[arg(long)]
+        json: bool,
+        /// The live question.
+        question: String,
+    },
     /// Write stored rows as JSON lines, in capture order.
     Export {
         #[command(flatten)]
@@ -322,6 +350,46 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Frame {
+            data,
+            dictionary,
+            user,
+            conversation,
+            now,
+            ceiling,
+            tools,
+            json,
+            question,
+        } => {
+            let now_ms = match now {
+                Some(text) => chrono::DateTime::parse_from_rfc3339(&text)
+                    .with_context(|| format!("--now {text:?} is not an RFC 3339 time"))?
+                    .timestamp_millis(),
+                None => std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .context("the system clock is before 1970")?
+                    .as_millis() as i64,
+            };
+            data.existing()?;
+            let memory = dictionary.open(&data)?;
+            let config = perpetuity::recall::RecallConfig {
+                budget: perpetuity::budget::Budget {
+                    ceiling,
+                    ..Default::default()
+                },
+                tools,
+                ..Default::default()
+            };
+            print_frame(
+                &memory,
+                &config,
+                &user,
+                conversation.as_deref(),
+                now_ms,
+                &question,
+                json,
+            )
+        }
         Command::Export { data, user } => {
             let store = Store::open(data.existing()?, &data.options())?;
             let stdout = std::io::stdout();
@@ -457,6 +525,65 @@ fn serve(config: ServeConfig, memory: Memory) -> anyhow::Result<()> {
             }
         }
     })
+}
+
+/// Open and catch up the arena, recall for one question in probe mode, print the frame.
+fn print_frame(
+    memory: &Memory,
+    config: &perpetuity::recall::RecallConfig,
+    user_key: &str,
+    conversation: Option<&str>,
+    now_ms: i64,
+    question: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    let user = UserId::from_key(user_key);
+    if memory.store.user_key(user)?.is_none() {
+        anyhow::bail!(
+            "no memory for user {user_key:?} in {}",
+            memory.store.path().display()
+        );
+    }
+    let (mut arena, _) = Arena::open(&memory.store, &memory.dictionary)?;
+    arena.catch_up(&memory.store, &memory.dictionary)?;
+    let kernels = Kernels::detect(false);
+    let ask = perpetuity::recall::Ask {
+        user,
+        conversation,
+        question,
+        probe: true,
+        now_ms: Some(now_ms),
+    };
+    let recall = perpetuity::recall::recall(memory, &arena, &kernels, config, &ask)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&recall)?);
+        return Ok(());
+    }
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    for message in &recall.frame.messages {
+        let role = match message.role {
+            perpetuity::frame::Side::User => "user",
+            perpetuity::frame::Side::Assistant => "assistant",
+        };
+        writeln!(out, "--- {role} · {} tokens ---", message.tokens)?;
+        writeln!(out, "{}", message.content)?;
+    }
+    let frame = &recall.frame;
+    writeln!(
+        out,
+        "--- frame: {} tokens, cap {} (budget from the spread of {} retrieved scores); {} turns shown ({} mandatory); left out by the cap: {} turns, {} tokens; {} rows would be reheated (probe: nothing written)",
+        frame.tokens,
+        frame.cap,
+        recall.retrieved.len(),
+        frame.rows.len(),
+        frame.mandatory,
+        frame.omitted.turns,
+        frame.omitted.tokens,
+        recall.reheated,
+    )?;
+    out.flush()?;
+    Ok(())
 }
 
 /// Print progress about once a second on stderr.

@@ -403,6 +403,73 @@ impl Store {
         }
     }
 
+    /// The name bound to `role` in a conversation now (the latest binding), if any: what a
+    /// label shows when the frame is rendered.
+    pub fn bound_name(
+        &self,
+        user: UserId,
+        conversation: &str,
+        role: Role,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .latest_binding(user, ConversationId::from_key(conversation), role)?
+            .map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// Every activation state of a user's rows, in row order.
+    pub fn activations_of(
+        &self,
+        user: UserId,
+    ) -> impl Iterator<Item = Result<(RowId, Activation), StoreError>> + '_ {
+        self.iter_user(Cf::Activation, user).map(|entry| {
+            let (key, value) = entry?;
+            let corrupt = |source| StoreError::Corrupt {
+                cf: Cf::Activation.name(),
+                key: hex_key(&key),
+                source,
+            };
+            let (_, row) = keys::parse_user_row(&key).ok_or_else(|| {
+                corrupt(CodecError {
+                    what: "activation key",
+                    reason: "not user ++ row".into(),
+                })
+            })?;
+            Ok((row, Activation::decode(&value).map_err(corrupt)?))
+        })
+    }
+
+    /// The rows of one conversation, newest first (from its chain).
+    pub fn conversation_rows_newest_first(
+        &self,
+        user: UserId,
+        conversation: &str,
+    ) -> impl Iterator<Item = Result<RowId, StoreError>> + '_ {
+        let conversation = ConversationId::from_key(conversation);
+        let prefix = keys::chain_prefix(user, conversation);
+        let end = keys::chain(user, conversation, RowId(u64::MAX));
+        let mut read = ReadOptions::default();
+        read.set_iterate_lower_bound(prefix.to_vec());
+        self.db
+            .iterator_cf_opt(
+                &self.cf(Cf::Chain),
+                read,
+                IteratorMode::From(&end, Direction::Reverse),
+            )
+            .map(move |item| {
+                let (key, _) = item.map_err(|e| self.rocks(e))?;
+                keys::parse_chain(&key)
+                    .map(|(_, _, row)| row)
+                    .ok_or_else(|| StoreError::Corrupt {
+                        cf: Cf::Chain.name(),
+                        key: hex_key(&key),
+                        source: CodecError {
+                            what: "chain key",
+                            reason: "not user ++ conversation ++ row".into(),
+                        },
+                    })
+            })
+    }
+
     /// Store messages: each message's rows, retrieval rows, born-hot activation, chain links,
     /// name binding, frequency-count increments, clock advance and the new `next_row`, all in
     /// ONE write batch, so either everything about every message is stored or nothing is.

@@ -1,0 +1,296 @@
+//! Recall end to end over a real store: retrieval reheats what it selects (and probing writes
+//! nothing), the frame quotes stored turns verbatim grouped by conversation with the current one
+//! last, names are resolved through the binding log when rendering, the mandatory set survives
+//! any budget, and no other user's turn ever appears.
+
+mod common;
+
+use std::collections::HashMap;
+
+use perpetuity::arena::Arena;
+use perpetuity::budget::Budget;
+use perpetuity::capture::{Capturer, Message};
+use perpetuity::config::default_dictionaries_root;
+use perpetuity::dictionary::DEFAULT_VERSION;
+use perpetuity::frame::Side;
+use perpetuity::heat;
+use perpetuity::memory::Memory;
+use perpetuity::recall::{Ask, Recall, RecallConfig, recall};
+use perpetuity::scan::kernels::Kernels;
+use perpetuity::store::{Activation, StoreOptions};
+use perpetuity::types::{Role, RowId, UserId};
+
+const HOUR: i64 = 3_600_000;
+/// 2024-03-01 09:00 UTC.
+const MARCH_1: i64 = 1_709_283_600_000;
+
+fn open(dir: &std::path::Path) -> Memory {
+    Memory::open(
+        dir,
+        &default_dictionaries_root(),
+        DEFAULT_VERSION,
+        &StoreOptions::default(),
+    )
+    .unwrap()
+}
+
+fn turn(user: &str, conversation: &str, role: Role, name: &str, hour: i64, text: &str) -> Message {
+    Message {
+        user_key: user.into(),
+        conversation: conversation.into(),
+        role,
+        name: Some(name.into()),
+        timestamp_ms: Some(MARCH_1 + hour * HOUR),
+        source_turn: None,
+        text: text.into(),
+    }
+}
+
+/// Alice's memory: an earlier conversation holding a fact, a current one with small talk; Bob's
+/// memory holds a canary about the same topic.
+fn seeded(memory: &Memory) {
+    let fillers = [
+        "Good morning! How was the weekend?",
+        "Pretty quiet, mostly reading on the balcony.",
+        "Nice. The weather has been lovely lately.",
+        "It has, I even had breakfast outside today.",
+    ];
+    let mut messages = vec![
+        turn(
+            "alice",
+            "trip",
+            Role::User,
+            "Alice",
+            0,
+            "We booked the ferry to Orkney for the twelfth of June.",
+        ),
+        turn(
+            "alice",
+            "trip",
+            Role::Assistant,
+            "Guide",
+            0,
+            "Great, the ferry leaves Scrabster at noon.",
+        ),
+        turn(
+            "bob",
+            "trip",
+            Role::User,
+            "Bob",
+            0,
+            "CANARY-BOB my ferry to Orkney is on the ninth of July.",
+        ),
+    ];
+    for (i, text) in fillers.iter().enumerate() {
+        let role = if i % 2 == 0 {
+            Role::User
+        } else {
+            Role::Assistant
+        };
+        let name = if i % 2 == 0 { "Alice" } else { "Guide" };
+        messages.push(turn("alice", "chat", role, name, 48 + i as i64, text));
+    }
+    Capturer::new(&memory.dictionary)
+        .capture(&memory.store, &messages)
+        .unwrap();
+}
+
+fn arena(memory: &Memory) -> Arena {
+    let mut arena = Arena::new();
+    arena.catch_up(&memory.store, &memory.dictionary).unwrap();
+    arena
+}
+
+fn activations(memory: &Memory, user: UserId) -> HashMap<RowId, Activation> {
+    memory
+        .store
+        .activations_of(user)
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+fn ask<'a>(conversation: &'a str, question: &'a str, probe: bool) -> Ask<'a> {
+    Ask {
+        user: UserId::from_key("alice"),
+        conversation: Some(conversation),
+        question,
+        probe,
+        now_ms: Some(MARCH_1 + 60 * HOUR),
+    }
+}
+
+fn run(memory: &Memory, config: &RecallConfig, ask: &Ask<'_>) -> Recall {
+    let kernels = Kernels::detect(false);
+    recall(memory, &arena(memory), &kernels, config, ask).unwrap()
+}
+
+fn text(recall: &Recall) -> String {
+    recall
+        .frame
+        .messages
+        .iter()
+        .map(|m| m.content.as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_captured_question_is_the_last_turn_once_and_retrieval_reheats_what_it_selected() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = open(dir.path());
+    seeded(&memory);
+    let question = "When is our ferry to Orkney?";
+    let ids = Capturer::new(&memory.dictionary)
+        .capture(
+            &memory.store,
+            &[turn("alice", "chat", Role::User, "Alice", 53, question)],
+        )
+        .unwrap();
+    let alice = UserId::from_key("alice");
+    let before = activations(&memory, alice);
+
+    let recall = run(
+        &memory,
+        &RecallConfig::default(),
+        &ask("chat", question, false),
+    );
+    let frame = &recall.frame;
+    let all = text(&recall);
+    assert_eq!(all.matches(question).count(), 1, "{all}");
+    let last = frame.messages.last().unwrap();
+    assert_eq!(last.role, Side::User);
+    assert!(last.content.ends_with(question), "{}", last.content);
+    assert_eq!(frame.rows.last(), Some(&ids[0][0]));
+    assert!(
+        !all.contains("CANARY-BOB"),
+        "another user's turn leaked: {all}"
+    );
+
+    // The earlier conversation's fact is quoted verbatim, before the current conversation.
+    let fact = all.find("We booked the ferry to Orkney for the twelfth of June.");
+    let current = all.find("[This conversation (chat)");
+    assert!(
+        fact.is_some() && current.is_some() && fact < current,
+        "{all}"
+    );
+    assert!(
+        all.contains("[Earlier conversation (trip), from 2024-03-01 09:00, 2 days before now]")
+    );
+
+    // The top hit was reheated, and only retrieval's reheat changed activation.
+    let after = activations(&memory, alice);
+    let top = RowId(recall.retrieved[0].row);
+    assert!(after[&top].peak > heat::BORN_PEAK);
+    assert_eq!(after[&top].decay.to_bits(), before[&top].decay.to_bits());
+    let changed = after.iter().filter(|(id, a)| before[id] != **a).count();
+    assert_eq!(changed, recall.reheated);
+    assert!(recall.reheated > 0);
+}
+
+#[test]
+fn a_probe_appends_the_question_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = open(dir.path());
+    seeded(&memory);
+    let alice = UserId::from_key("alice");
+    let (before, clock, next) = (
+        activations(&memory, alice),
+        memory.store.clock(alice).unwrap(),
+        memory.store.next_row(),
+    );
+    let question = "Which port does the ferry leave from?";
+    let recall = run(
+        &memory,
+        &RecallConfig::default(),
+        &ask("chat", question, true),
+    );
+    let all = text(&recall);
+    assert_eq!(all.matches(question).count(), 1);
+    assert!(all.ends_with(question));
+    assert!(all.contains("the ferry leaves Scrabster at noon"), "{all}");
+    assert!(
+        recall.reheated > 0,
+        "the probe's frame still sees its reheat"
+    );
+    assert_eq!(activations(&memory, alice), before);
+    assert_eq!(memory.store.clock(alice).unwrap(), clock);
+    assert_eq!(memory.store.next_row(), next);
+}
+
+#[test]
+fn the_mandatory_set_survives_a_budget_too_small_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = open(dir.path());
+    seeded(&memory);
+    let config = RecallConfig {
+        budget: Budget {
+            floor: 10,
+            ceiling: 10,
+        },
+        mandatory_hits: 1,
+        recent_tokens: 1,
+        ..RecallConfig::default()
+    };
+    let recall = run(&memory, &config, &ask("chat", "ferry to Orkney", true));
+    let frame = &recall.frame;
+    assert!(frame.tokens > frame.cap);
+    let top = RowId(recall.retrieved[0].row);
+    let newest = memory
+        .store
+        .conversation_rows_newest_first(UserId::from_key("alice"), "chat")
+        .next()
+        .unwrap()
+        .unwrap();
+    let mut shown = frame.rows.clone();
+    shown.sort();
+    let mut mandatory = vec![top, newest];
+    mandatory.sort();
+    mandatory.dedup();
+    assert_eq!(shown, mandatory, "exactly the mandatory set");
+    assert_eq!(frame.mandatory, mandatory.len());
+    assert!(text(&recall).contains("did not fit in this frame"));
+}
+
+#[test]
+fn labels_use_the_name_bound_now_not_the_name_at_capture() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = open(dir.path());
+    let capturer = Capturer::new(&memory.dictionary);
+    capturer
+        .capture(
+            &memory.store,
+            &[turn(
+                "alice",
+                "chat",
+                Role::Assistant,
+                "Helper",
+                0,
+                "I can look up ferry times.",
+            )],
+        )
+        .unwrap();
+    capturer
+        .capture(
+            &memory.store,
+            &[turn(
+                "alice",
+                "chat",
+                Role::Assistant,
+                "Ferrybot",
+                1,
+                "The ferry sails at noon.",
+            )],
+        )
+        .unwrap();
+    let recall = run(
+        &memory,
+        &RecallConfig::default(),
+        &ask("chat", "ferry times", true),
+    );
+    let all = text(&recall);
+    assert!(
+        all.contains("[Ferrybot, 09:00] I can look up ferry times."),
+        "{all}"
+    );
+    assert!(!all.contains("Helper"), "{all}");
+}
