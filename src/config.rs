@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 /// Where `serve` listens when not told otherwise: loopback only, so a fresh start exposes
 /// nothing beyond this machine.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 
 /// The data directory when not told otherwise (created if missing).
 pub const DEFAULT_DATA_DIR: &str = "perpetuity-data";

@@ -42,6 +42,10 @@ enum Command {
         /// Run every scan kernel in its scalar form (for diagnosis; slower).
         #[arg(long, env = "PERPETUITY_SCALAR_KERNELS")]
         scalar_kernels: bool,
+        /// A provider's API base URL, `NAME=URL` with NAME one of openai, anthropic, gemini
+        /// (repeatable; defaults: the real providers).
+        #[arg(long, env = "PERPETUITY_UPSTREAMS", value_delimiter = ',', value_parser = parse_upstream)]
+        upstream: Vec<(perpetuity::proxy::provider::Provider, String)>,
         #[command(flatten)]
         data: DataArgs,
         #[command(flatten)]
@@ -308,6 +312,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve {
             listen,
             scalar_kernels,
+            upstream,
             data,
             dictionary,
         } => {
@@ -319,7 +324,11 @@ fn main() -> anyhow::Result<()> {
                 dictionaries_root: dictionary.root(),
                 dictionary_version: dictionary.dictionary_version.clone(),
             };
-            serve(config, dictionary.open(&data)?)
+            let mut proxy_config = proxy::ProxyConfig::default();
+            for (provider, url) in upstream {
+                proxy_config.set_upstream(provider, url);
+            }
+            serve(config, proxy_config, kernels, dictionary.open(&data)?)
         }
         Command::Ingest {
             data,
@@ -490,7 +499,26 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-fn serve(config: ServeConfig, memory: Memory) -> anyhow::Result<()> {
+/// `NAME=URL` of `--upstream`.
+fn parse_upstream(text: &str) -> Result<(perpetuity::proxy::provider::Provider, String), String> {
+    let (name, url) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not NAME=URL"))?;
+    let provider = perpetuity::proxy::provider::Provider::from_name(name.trim())
+        .ok_or_else(|| format!("unknown provider {name:?} (openai, anthropic or gemini)"))?;
+    let url = url.trim();
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(format!("{url:?} is not an http:// or https:// URL"));
+    }
+    Ok((provider, url.to_owned()))
+}
+
+fn serve(
+    config: ServeConfig,
+    proxy_config: proxy::ProxyConfig,
+    kernels: Kernels,
+    memory: Memory,
+) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(config.listen)
@@ -513,10 +541,21 @@ fn serve(config: ServeConfig, memory: Memory) -> anyhow::Result<()> {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "arena ready"
         );
-        let state = Arc::new(proxy::State {
+        let secret = proxy::identity::Secret::load_or_create(&config.data_dir)
+            .context("loading the server secret")?;
+        tracing::info!(
+            openai = proxy_config.openai,
+            anthropic = proxy_config.anthropic,
+            gemini = proxy_config.gemini,
+            "upstreams"
+        );
+        let state = Arc::new(proxy::State::new(
             memory,
-            arena: std::sync::RwLock::new(arena),
-        });
+            arena,
+            kernels,
+            secret,
+            proxy_config,
+        ));
         tokio::select! {
             result = proxy::serve(listener, state) => result.context("accepting connections"),
             _ = tokio::signal::ctrl_c() => {

@@ -41,7 +41,7 @@ fn request(port: u16, method: &str, path: &str) -> std::io::Result<(String, Stri
 }
 
 #[test]
-fn serve_answers_health_and_unknown_routes() {
+fn serve_answers_health_and_refuses_a_route_without_a_provider() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _server = Server(
@@ -72,8 +72,30 @@ fn serve_answers_health_and_unknown_routes() {
         "default data dir created"
     );
 
+    let secret = dir.path().join("perpetuity-data/secret");
+    assert_eq!(
+        std::fs::read(&secret).unwrap().len(),
+        32,
+        "the server secret is made"
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&secret).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "only the owner reads the secret");
+    }
+
+    // Another path is passed through to the provider its credential names; without one there
+    // is nobody to pass it to.
     let (status, body) = request(port, "POST", "/v1/unknown").unwrap();
-    assert!(status.contains("404"), "{status}");
+    assert!(status.contains("400"), "{status}");
     let error: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(error["error"]["type"], "not_found_error");
+    assert_eq!(error["error"]["type"], "invalid_request_error");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot tell which provider"),
+        "{error}"
+    );
 }

@@ -1,0 +1,204 @@
+//! Which provider's API a request speaks, its credential, and errors in its own shape.
+
+use hyper::HeaderMap;
+use hyper::StatusCode;
+use serde_json::{Value, json};
+
+/// A provider API the proxy speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provider {
+    /// OpenAI Chat Completions (`POST /v1/chat/completions`), and OpenAI's other routes.
+    OpenAi,
+    /// Anthropic Messages (`POST /v1/messages`).
+    Anthropic,
+    /// Google Gemini (`/v1beta/models/...`), passed through.
+    Gemini,
+}
+
+/// What kind of error the proxy itself answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The request is malformed (400).
+    InvalidRequest,
+    /// The credential is missing (401).
+    Authentication,
+    /// The body is over the size limit (413).
+    TooLarge,
+    /// The upstream could not be reached or failed (502).
+    Upstream,
+    /// The upstream did not answer in time (504).
+    Timeout,
+}
+
+impl Failure {
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::InvalidRequest => StatusCode::BAD_REQUEST,
+            Self::Authentication => StatusCode::UNAUTHORIZED,
+            Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Upstream => StatusCode::BAD_GATEWAY,
+            Self::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+}
+
+impl Provider {
+    /// The name used in `--upstream NAME=URL` and in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::OpenAi => "openai",
+            Self::Anthropic => "anthropic",
+            Self::Gemini => "gemini",
+        }
+    }
+
+    /// The provider named `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::OpenAi, Self::Anthropic, Self::Gemini]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+
+    /// The provider a request is for, read from its credential headers: `x-goog-api-key` is
+    /// Gemini; `x-api-key` or an `anthropic-version` is Anthropic; a Bearer token is OpenAI.
+    pub fn from_headers(headers: &HeaderMap) -> Option<Self> {
+        if headers.contains_key("x-goog-api-key") {
+            Some(Self::Gemini)
+        } else if headers.contains_key("x-api-key") || headers.contains_key("anthropic-version") {
+            Some(Self::Anthropic)
+        } else if bearer(headers).is_some() {
+            Some(Self::OpenAi)
+        } else {
+            None
+        }
+    }
+
+    /// The caller's credential as this provider carries it, if present.
+    pub fn credential(self, headers: &HeaderMap) -> Option<String> {
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        };
+        match self {
+            Self::OpenAi => bearer(headers),
+            Self::Anthropic => header("x-api-key").or_else(|| bearer(headers)),
+            Self::Gemini => header("x-goog-api-key"),
+        }
+    }
+
+    /// An error body in this provider's own shape, which its SDK turns into its own exception.
+    pub fn error_body(self, failure: Failure, message: &str) -> Value {
+        match self {
+            Self::OpenAi => json!({
+                "error": {
+                    "message": message,
+                    "type": match failure {
+                        Failure::InvalidRequest | Failure::TooLarge => "invalid_request_error",
+                        Failure::Authentication => "authentication_error",
+                        Failure::Upstream | Failure::Timeout => "api_error",
+                    },
+                    "param": null,
+                    "code": null,
+                }
+            }),
+            Self::Anthropic => json!({
+                "type": "error",
+                "error": {
+                    "type": match failure {
+                        Failure::InvalidRequest => "invalid_request_error",
+                        Failure::Authentication => "authentication_error",
+                        Failure::TooLarge => "request_too_large",
+                        Failure::Upstream | Failure::Timeout => "api_error",
+                    },
+                    "message": message,
+                }
+            }),
+            Self::Gemini => json!({
+                "error": {
+                    "code": failure.status().as_u16(),
+                    "message": message,
+                    "status": match failure {
+                        Failure::InvalidRequest | Failure::TooLarge => "INVALID_ARGUMENT",
+                        Failure::Authentication => "UNAUTHENTICATED",
+                        Failure::Upstream => "UNAVAILABLE",
+                        Failure::Timeout => "DEADLINE_EXCEEDED",
+                    },
+                }
+            }),
+        }
+    }
+}
+
+/// The token of an `Authorization: Bearer` header.
+fn bearer(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(hyper::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    (scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty())
+        .then(|| token.trim().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    #[test]
+    fn the_credential_type_names_the_provider() {
+        let openai = headers(&[("authorization", "Bearer sk-1")]);
+        assert_eq!(Provider::from_headers(&openai), Some(Provider::OpenAi));
+        assert_eq!(
+            Provider::OpenAi.credential(&openai).as_deref(),
+            Some("sk-1")
+        );
+        let old_sdk = headers(&[("x-api-key", "ak-1"), ("anthropic-version", "2023-06-01")]);
+        assert_eq!(Provider::from_headers(&old_sdk), Some(Provider::Anthropic));
+        assert_eq!(
+            Provider::Anthropic.credential(&old_sdk).as_deref(),
+            Some("ak-1")
+        );
+        let new_sdk = headers(&[
+            ("authorization", "Bearer ak-2"),
+            ("anthropic-version", "2026-10-21"),
+        ]);
+        assert_eq!(Provider::from_headers(&new_sdk), Some(Provider::Anthropic));
+        assert_eq!(
+            Provider::Anthropic.credential(&new_sdk).as_deref(),
+            Some("ak-2")
+        );
+        let gemini = headers(&[("x-goog-api-key", "g-1")]);
+        assert_eq!(Provider::from_headers(&gemini), Some(Provider::Gemini));
+        assert_eq!(
+            Provider::from_headers(&headers(&[("authorization", "Basic x")])),
+            None
+        );
+        assert_eq!(
+            Provider::from_headers(&headers(&[("authorization", "Bearer  ")])),
+            None
+        );
+    }
+
+    #[test]
+    fn errors_take_each_providers_shape() {
+        let openai = Provider::OpenAi.error_body(Failure::Authentication, "no key");
+        assert_eq!(openai["error"]["type"], "authentication_error");
+        assert_eq!(openai["error"]["message"], "no key");
+        let anthropic = Provider::Anthropic.error_body(Failure::TooLarge, "big");
+        assert_eq!(anthropic["type"], "error");
+        assert_eq!(anthropic["error"]["type"], "request_too_large");
+        let gemini = Provider::Gemini.error_body(Failure::InvalidRequest, "bad");
+        assert_eq!(gemini["error"]["code"], 400);
+        assert_eq!(gemini["error"]["status"], "INVALID_ARGUMENT");
+    }
+}

@@ -1,0 +1,646 @@
+//! The proxy over real HTTP on loopback, in front of a scripted upstream that replays recorded
+//! provider streams: the frame replaces the history, streams pass through unchanged and
+//! unbuffered, replies are captured, memories never cross credentials, and bad requests get
+//! errors in the caller's own API shape.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::{Bytes, Frame, Incoming};
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+
+use perpetuity::arena::Arena;
+use perpetuity::config::default_dictionaries_root;
+use perpetuity::dictionary::DEFAULT_VERSION;
+use perpetuity::memory::Memory;
+use perpetuity::proxy::identity::Secret;
+use perpetuity::proxy::{ProxyConfig, State, serve};
+use perpetuity::scan::kernels::Kernels;
+use perpetuity::store::StoreOptions;
+use perpetuity::types::{Role, RowId, UserId};
+
+/// One request the upstream received.
+#[derive(Debug, Clone)]
+struct Received {
+    path: String,
+    headers: hyper::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Received {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// One scripted answer.
+enum Answer {
+    /// Status, content type, body sent whole.
+    Whole(u16, &'static str, Vec<u8>),
+    /// An event stream sent in two parts, the second only once the test says so.
+    Held(Vec<u8>, Vec<u8>, oneshot::Receiver<()>),
+}
+
+#[derive(Default)]
+struct Script {
+    answers: Mutex<VecDeque<Answer>>,
+    received: Mutex<Vec<Received>>,
+}
+
+type UpstreamBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+async fn upstream_answer(
+    req: Request<Incoming>,
+    script: Arc<Script>,
+) -> Result<Response<UpstreamBody>, Infallible> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.unwrap().to_bytes().to_vec();
+    script.received.lock().unwrap().push(Received {
+        path: parts.uri.path_and_query().unwrap().to_string(),
+        headers: parts.headers,
+        body,
+    });
+    let answer = script
+        .answers
+        .lock()
+        .unwrap()
+        .pop_front()
+        .expect("a scripted answer");
+    Ok(match answer {
+        Answer::Whole(status, content_type, body) => Response::builder()
+            .status(status)
+            .header("content-type", content_type)
+            .body(Full::new(Bytes::from(body)).boxed())
+            .unwrap(),
+        Answer::Held(first, rest, go) => {
+            let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+            tokio::spawn(async move {
+                tx.send(Ok(Frame::data(Bytes::from(first)))).await.unwrap();
+                let _ = go.await;
+                let _ = tx.send(Ok(Frame::data(Bytes::from(rest)))).await;
+            });
+            Response::builder()
+                .status(200)
+                .header("content-type", "text/event-stream")
+                .body(Held(rx).boxed())
+                .unwrap()
+        }
+    })
+}
+
+/// A receiver of frames as a body.
+struct Held(mpsc::Receiver<Result<Frame<Bytes>, Infallible>>);
+
+impl hyper::body::Body for Held {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+async fn listen(script: Arc<Script>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let script = Arc::clone(&script);
+            tokio::spawn(async move {
+                let service = service_fn(move |req| upstream_answer(req, Arc::clone(&script)));
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// The proxy and its scripted upstream.
+struct Harness {
+    _dir: tempfile::TempDir,
+    state: Arc<State>,
+    proxy: SocketAddr,
+    script: Arc<Script>,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Harness {
+    async fn start(configure: impl FnOnce(&mut ProxyConfig)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let memory = Memory::open(
+            dir.path(),
+            &default_dictionaries_root(),
+            DEFAULT_VERSION,
+            &StoreOptions::default(),
+        )
+        .unwrap();
+        let script = Arc::new(Script::default());
+        let upstream = format!("http://{}", listen(Arc::clone(&script)).await);
+        let mut config = ProxyConfig {
+            openai: upstream.clone(),
+            anthropic: upstream.clone(),
+            gemini: upstream,
+            ..ProxyConfig::default()
+        };
+        configure(&mut config);
+        let state = Arc::new(State::new(
+            memory,
+            Arena::new(),
+            Kernels::detect(false),
+            Secret::from_bytes([7; 32]),
+            config,
+        ));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, Arc::clone(&state)));
+        Self {
+            _dir: dir,
+            state,
+            proxy,
+            script,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    fn answer(&self, answer: Answer) {
+        self.script.answers.lock().unwrap().push_back(answer);
+    }
+
+    fn received(&self) -> Vec<Received> {
+        self.script.received.lock().unwrap().clone()
+    }
+
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Response<Incoming> {
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.proxy));
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        let request = builder
+            .body(Full::new(Bytes::copy_from_slice(body)))
+            .unwrap();
+        self.client.request(request).await.unwrap()
+    }
+
+    /// Rows of the user behind `credential`, waiting up to 10 s for `expected` of them.
+    fn rows_of(&self, credential: &str, expected: usize) -> Vec<perpetuity::store::Row> {
+        let user = UserId::from_key(&self.state.secret.user_key(credential, None));
+        let started = Instant::now();
+        loop {
+            let rows: Vec<_> = self
+                .state
+                .memory
+                .store
+                .rows_of(user)
+                .collect::<Result<_, _>>()
+                .unwrap();
+            if rows.len() >= expected || started.elapsed() > Duration::from_secs(10) {
+                return rows;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn fixture(path: &str) -> Option<Vec<u8>> {
+    let file: PathBuf = common::shared_dir()?.join("fixtures/providers").join(path);
+    match std::fs::read(&file) {
+        Ok(bytes) => Some(bytes),
+        Err(_) => {
+            eprintln!("SKIP: fixture {} is absent", file.display());
+            None
+        }
+    }
+}
+
+async fn body_of(response: Response<Incoming>) -> Vec<u8> {
+    response
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec()
+}
+
+fn header<'a>(response: &'a Response<Incoming>, name: &str) -> &'a str {
+    response
+        .headers()
+        .get(name)
+        .map_or("", |v| v.to_str().unwrap())
+}
+
+const OPENAI: [(&str, &str); 2] = [
+    ("authorization", "Bearer sk-alice"),
+    ("content-type", "application/json"),
+];
+
+fn chat_body(history: &[(&str, &str)], question: &str) -> Vec<u8> {
+    let mut messages = vec![json!({"role": "system", "content": "You are terse."})];
+    for (role, content) in history {
+        messages.push(json!({"role": role, "content": content}));
+    }
+    messages.push(json!({"role": "user", "content": question}));
+    json!({"model": "gpt-4o", "stream": true, "messages": messages})
+        .to_string()
+        .into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openai_stream_passes_through_the_frame_replaces_history_and_the_reply_is_captured() {
+    let Some(stream) = fixture("openai-chat/oai-py_text_usage.sse") else {
+        return;
+    };
+    let h = Harness::start(|_| {}).await;
+    h.answer(Answer::Whole(200, "text/event-stream", stream.clone()));
+    let body = chat_body(
+        &[
+            ("user", "an old question"),
+            ("assistant", "OLD-HISTORY-MARKER resent by the harness"),
+        ],
+        "Remember that my locker code is 4172.",
+    );
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[OPENAI[0], OPENAI[1], ("x-perpetuity-conversation", "first")],
+            &body,
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(header(&response, "x-perpetuity-memory"), "ok");
+    assert_eq!(header(&response, "x-accel-buffering"), "no");
+    assert_eq!(
+        header(&response, "x-perpetuity-dictionary"),
+        DEFAULT_VERSION
+    );
+    assert_eq!(
+        body_of(response).await,
+        stream,
+        "the stream reaches the client unchanged"
+    );
+
+    let sent = h.received().pop().unwrap();
+    assert_eq!(sent.path, "/v1/chat/completions");
+    assert_eq!(
+        sent.headers["authorization"], "Bearer sk-alice",
+        "the credential is forwarded"
+    );
+    assert_eq!(sent.headers["accept-encoding"], "identity");
+    let upstream = sent.json();
+    let messages = upstream["messages"].as_array().unwrap();
+    assert_eq!(
+        messages[0],
+        json!({"role": "system", "content": "You are terse."})
+    );
+    assert!(
+        !sent.text().contains("OLD-HISTORY-MARKER"),
+        "the harness's history is replaced"
+    );
+    assert_eq!(sent.text().matches("my locker code is 4172").count(), 1);
+    let last = messages.last().unwrap();
+    assert_eq!(last["role"], "user");
+    assert!(
+        last["content"]
+            .as_str()
+            .unwrap()
+            .ends_with("Remember that my locker code is 4172.")
+    );
+
+    let rows = h.rows_of("sk-alice", 2);
+    let said: Vec<(Role, &str)> = rows.iter().map(|r| (r.role, r.text.as_str())).collect();
+    assert_eq!(
+        said[0],
+        (Role::User, "Remember that my locker code is 4172.")
+    );
+    assert_eq!(
+        said.len(),
+        2,
+        "the question and the reply, nothing of the resent history"
+    );
+    assert_eq!(rows[1].role, Role::Assistant);
+    assert_eq!(rows[1].name.as_deref(), Some("gpt-4o"));
+    assert!(rows[1].text.starts_with("I'm"), "{}", rows[1].text);
+    assert!(!rows[1].text.contains("truncated"));
+
+    // A second conversation of the same credential sees the first; another credential never.
+    h.answer(Answer::Whole(200, "text/event-stream", stream.clone()));
+    let again = chat_body(&[], "What is my locker code?");
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[
+                OPENAI[0],
+                OPENAI[1],
+                ("x-perpetuity-conversation", "second"),
+            ],
+            &again,
+        )
+        .await;
+    body_of(response).await;
+    assert!(
+        h.received()
+            .pop()
+            .unwrap()
+            .text()
+            .contains("my locker code is 4172")
+    );
+
+    h.answer(Answer::Whole(200, "text/event-stream", stream));
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[
+                ("authorization", "Bearer sk-mallory"),
+                OPENAI[1],
+                ("x-perpetuity-conversation", "second"),
+                ("x-perpetuity-user", "sk-alice"),
+            ],
+            &again,
+        )
+        .await;
+    body_of(response).await;
+    let leaked = h.received().pop().unwrap();
+    assert!(
+        !leaked.text().contains("4172"),
+        "another credential sees nothing: {}",
+        leaked.text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_stream_is_terminated_and_its_text_captured() {
+    let Some(stream) = fixture("anthropic-messages/ant-py_text_basic.sse") else {
+        return;
+    };
+    assert!(
+        !stream.ends_with(b"\n\n"),
+        "the recording ends without its blank line"
+    );
+    let h = Harness::start(|_| {}).await;
+    h.answer(Answer::Whole(200, "text/event-stream", stream.clone()));
+    let body = json!({
+        "model": "claude-haiku-4-5",
+        "max_tokens": 64,
+        "stream": true,
+        "system": [{"type": "text", "text": "Be kind.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": "Say hello."}]
+    });
+    let response = h
+        .send(
+            "POST",
+            "/v1/messages?beta=true",
+            &[
+                ("x-api-key", "ak-bob"),
+                ("anthropic-version", "2023-06-01"),
+                ("content-type", "application/json"),
+            ],
+            body.to_string().as_bytes(),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut expected = stream.clone();
+    expected.extend_from_slice(b"\n\n");
+    assert_eq!(body_of(response).await, expected);
+    let sent = h.received().pop().unwrap();
+    assert_eq!(sent.path, "/v1/messages?beta=true");
+    assert_eq!(sent.headers["x-api-key"], "ak-bob");
+    assert_eq!(sent.headers["anthropic-version"], "2023-06-01");
+    assert_eq!(
+        sent.json()["system"],
+        body["system"],
+        "the system blocks and their cache markers stay"
+    );
+    let rows = h.rows_of("ak-bob", 2);
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1].text, "Hello there!");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_reach_the_client_before_the_upstream_finishes() {
+    let h = Harness::start(|_| {}).await;
+    let (go, wait) = oneshot::channel();
+    let first =
+        b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"early \"}}]}\n\n".to_vec();
+    let rest = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"late\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n".to_vec();
+    h.answer(Answer::Held(first.clone(), rest.clone(), wait));
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &OPENAI,
+            &chat_body(&[], "Tell me something."),
+        )
+        .await;
+    let mut body = response.into_body();
+    let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("the first event arrives while the upstream still holds the rest")
+        .unwrap()
+        .unwrap();
+    assert_eq!(frame.into_data().unwrap().to_vec(), first);
+    go.send(()).unwrap();
+    let rest_received = body.collect().await.unwrap().to_bytes().to_vec();
+    assert_eq!(rest_received, rest);
+    let rows = h.rows_of("sk-alice", 2);
+    assert_eq!(rows[1].text, "early late");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switches_turn_recall_and_capture_off_and_probe_writes_nothing() {
+    let Some(stream) = fixture("openai-chat/oai-py_text_usage.sse") else {
+        return;
+    };
+    let h = Harness::start(|_| {}).await;
+    let body = chat_body(&[("assistant", "resent")], "Untouched please.");
+
+    h.answer(Answer::Whole(200, "text/event-stream", stream.clone()));
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[OPENAI[0], OPENAI[1], ("x-perpetuity-recall", "off")],
+            &body,
+        )
+        .await;
+    assert_eq!(header(&response, "x-perpetuity-memory"), "off");
+    body_of(response).await;
+    assert_eq!(
+        h.received().pop().unwrap().body,
+        body,
+        "recall off forwards the body byte for byte"
+    );
+    let rows = h.rows_of("sk-alice", 2);
+    assert_eq!(rows.len(), 2, "recall off still captures");
+
+    let before = h.state.memory.store.next_row();
+    for switch in [
+        ("x-perpetuity-probe", "on"),
+        ("x-perpetuity-capture", "off"),
+    ] {
+        h.answer(Answer::Whole(200, "text/event-stream", stream.clone()));
+        let response = h
+            .send(
+                "POST",
+                "/v1/chat/completions",
+                &[OPENAI[0], OPENAI[1], switch],
+                &chat_body(&[], "A probe question?"),
+            )
+            .await;
+        assert_eq!(header(&response, "x-perpetuity-memory"), "ok");
+        body_of(response).await;
+        let sent = h.received().pop().unwrap();
+        let messages = sent.json()["messages"].as_array().unwrap().clone();
+        assert!(
+            messages.last().unwrap()["content"]
+                .as_str()
+                .unwrap()
+                .ends_with("A probe question?")
+        );
+        assert!(
+            sent.text().contains("Untouched please."),
+            "the probe's frame holds the memory"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        h.state.memory.store.next_row(),
+        before,
+        "probe and capture-off store nothing"
+    );
+    let alice = UserId::from_key(&h.state.secret.user_key("sk-alice", None));
+    assert!(
+        h.state
+            .memory
+            .store
+            .row(alice, RowId(before.0))
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_errors_in_the_callers_shape_and_upstream_errors_pass_through() {
+    let h = Harness::start(|config| config.body_limit = 4_096).await;
+
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[OPENAI[1]],
+            &chat_body(&[], "hi"),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let error: Value = serde_json::from_slice(&body_of(response).await).unwrap();
+    assert_eq!(error["error"]["type"], "authentication_error");
+
+    let anthropic = [("x-api-key", "ak-1"), ("anthropic-version", "2023-06-01")];
+    let response = h
+        .send("POST", "/v1/messages", &anthropic, b"{not json")
+        .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let error: Value = serde_json::from_slice(&body_of(response).await).unwrap();
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["error"]["type"], "invalid_request_error");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON")
+    );
+
+    let response = h
+        .send(
+            "POST",
+            "/v1/messages",
+            &[("x-api-key", "ak-1")],
+            br#"{"model":"claude-haiku-4-5","max_tokens":5,"messages":[]}"#,
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert!(
+        String::from_utf8(body_of(response).await)
+            .unwrap()
+            .contains("anthropic-version")
+    );
+
+    let huge = chat_body(&[], &"x".repeat(10_000));
+    let response = h.send("POST", "/v1/chat/completions", &OPENAI, &huge).await;
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+
+    let Some(limited) = fixture("openai-chat/vercel_error_400_unsupported_parameter.json") else {
+        return;
+    };
+    h.answer(Answer::Whole(429, "application/json", limited.clone()));
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &OPENAI,
+            &chat_body(&[], "hi"),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        body_of(response).await,
+        limited,
+        "the upstream's error reaches the client unchanged"
+    );
+    assert!(
+        h.received()
+            .iter()
+            .all(|r| r.path == "/v1/chat/completions")
+    );
+    assert_eq!(
+        h.received().len(),
+        1,
+        "refused requests never reach the upstream"
+    );
+
+    h.answer(Answer::Whole(
+        200,
+        "application/json",
+        br#"{"object":"list","data":[]}"#.to_vec(),
+    ));
+    let response = h.send("GET", "/v1/models", &[OPENAI[0]], b"").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(body_of(response).await, br#"{"object":"list","data":[]}"#);
+    assert_eq!(h.received().last().unwrap().path, "/v1/models");
+    let response = h.send("GET", "/v1/models", &[], b"").await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+}
