@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks to build and test Perpetuity: clang and libclang
-# (bindgen for the bundled RocksDB). Does nothing when they are already there.
+# (bindgen for the bundled RocksDB), Python's venv, and a virtual environment holding the
+# official openai and anthropic SDKs at pinned versions for the wire-compatibility tests
+# (`$PERPETUITY_SDK_VENV`, default /var/tmp/perpetuity-sdk-venv). Does nothing when they are
+# already there.
 set -euo pipefail
 need=()
 command -v clang >/dev/null 2>&1 || need+=(clang)
 dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "installing: ${need[*]}"
   sudo=""
@@ -12,4 +17,12 @@ if [ "${#need[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq "${need[@]}"
+fi
+
+venv="${PERPETUITY_SDK_VENV:-/var/tmp/perpetuity-sdk-venv}"
+sdks=(openai==3.57.0 anthropic==2.14.0)
+if ! "$venv/bin/python" -c 'import openai, anthropic, sys; sys.exit(not (openai.__version__ == "3.57.0" and anthropic.__version__ == "2.14.0"))' >/dev/null 2>&1; then
+  echo "making the SDK environment in $venv: ${sdks[*]}"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "${sdks[@]}"
 fi

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test binary uses its own subset of these helpers
 
+pub mod upstream;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 

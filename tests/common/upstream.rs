@@ -1,0 +1,258 @@
+//! A scripted upstream on loopback that speaks the providers' wire formats (replaying recorded
+//! streams), and the proxy in front of it, for the proxy and SDK tests.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::{Bytes, Frame, Incoming};
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+
+use perpetuity::arena::Arena;
+use perpetuity::config::default_dictionaries_root;
+use perpetuity::dictionary::DEFAULT_VERSION;
+use perpetuity::memory::Memory;
+use perpetuity::proxy::identity::Secret;
+use perpetuity::proxy::{ProxyConfig, State, serve};
+use perpetuity::scan::kernels::Kernels;
+use perpetuity::store::StoreOptions;
+use perpetuity::types::UserId;
+
+/// One request the upstream received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub path: String,
+    pub headers: hyper::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Received {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// One scripted answer.
+pub enum Answer {
+    /// Status, content type, body sent whole.
+    Whole(u16, &'static str, Vec<u8>),
+    /// An event stream sent in two parts, the second only once the test says so.
+    Held(Vec<u8>, Vec<u8>, oneshot::Receiver<()>),
+}
+
+#[derive(Default)]
+struct Script {
+    answers: Mutex<VecDeque<Answer>>,
+    received: Mutex<Vec<Received>>,
+}
+
+type UpstreamBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+async fn upstream_answer(
+    req: Request<Incoming>,
+    script: Arc<Script>,
+) -> Result<Response<UpstreamBody>, Infallible> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.unwrap().to_bytes().to_vec();
+    script.received.lock().unwrap().push(Received {
+        path: parts.uri.path_and_query().unwrap().to_string(),
+        headers: parts.headers,
+        body,
+    });
+    let answer = script
+        .answers
+        .lock()
+        .unwrap()
+        .pop_front()
+        .expect("a scripted answer");
+    Ok(match answer {
+        Answer::Whole(status, content_type, body) => Response::builder()
+            .status(status)
+            .header("content-type", content_type)
+            .body(Full::new(Bytes::from(body)).boxed())
+            .unwrap(),
+        Answer::Held(first, rest, go) => {
+            let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+            tokio::spawn(async move {
+                tx.send(Ok(Frame::data(Bytes::from(first)))).await.unwrap();
+                let _ = go.await;
+                let _ = tx.send(Ok(Frame::data(Bytes::from(rest)))).await;
+            });
+            Response::builder()
+                .status(200)
+                .header("content-type", "text/event-stream")
+                .body(Held(rx).boxed())
+                .unwrap()
+        }
+    })
+}
+
+/// A receiver of frames as a body.
+struct Held(mpsc::Receiver<Result<Frame<Bytes>, Infallible>>);
+
+impl hyper::body::Body for Held {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+async fn listen(script: Arc<Script>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let script = Arc::clone(&script);
+            tokio::spawn(async move {
+                let service = service_fn(move |req| upstream_answer(req, Arc::clone(&script)));
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// The proxy and its scripted upstream.
+pub struct Harness {
+    _dir: tempfile::TempDir,
+    pub state: Arc<State>,
+    pub proxy: SocketAddr,
+    script: Arc<Script>,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Harness {
+    pub async fn start(configure: impl FnOnce(&mut ProxyConfig)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let memory = Memory::open(
+            dir.path(),
+            &default_dictionaries_root(),
+            DEFAULT_VERSION,
+            &StoreOptions::default(),
+        )
+        .unwrap();
+        let script = Arc::new(Script::default());
+        let upstream = format!("http://{}", listen(Arc::clone(&script)).await);
+        let mut config = ProxyConfig {
+            openai: upstream.clone(),
+            anthropic: upstream.clone(),
+            gemini: upstream,
+            ..ProxyConfig::default()
+        };
+        configure(&mut config);
+        let state = Arc::new(State::new(
+            memory,
+            Arena::new(),
+            Kernels::detect(false),
+            Secret::from_bytes([7; 32]),
+            config,
+        ));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, Arc::clone(&state)));
+        Self {
+            _dir: dir,
+            state,
+            proxy,
+            script,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    pub fn answer(&self, answer: Answer) {
+        self.script.answers.lock().unwrap().push_back(answer);
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.script.received.lock().unwrap().clone()
+    }
+
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Response<Incoming> {
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.proxy));
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        let request = builder
+            .body(Full::new(Bytes::copy_from_slice(body)))
+            .unwrap();
+        self.client.request(request).await.unwrap()
+    }
+
+    /// Rows of the user behind `credential`, waiting up to 10 s for `expected` of them.
+    pub fn rows_of(&self, credential: &str, expected: usize) -> Vec<perpetuity::store::Row> {
+        let user = UserId::from_key(&self.state.secret.user_key(credential, None));
+        let started = Instant::now();
+        loop {
+            let rows: Vec<_> = self
+                .state
+                .memory
+                .store
+                .rows_of(user)
+                .collect::<Result<_, _>>()
+                .unwrap();
+            if rows.len() >= expected || started.elapsed() > Duration::from_secs(10) {
+                return rows;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+pub fn fixture(path: &str) -> Option<Vec<u8>> {
+    let file: PathBuf = super::shared_dir()?.join("fixtures/providers").join(path);
+    match std::fs::read(&file) {
+        Ok(bytes) => Some(bytes),
+        Err(_) => {
+            eprintln!("SKIP: fixture {} is absent", file.display());
+            None
+        }
+    }
+}
+
+pub async fn body_of(response: Response<Incoming>) -> Vec<u8> {
+    response
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec()
+}
+
+pub fn header<'a>(response: &'a Response<Incoming>, name: &str) -> &'a str {
+    response
+        .headers()
+        .get(name)
+        .map_or("", |v| v.to_str().unwrap())
+}
