@@ -46,6 +46,13 @@ enum Command {
         /// (repeatable; defaults: the real providers).
         #[arg(long, env = "PERPETUITY_UPSTREAMS", value_delimiter = ',', value_parser = parse_upstream)]
         upstream: Vec<(perpetuity::proxy::provider::Provider, String)>,
+        /// The token the admin endpoints (`/admin/stats`, `/admin/integrity`, `/admin/purge`)
+        /// require; without one they are disabled.
+        #[arg(long, env = "PERPETUITY_ADMIN_TOKEN", hide_env_values = true)]
+        admin_token: Option<String>,
+        /// Chat requests served at once; more are refused with 503.
+        #[arg(long, env = "PERPETUITY_MAX_CONCURRENT", default_value_t = 256)]
+        max_concurrent: usize,
         #[command(flatten)]
         data: DataArgs,
         #[command(flatten)]
@@ -313,6 +320,8 @@ fn main() -> anyhow::Result<()> {
             listen,
             scalar_kernels,
             upstream,
+            admin_token,
+            max_concurrent,
             data,
             dictionary,
         } => {
@@ -324,7 +333,11 @@ fn main() -> anyhow::Result<()> {
                 dictionaries_root: dictionary.root(),
                 dictionary_version: dictionary.dictionary_version.clone(),
             };
-            let mut proxy_config = proxy::ProxyConfig::default();
+            let mut proxy_config = proxy::ProxyConfig {
+                admin_token: admin_token.filter(|t| !t.is_empty()),
+                max_concurrent,
+                ..proxy::ProxyConfig::default()
+            };
             for (provider, url) in upstream {
                 proxy_config.set_upstream(provider, url);
             }

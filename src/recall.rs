@@ -73,6 +73,9 @@ pub struct Recall {
     pub budget: usize,
     /// Rows whose trajectory the reheat raised (written unless probing).
     pub reheated: usize,
+    /// Rows in the scope the scan covered, and the search's time in microseconds.
+    pub scanned_rows: usize,
+    pub scan_us: u64,
     pub frame: Frame,
 }
 
@@ -92,6 +95,7 @@ pub fn recall(
     ask: &Ask<'_>,
 ) -> Result<Recall, StoreError> {
     let store = &memory.store;
+    let started = std::time::Instant::now();
     let query = PreparedQuery::new(&memory.dictionary, arena, ask.question);
     let hits = search(
         &memory.dictionary,
@@ -101,6 +105,12 @@ pub fn recall(
         &query,
         config.depth,
     );
+    let scan_us = started.elapsed().as_micros() as u64;
+    let scanned_rows = arena
+        .scope_pages(&[ask.user])
+        .iter()
+        .map(|p| p.rows as usize)
+        .sum();
     let clock = store.clock(ask.user)?;
     let mut states: HashMap<RowId, Activation> =
         store.activations_of(ask.user).collect::<Result<_, _>>()?;
@@ -175,6 +185,8 @@ pub fn recall(
             .collect(),
         budget,
         reheated: updates.len(),
+        scanned_rows,
+        scan_us,
         frame,
     })
 }

@@ -399,3 +399,154 @@ async fn bad_requests_get_errors_in_the_callers_shape_and_upstream_errors_pass_t
     let response = h.send("GET", "/v1/models", &[], b"").await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_stream_stops_the_relay_and_the_partial_reply_is_kept() {
+    let h = Harness::start(|config| config.max_concurrent = 1).await;
+    let (_go, wait) = oneshot::channel::<()>();
+    let first =
+        b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"half an answer\"}}]}\n\n"
+            .to_vec();
+    h.answer(Answer::Held(first.clone(), b"never sent".to_vec(), wait));
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &OPENAI,
+            &chat_body(&[], "Start a long answer."),
+        )
+        .await;
+    let mut body = response.into_body();
+    let frame = body.frame().await.unwrap().unwrap();
+    assert_eq!(frame.into_data().unwrap().to_vec(), first);
+
+    // The stream holds the only slot: another chat request is refused in its own shape.
+    let busy = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &OPENAI,
+            &chat_body(&[], "Me too?"),
+        )
+        .await;
+    assert_eq!(busy.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let error: Value = serde_json::from_slice(&body_of(busy).await).unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit of 1")
+    );
+
+    drop(body);
+    let rows = h.rows_of("sk-alice", 2);
+    assert_eq!(rows.len(), 2, "the question and the partial reply");
+    assert!(
+        rows[1].text.starts_with("half an answer\n[reply truncated"),
+        "{}",
+        rows[1].text
+    );
+
+    // The slot is free again once the relay has stopped.
+    let started = std::time::Instant::now();
+    loop {
+        h.answer(Answer::Whole(
+            200,
+            "application/json",
+            br#"{"choices":[{"message":{"content":"ok"}}]}"#.to_vec(),
+        ));
+        let response = h
+            .send(
+                "POST",
+                "/v1/chat/completions",
+                &OPENAI,
+                &chat_body(&[], "Free now?"),
+            )
+            .await;
+        if response.status() == StatusCode::OK {
+            break;
+        }
+        h.script_pop();
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the slot was never released"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics =
+        String::from_utf8(body_of(h.send("GET", "/metrics", &[], b"").await).await).unwrap();
+    for line in [
+        "perpetuity_requests_total{route=\"openai_chat\"} 3",
+        "perpetuity_refused_total 1",
+        "perpetuity_replies_truncated_total 1",
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
+    assert!(metrics.contains("perpetuity_memory_ms{quantile=\"0.99\"}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_need_the_token_and_purge_forgets_a_user() {
+    let Some(stream) = fixture("openai-chat/oai-py_text_usage.sse") else {
+        return;
+    };
+    let closed = Harness::start(|_| {}).await;
+    let response = closed.send("GET", "/admin/stats", &[], b"").await;
+    assert_eq!(
+        response.status(),
+        StatusCode::NOT_FOUND,
+        "no token configured: disabled"
+    );
+
+    let h = Harness::start(|config| config.admin_token = Some("let-me-in".into())).await;
+    for headers in [
+        &[][..],
+        &[("authorization", "Bearer wrong")][..],
+        &[("authorization", "Bearer sk-alice")][..],
+    ] {
+        let response = h.send("GET", "/admin/stats", headers, b"").await;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    }
+    h.answer(Answer::Whole(200, "text/event-stream", stream.clone()));
+    let body = chat_body(&[], "My passport number is P-99871.");
+    body_of(h.send("POST", "/v1/chat/completions", &OPENAI, &body).await).await;
+    assert_eq!(h.rows_of("sk-alice", 2).len(), 2);
+
+    let admin = [("x-perpetuity-admin-token", "let-me-in")];
+    let stats: Value =
+        serde_json::from_slice(&body_of(h.send("GET", "/admin/stats", &admin, b"").await).await)
+            .unwrap();
+    assert_eq!(stats["next_row"], h.state.memory.store.next_row().0);
+    assert_eq!(stats["dictionary"], DEFAULT_VERSION);
+    let response = h.send("GET", "/admin/integrity", &admin, b"").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let report: Value = serde_json::from_slice(&body_of(response).await).unwrap();
+    assert_eq!(report["violations"], json!([]), "{report}");
+
+    let user = h.state.secret.user_key("sk-alice", None);
+    let response = h
+        .send("POST", &format!("/admin/purge?user={user}"), &admin, b"")
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let purged: Value = serde_json::from_slice(&body_of(response).await).unwrap();
+    assert_eq!(purged["rows_removed"], 2);
+    assert!(h.rows_of("sk-alice", 0).is_empty());
+    let response = h.send("GET", "/admin/integrity", &admin, b"").await;
+    assert_eq!(response.status(), StatusCode::OK, "clean after the purge");
+
+    h.answer(Answer::Whole(200, "text/event-stream", stream));
+    body_of(
+        h.send(
+            "POST",
+            "/v1/chat/completions",
+            &OPENAI,
+            &chat_body(&[], "What is my passport number?"),
+        )
+        .await,
+    )
+    .await;
+    assert!(
+        !h.received().last().unwrap().text().contains("P-99871"),
+        "the purged memory is gone"
+    );
+}

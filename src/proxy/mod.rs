@@ -8,6 +8,7 @@
 //! headers; `docs/security.md` the trust model.
 
 pub mod identity;
+pub mod ops;
 pub mod provider;
 pub mod wire;
 
@@ -41,6 +42,9 @@ use crate::types::{Role, UserId};
 use identity::{CONVERSATION_HEADER, Secret, USER_HEADER};
 use provider::{Failure, Provider};
 
+/// Marks an error the proxy answered itself: `refused` (the request) or `upstream`.
+pub const PROXY_ERROR: &str = "x-perpetuity-error";
+
 /// A response body: whole, or streamed from a channel as upstream bytes arrive.
 pub type Body = BoxBody<Bytes, Infallible>;
 
@@ -54,6 +58,16 @@ pub struct ProxyConfig {
     pub body_limit: usize,
     /// How long the upstream may take to send its response headers.
     pub upstream_timeout: Duration,
+    /// How long a streamed reply may stay silent before the relay gives up on it.
+    pub stream_idle_timeout: Duration,
+    /// How long connecting to the upstream may take.
+    pub connect_timeout: Duration,
+    /// How long a client may take to send a request's headers (also the keep-alive idle time).
+    pub header_timeout: Duration,
+    /// Chat requests served at once; more are refused with 503 in the provider's shape.
+    pub max_concurrent: usize,
+    /// The token the admin endpoints require; without one they are disabled.
+    pub admin_token: Option<String>,
     pub recall: RecallConfig,
 }
 
@@ -65,6 +79,11 @@ impl Default for ProxyConfig {
             gemini: "https://generativelanguage.googleapis.com".into(),
             body_limit: 32 * 1024 * 1024,
             upstream_timeout: Duration::from_secs(300),
+            stream_idle_timeout: Duration::from_secs(300),
+            connect_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(30),
+            max_concurrent: 256,
+            admin_token: None,
             recall: RecallConfig::default(),
         }
     }
@@ -100,6 +119,12 @@ pub struct State {
     pub kernels: Kernels,
     pub secret: Secret,
     pub config: ProxyConfig,
+    pub metrics: ops::Metrics,
+    /// Held shared by every write of a request (capture, reheat, reply) and exclusively by the
+    /// admin integrity check and purge, which need the store still.
+    writes: RwLock<()>,
+    /// Chat requests in flight, streams until their last byte.
+    permits: Arc<tokio::sync::Semaphore>,
     client: HttpsClient,
 }
 
@@ -120,11 +145,14 @@ impl State {
         secret: Secret,
         config: ProxyConfig,
     ) -> Self {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(config.connect_timeout));
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_webpki_roots()
             .https_or_http()
             .enable_http1()
-            .build();
+            .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(20))
             .build(https);
@@ -133,7 +161,10 @@ impl State {
             arena: RwLock::new(arena),
             kernels,
             secret,
+            permits: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent)),
             config,
+            metrics: ops::Metrics::default(),
+            writes: RwLock::new(()),
             client,
         }
     }
@@ -145,8 +176,11 @@ pub async fn serve(listener: TcpListener, state: Arc<State>) -> std::io::Result<
         let (stream, peer) = listener.accept().await?;
         let state = Arc::clone(&state);
         tokio::spawn(async move {
+            let header_timeout = state.config.header_timeout;
             let service = service_fn(move |req| route(req, Arc::clone(&state)));
             if let Err(err) = http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout)
                 .serve_connection(TokioIo::new(stream), service)
                 .await
             {
@@ -158,6 +192,9 @@ pub async fn serve(listener: TcpListener, state: Arc<State>) -> std::io::Result<
 
 async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path().to_owned();
+    if path.starts_with("/admin/") {
+        return Ok(admin(req, state).await);
+    }
     Ok(match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => json(
             StatusCode::OK,
@@ -167,10 +204,123 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
                 "next_row": state.memory.store.next_row().0,
             }),
         ),
-        (&Method::POST, "/v1/chat/completions") => chat(req, state, Provider::OpenAi).await,
-        (&Method::POST, "/v1/messages") => chat(req, state, Provider::Anthropic).await,
-        _ => pass_through(req, state).await,
+        (&Method::GET, "/metrics") => {
+            let mut response =
+                Response::new(Full::new(Bytes::from(ops::render_metrics(&state))).boxed());
+            response.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            response
+        }
+        (&Method::POST, "/v1/chat/completions") => {
+            state
+                .metrics
+                .count(ops::Event::Request(ops::Route::OpenAiChat));
+            counted(
+                &state,
+                chat(req, Arc::clone(&state), Provider::OpenAi).await,
+            )
+        }
+        (&Method::POST, "/v1/messages") => {
+            state
+                .metrics
+                .count(ops::Event::Request(ops::Route::AnthropicMessages));
+            counted(
+                &state,
+                chat(req, Arc::clone(&state), Provider::Anthropic).await,
+            )
+        }
+        _ => {
+            state
+                .metrics
+                .count(ops::Event::Request(ops::Route::PassThrough));
+            counted(&state, pass_through(req, Arc::clone(&state)).await)
+        }
     })
+}
+
+/// Count what the proxy answered itself: refusals and upstream failures (marked by the
+/// `x-perpetuity-error` header on its own error responses).
+fn counted(state: &State, response: Response<Body>) -> Response<Body> {
+    match response
+        .headers()
+        .get(PROXY_ERROR)
+        .map(HeaderValue::as_bytes)
+    {
+        Some(b"upstream") => state.metrics.count(ops::Event::UpstreamFailed),
+        Some(_) => state.metrics.count(ops::Event::Refused),
+        None => {}
+    }
+    response
+}
+
+/// The admin endpoints: disabled without a configured token, refused without the right one.
+async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
+    let plain = |status: StatusCode, message: &str| {
+        json(
+            status,
+            &serde_json::json!({"error": {"message": message, "type": "admin_error"}}),
+        )
+    };
+    if state.config.admin_token.is_none() {
+        return plain(
+            StatusCode::NOT_FOUND,
+            "the admin endpoints are disabled (no admin token configured)",
+        );
+    }
+    if !ops::is_admin(&state, req.headers()) {
+        return plain(
+            StatusCode::UNAUTHORIZED,
+            "the admin endpoints need the admin token",
+        );
+    }
+    let path = req.uri().path().to_owned();
+    let user = req.uri().query().and_then(|q| {
+        q.split('&')
+            .find_map(|pair| pair.strip_prefix("user="))
+            .map(str::to_owned)
+    });
+    let work = match (req.method(), path.as_str()) {
+        (&Method::GET, "/admin/stats") => return json(StatusCode::OK, &ops::stats(&state)),
+        (&Method::GET, "/admin/integrity") => tokio::task::spawn_blocking(move || {
+            ops::integrity(&state).map(|report| {
+                let status = if report.is_clean() {
+                    StatusCode::OK
+                } else {
+                    StatusCode::CONFLICT
+                };
+                (
+                    status,
+                    serde_json::to_value(&report).expect("a report serialises"),
+                )
+            })
+        }),
+        (&Method::POST, "/admin/purge") => {
+            let Some(user) = user.filter(|u| !u.is_empty()) else {
+                return plain(StatusCode::BAD_REQUEST, "purge needs ?user=KEY");
+            };
+            tokio::task::spawn_blocking(move || {
+                ops::purge(&state, &user).map(|rows| {
+                    (
+                        StatusCode::OK,
+                        serde_json::json!({"user": user, "rows_removed": rows}),
+                    )
+                })
+            })
+        }
+        (method, path) => {
+            return plain(
+                StatusCode::NOT_FOUND,
+                &format!("no admin route {method} {path}"),
+            );
+        }
+    };
+    match work.await {
+        Ok(Ok((status, body))) => json(status, &body),
+        Ok(Err(err)) => plain(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
+        Err(err) => plain(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
+    }
 }
 
 /// The per-request switches (headers; `docs/proxy.md`).
@@ -215,6 +365,17 @@ struct Identity {
 
 /// A chat request through the pipeline.
 async fn chat(req: Request<Incoming>, state: Arc<State>, provider: Provider) -> Response<Body> {
+    let Ok(permit) = Arc::clone(&state.permits).try_acquire_owned() else {
+        return failure(
+            provider,
+            Failure::Overloaded,
+            &format!(
+                "the proxy is serving its limit of {} requests at once; retry shortly",
+                state.config.max_concurrent
+            ),
+        );
+    };
+    let started = std::time::Instant::now();
     let (parts, body) = req.into_parts();
     let Some(credential) = provider.credential(&parts.headers) else {
         return failure(
@@ -254,19 +415,27 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, provider: Provider) -> 
         let (state, request, identity) = (Arc::clone(&state), request.clone(), identity.clone());
         tokio::task::spawn_blocking(move || remember(&state, &request, &identity, switches)).await
     };
+    state.metrics.memory_time(started.elapsed());
     let (outbound, memory_status, recall) = match remembered {
-        Ok(Ok(Some(recall))) => (
-            wire::with_frame(provider, &request, &recall.frame),
-            "ok",
-            Some(recall),
-        ),
+        Ok(Ok(Some(recall))) => {
+            state
+                .metrics
+                .scanned(recall.scanned_rows, Duration::from_micros(recall.scan_us));
+            (
+                wire::with_frame(provider, &request, &recall.frame),
+                "ok",
+                Some(recall),
+            )
+        }
         Ok(Ok(None)) => (bytes.to_vec(), "off", None),
         Ok(Err(err)) => {
             tracing::error!(%err, "memory unavailable; forwarding the request untouched");
+            state.metrics.count(ops::Event::MemoryUnavailable);
             (bytes.to_vec(), "unavailable", None)
         }
         Err(err) => {
             tracing::error!(%err, "memory task failed; forwarding the request untouched");
+            state.metrics.count(ops::Event::MemoryUnavailable);
             (bytes.to_vec(), "unavailable", None)
         }
     };
@@ -275,6 +444,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, provider: Provider) -> 
         Ok(upstream) => upstream,
         Err((failed, message)) => return failure(provider, failed, &message),
     };
+    state.metrics.first_byte(started.elapsed());
     let mut report = HeaderMap::new();
     report.insert(
         "x-perpetuity-memory",
@@ -298,7 +468,15 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, provider: Provider) -> 
         identity,
         model: request.model.clone(),
     });
-    respond(upstream, report, provider, reply, state.config.body_limit).await
+    respond(
+        upstream,
+        report,
+        provider,
+        reply,
+        &state.config,
+        Some(permit),
+    )
+    .await
 }
 
 /// Capture the new user turn and recall for the live question, as the switches allow.
@@ -309,6 +487,7 @@ fn remember(
     identity: &Identity,
     switches: Switches,
 ) -> Result<Option<Recall>, Error> {
+    let _writing = state.writes.read().expect("writes gate");
     let memory = &state.memory;
     let mut stored = false;
     if switches.writes() && request.question_is_new() {
@@ -367,10 +546,11 @@ impl Reply {
             return;
         }
         let text = if complete {
-            text
+            text.clone()
         } else {
             format!("{text}\n[reply truncated: the stream ended before the provider finished]")
         };
+        let _writing = self.state.writes.read().expect("writes gate");
         let memory = &self.state.memory;
         let result = Capturer::new(&memory.dictionary).capture(
             &memory.store,
@@ -384,8 +564,13 @@ impl Reply {
                 text,
             }],
         );
-        if let Err(err) = result {
-            tracing::error!(%err, provider = self.provider.name(), "capturing the reply failed");
+        match result {
+            Ok(_) => self.state.metrics.count(ops::Event::Reply {
+                truncated: !complete,
+            }),
+            Err(err) => {
+                tracing::error!(%err, provider = self.provider.name(), "capturing the reply failed");
+            }
         }
     }
 }
@@ -397,8 +582,10 @@ async fn respond(
     report: HeaderMap,
     provider: Provider,
     reply: Option<Reply>,
-    limit: usize,
+    config: &ProxyConfig,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
 ) -> Response<Body> {
+    let (limit, idle) = (config.body_limit, config.stream_idle_timeout);
     let (mut parts, body) = upstream.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.extend(report);
@@ -417,7 +604,10 @@ async fn respond(
             HeaderValue::from_static("no-cache"),
         );
         let (tx, rx) = mpsc::channel::<Bytes>(64);
-        tokio::spawn(relay(body, tx, provider, reply.filter(|_| success)));
+        tokio::spawn(async move {
+            relay(body, tx, provider, reply.filter(|_| success), idle).await;
+            drop(permit);
+        });
         return Response::from_parts(parts, Channel(rx).boxed());
     }
     match read_body(body, limit).await {
@@ -435,18 +625,33 @@ async fn respond(
 
 /// Forward upstream frames to the client as they arrive, reading the reply's text; end the last
 /// event with a blank line if the upstream did not; capture the reply at the end. A client that
-/// goes away stops the relay, which drops (cancels) the upstream request; what was received is
-/// captured, marked truncated.
+/// goes away, or an upstream silent for `idle`, stops the relay, which drops (cancels) the
+/// upstream request; what was received is captured, marked truncated.
 async fn relay(
     mut body: Incoming,
     tx: mpsc::Sender<Bytes>,
     provider: Provider,
     reply: Option<Reply>,
+    idle: Duration,
 ) {
     let mut reader = wire::StreamReader::new(provider);
     let mut client_gone = false;
-    while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else {
+    loop {
+        let next = tokio::select! {
+            next = tokio::time::timeout(idle, body.frame()) => next,
+            () = tx.closed() => {
+                client_gone = true;
+                break;
+            }
+        };
+        let Ok(Some(Ok(frame))) = next else {
+            if next.is_err() {
+                tracing::warn!(
+                    provider = provider.name(),
+                    ?idle,
+                    "the upstream stream went silent; ending it"
+                );
+            }
             break;
         };
         let Ok(data) = frame.into_data() else {
@@ -501,7 +706,8 @@ async fn pass_through(req: Request<Incoming>, state: Arc<State>) -> Response<Bod
                 HeaderMap::new(),
                 provider,
                 None,
-                state.config.body_limit,
+                &state.config,
+                None,
             )
             .await
         }
@@ -622,7 +828,18 @@ fn now_ms() -> i64 {
 
 /// An error the proxy answers itself, in `provider`'s shape.
 fn failure(provider: Provider, failed: Failure, message: &str) -> Response<Body> {
-    json(failed.status(), &provider.error_body(failed, message))
+    let mut response = json(failed.status(), &provider.error_body(failed, message));
+    let kind = match failed {
+        Failure::Upstream | Failure::Timeout => "upstream",
+        Failure::InvalidRequest
+        | Failure::Authentication
+        | Failure::TooLarge
+        | Failure::Overloaded => "refused",
+    };
+    response
+        .headers_mut()
+        .insert(PROXY_ERROR, HeaderValue::from_static(kind));
+    response
 }
 
 fn json(status: StatusCode, body: &serde_json::Value) -> Response<Body> {

@@ -28,6 +28,8 @@ pub enum Failure {
     Upstream,
     /// The upstream did not answer in time (504).
     Timeout,
+    /// The proxy is at its concurrency limit (503).
+    Overloaded,
 }
 
 impl Failure {
@@ -38,6 +40,7 @@ impl Failure {
             Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Upstream => StatusCode::BAD_GATEWAY,
             Self::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }
@@ -99,7 +102,7 @@ impl Provider {
                     "type": match failure {
                         Failure::InvalidRequest | Failure::TooLarge => "invalid_request_error",
                         Failure::Authentication => "authentication_error",
-                        Failure::Upstream | Failure::Timeout => "api_error",
+                        Failure::Upstream | Failure::Timeout | Failure::Overloaded => "api_error",
                     },
                     "param": null,
                     "code": null,
@@ -113,6 +116,7 @@ impl Provider {
                         Failure::Authentication => "authentication_error",
                         Failure::TooLarge => "request_too_large",
                         Failure::Upstream | Failure::Timeout => "api_error",
+                        Failure::Overloaded => "overloaded_error",
                     },
                     "message": message,
                 }
@@ -124,7 +128,7 @@ impl Provider {
                     "status": match failure {
                         Failure::InvalidRequest | Failure::TooLarge => "INVALID_ARGUMENT",
                         Failure::Authentication => "UNAUTHENTICATED",
-                        Failure::Upstream => "UNAVAILABLE",
+                        Failure::Upstream | Failure::Overloaded => "UNAVAILABLE",
                         Failure::Timeout => "DEADLINE_EXCEEDED",
                     },
                 }

@@ -186,6 +186,11 @@ impl Harness {
         self.script.answers.lock().unwrap().push_back(answer);
     }
 
+    /// Take back the next scripted answer (one the proxy never asked for).
+    pub fn script_pop(&self) {
+        self.script.answers.lock().unwrap().pop_front();
+    }
+
     pub fn received(&self) -> Vec<Received> {
         self.script.received.lock().unwrap().clone()
     }

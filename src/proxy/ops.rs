@@ -1,0 +1,303 @@
+//! Operations: `/metrics` (Prometheus text) and the admin endpoints behind the admin token.
+
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use hyper::HeaderMap;
+use serde_json::json;
+
+use crate::arena::{self, Arena};
+use crate::integrity;
+use crate::types::UserId;
+
+use super::State;
+
+/// Routes counted apart in the metrics.
+#[derive(Debug, Clone, Copy)]
+pub enum Route {
+    OpenAiChat,
+    AnthropicMessages,
+    PassThrough,
+}
+
+impl Route {
+    const ALL: [Self; 3] = [Self::OpenAiChat, Self::AnthropicMessages, Self::PassThrough];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::OpenAiChat => "openai_chat",
+            Self::AnthropicMessages => "anthropic_messages",
+            Self::PassThrough => "pass_through",
+        }
+    }
+}
+
+/// Counters and latency histograms of the serving process.
+#[derive(Debug)]
+pub struct Metrics {
+    requests: [AtomicU64; 3],
+    /// Requests the proxy refused itself (bad input, no credential, limits).
+    refused: AtomicU64,
+    /// Requests forwarded untouched because the memory failed.
+    memory_unavailable: AtomicU64,
+    /// Requests the upstream could not serve (unreachable, timed out).
+    upstream_failed: AtomicU64,
+    /// Replies captured, and those captured truncated.
+    replies: AtomicU64,
+    truncated: AtomicU64,
+    /// Capture + catch-up + recall, microseconds.
+    memory_us: Mutex<Histogram<u64>>,
+    /// Request in to the upstream's response headers, microseconds.
+    first_byte_us: Mutex<Histogram<u64>>,
+    /// Rows scored by recall's scans, and the time they took (for the scan's throughput).
+    scanned_rows: AtomicU64,
+    scan_us: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let histogram = || Mutex::new(Histogram::new(3).expect("3 significant figures"));
+        Self {
+            requests: Default::default(),
+            refused: AtomicU64::new(0),
+            memory_unavailable: AtomicU64::new(0),
+            upstream_failed: AtomicU64::new(0),
+            replies: AtomicU64::new(0),
+            truncated: AtomicU64::new(0),
+            memory_us: histogram(),
+            first_byte_us: histogram(),
+            scanned_rows: AtomicU64::new(0),
+            scan_us: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What a metric records.
+#[derive(Debug, Clone, Copy)]
+pub enum Event {
+    Request(Route),
+    Refused,
+    MemoryUnavailable,
+    UpstreamFailed,
+    Reply { truncated: bool },
+}
+
+impl Metrics {
+    pub fn count(&self, event: Event) {
+        let counter = match event {
+            Event::Request(route) => &self.requests[route as usize],
+            Event::Refused => &self.refused,
+            Event::MemoryUnavailable => &self.memory_unavailable,
+            Event::UpstreamFailed => &self.upstream_failed,
+            Event::Reply { truncated } => {
+                if truncated {
+                    self.truncated.fetch_add(1, Ordering::Relaxed);
+                }
+                &self.replies
+            }
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn memory_time(&self, elapsed: Duration) {
+        record(&self.memory_us, elapsed);
+    }
+
+    pub fn first_byte(&self, elapsed: Duration) {
+        record(&self.first_byte_us, elapsed);
+    }
+
+    pub fn scanned(&self, rows: usize, elapsed: Duration) {
+        self.scanned_rows.fetch_add(rows as u64, Ordering::Relaxed);
+        self.scan_us
+            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
+fn record(histogram: &Mutex<Histogram<u64>>, elapsed: Duration) {
+    histogram
+        .lock()
+        .expect("histogram lock")
+        .saturating_record(elapsed.as_micros() as u64);
+}
+
+/// The Prometheus text exposition of `state`'s metrics.
+pub fn render_metrics(state: &State) -> String {
+    let m = &state.metrics;
+    let mut out = String::new();
+    let mut counter = |name: &str, help: &str, samples: &[(String, u64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (labels, value) in samples {
+            let _ = writeln!(out, "{name}{labels} {value}");
+        }
+    };
+    let requests: Vec<(String, u64)> = Route::ALL
+        .iter()
+        .map(|r| {
+            (
+                format!("{{route=\"{}\"}}", r.label()),
+                m.requests[*r as usize].load(Ordering::Relaxed),
+            )
+        })
+        .collect();
+    counter("perpetuity_requests_total", "Requests by route.", &requests);
+    for (name, help, value) in [
+        (
+            "perpetuity_refused_total",
+            "Requests the proxy refused itself.",
+            &m.refused,
+        ),
+        (
+            "perpetuity_memory_unavailable_total",
+            "Requests forwarded untouched because the memory failed.",
+            &m.memory_unavailable,
+        ),
+        (
+            "perpetuity_upstream_failed_total",
+            "Requests the upstream could not serve.",
+            &m.upstream_failed,
+        ),
+        (
+            "perpetuity_replies_captured_total",
+            "Replies captured.",
+            &m.replies,
+        ),
+        (
+            "perpetuity_replies_truncated_total",
+            "Replies captured truncated.",
+            &m.truncated,
+        ),
+        (
+            "perpetuity_scanned_rows_total",
+            "Rows in the scopes recall scanned.",
+            &m.scanned_rows,
+        ),
+    ] {
+        counter(
+            name,
+            help,
+            &[(String::new(), value.load(Ordering::Relaxed))],
+        );
+    }
+    for (name, help, histogram) in [
+        (
+            "perpetuity_memory_ms",
+            "Capture, catch-up and recall per chat request.",
+            &m.memory_us,
+        ),
+        (
+            "perpetuity_upstream_first_byte_ms",
+            "Request in to the upstream's response headers.",
+            &m.first_byte_us,
+        ),
+    ] {
+        let h = histogram.lock().expect("histogram lock");
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
+        for q in [0.5, 0.9, 0.99] {
+            let _ = writeln!(
+                out,
+                "{name}{{quantile=\"{q}\"}} {:.3}",
+                h.value_at_quantile(q) as f64 / 1000.0
+            );
+        }
+        let _ = writeln!(out, "{name}_count {}", h.len());
+    }
+    let scan_s = m.scan_us.load(Ordering::Relaxed) as f64 / 1e6;
+    let rows_per_s = if scan_s > 0.0 {
+        m.scanned_rows.load(Ordering::Relaxed) as f64 / scan_s
+    } else {
+        0.0
+    };
+    let arena = state.arena.read().expect("arena lock");
+    for (name, help, value) in [
+        (
+            "perpetuity_scan_rows_per_second",
+            "Scan throughput of recall since start.",
+            rows_per_s,
+        ),
+        (
+            "perpetuity_stored_rows",
+            "Next row id of the store (rows ever captured).",
+            state.memory.store.next_row().0 as f64,
+        ),
+        (
+            "perpetuity_arena_rows",
+            "Rows resident in the arena.",
+            arena.rows() as f64,
+        ),
+        (
+            "perpetuity_arena_bytes",
+            "Bytes of the arena's files.",
+            arena.bytes() as f64,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+        );
+    }
+    out
+}
+
+/// Whether `headers` carry the configured admin token (`Authorization: Bearer` or
+/// `x-perpetuity-admin-token`), compared in constant time. No token configured: never.
+pub fn is_admin(state: &State, headers: &HeaderMap) -> bool {
+    let Some(token) = state.config.admin_token.as_deref() else {
+        return false;
+    };
+    let given = headers
+        .get("x-perpetuity-admin-token")
+        .or_else(|| headers.get(hyper::header::AUTHORIZATION))
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim())
+        .unwrap_or("");
+    given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+/// `GET /admin/stats`.
+pub fn stats(state: &State) -> serde_json::Value {
+    let arena = state.arena.read().expect("arena lock");
+    json!({
+        "dictionary": state.memory.dictionary.version(),
+        "next_row": state.memory.store.next_row().0,
+        "arena_rows": arena.rows(),
+        "arena_bytes": arena.bytes(),
+        "arena_watermark": arena.watermark().0,
+    })
+}
+
+/// `GET /admin/integrity`: every store invariant, and the serving arena against the store, with
+/// writes held back meanwhile so the check sees one consistent state.
+pub fn integrity(state: &State) -> Result<integrity::Report, crate::error::Error> {
+    let _quiet = state.writes.write().expect("writes gate");
+    let memory = &state.memory;
+    let mut report = integrity::check(&memory.store, &memory.dictionary)?;
+    if report.is_clean() {
+        let mut arena = state.arena.write().expect("arena lock");
+        arena.catch_up(&memory.store, &memory.dictionary)?;
+        integrity::check_arena(&memory.store, &arena, &mut report)?;
+    }
+    Ok(report)
+}
+
+/// `POST /admin/purge?user=KEY`: remove a user's memory, then rebuild the arena without it.
+/// Writes are held back meanwhile. Returns the rows removed.
+pub fn purge(state: &State, user_key: &str) -> Result<u64, crate::error::Error> {
+    let _quiet = state.writes.write().expect("writes gate");
+    let memory = &state.memory;
+    let removed = memory.store.purge_user(UserId::from_key(user_key))?;
+    let mut arena = state.arena.write().expect("arena lock");
+    arena::remove_all(memory.store.path())?;
+    let (mut rebuilt, _) = Arena::open(&memory.store, &memory.dictionary)?;
+    rebuilt.catch_up(&memory.store, &memory.dictionary)?;
+    *arena = rebuilt;
+    Ok(removed)
+}
