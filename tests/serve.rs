@@ -44,7 +44,7 @@ fn request(port: u16, method: &str, path: &str) -> std::io::Result<(String, Stri
 fn serve_answers_health_and_refuses_a_route_without_a_provider() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let _server = Server(
+    let mut server = Server(
         Command::new(env!("CARGO_BIN_EXE_perpetuity"))
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .current_dir(dir.path())
@@ -72,6 +72,10 @@ fn serve_answers_health_and_refuses_a_route_without_a_provider() {
         "default data dir created"
     );
 
+    assert!(
+        server.0.try_wait().unwrap().is_none(),
+        "the answer came from this test's server (another process may hold the port)"
+    );
     let secret = dir.path().join("perpetuity-data/secret");
     assert_eq!(
         std::fs::read(&secret).unwrap().len(),
