@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::arena::{Arena, ArenaError, DIMS, Opened};
 use crate::capture::Message;
 use crate::dictionary::Dictionary;
+use crate::latency;
 use crate::memory::Memory;
 use crate::retrieve::{
     PreparedQuery, RESCORE_K, Retrieved, STAGE_ONE_WIDENING, brute_force_many, first_pass,
@@ -275,7 +276,7 @@ pub fn scan(
         .num_threads(settings.threads)
         .build()
         .expect("a thread pool");
-    let mut latency = hdrhistogram::Histogram::<u64>::new(3).expect("a histogram");
+    let mut latency = latency::histogram();
     for (user, text) in &queries {
         let started = Instant::now();
         pool.install(|| {
@@ -292,9 +293,7 @@ pub fn scan(
                 10,
             ));
         });
-        latency
-            .record(started.elapsed().as_micros() as u64)
-            .expect("latency fits the histogram");
+        latency::record(&mut latency, started.elapsed());
     }
 
     let asked: Vec<(Vec<UserId>, String)> = queries
@@ -314,8 +313,8 @@ pub fn scan(
         second_pass_rows_per_s_per_core,
         memory_read_bytes_per_s,
         bandwidth_ratio: first_pass_bytes_per_s / memory_read_bytes_per_s,
-        query_p50_ms: latency.value_at_quantile(0.5) as f64 / 1000.0,
-        query_p99_ms: latency.value_at_quantile(0.99) as f64 / 1000.0,
+        query_p50_ms: latency::ms(&latency, 0.5),
+        query_p99_ms: latency::ms(&latency, 0.99),
         fidelity_top10: fidelity.share,
         catch_up_rows_per_s,
         arena_mapped: matches!(opened, Opened::Mapped { .. }),

@@ -34,6 +34,7 @@ use crate::dictionary::Dictionary;
 use crate::dictionary::derive::RetrievalRow;
 use crate::dictionary::stats::FrequencyTable;
 use crate::ingest::{self, IngestSummary};
+use crate::latency;
 use crate::memory::Memory;
 use crate::recall::{Ask, RecallConfig, recall};
 use crate::relevance::{Bm25, mean_row_len};
@@ -911,9 +912,9 @@ pub fn run(
         frame: Some((memory, &recall_config)),
     };
     let pooled = ask_pooled(&probe, &dataset, &asked, ranked_rows, &mut progress)?;
-    let mut latency = hdrhistogram::Histogram::<u64>::new(3).expect("3 significant figures");
+    let mut latency = latency::histogram();
     for answers in &pooled {
-        latency.saturating_record(answers.elapsed.as_micros() as u64);
+        latency::record(&mut latency, answers.elapsed);
     }
     let alone = ask_isolated(
         &memory.dictionary,
@@ -1009,8 +1010,8 @@ pub fn run(
             odd: half(1),
         },
         latency_ms: Latency {
-            p50: latency.value_at_quantile(0.5) as f64 / 1000.0,
-            p99: latency.value_at_quantile(0.99) as f64 / 1000.0,
+            p50: latency::ms(&latency, 0.5),
+            p99: latency::ms(&latency, 0.99),
         },
         ingest_rows_per_s,
         arena: ArenaSize {

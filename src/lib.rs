@@ -20,6 +20,7 @@ pub mod frame;
 pub mod heat;
 pub mod ingest;
 pub mod integrity;
+pub mod latency;
 pub mod memory;
 pub mod proxy;
 pub mod recall;

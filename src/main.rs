@@ -228,6 +228,27 @@ enum BenchCommand {
         #[command(flatten)]
         dictionary: DictionaryArgs,
     },
+    /// What the proxy adds to a streamed call against a local upstream: time to first byte and
+    /// total, direct, through the proxy, and with recall off.
+    Proxy {
+        /// Rows the benchmark user's memory holds (one scope: the worst case).
+        #[arg(long, default_value_t = 0)]
+        rows: usize,
+        /// Requests in flight at once.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        /// Requests per way of calling.
+        #[arg(long, default_value_t = 500)]
+        requests: usize,
+        /// Where to put the store (reused when it already holds the benchmark user's rows).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+    },
 }
 
 #[derive(clap::Args)]
@@ -509,6 +530,17 @@ fn main() -> anyhow::Result<()> {
                     dictionary,
                 },
         } => bench_ingest(messages, users, data, sync, &dictionary),
+        Command::Bench {
+            command:
+                BenchCommand::Proxy {
+                    rows,
+                    concurrency,
+                    requests,
+                    data,
+                    json,
+                    dictionary,
+                },
+        } => bench_proxy(rows, concurrency, requests, data, json, &dictionary),
     }
 }
 
@@ -878,6 +910,96 @@ fn synthetic_memory(
         );
     }
     Ok((place, memory))
+}
+
+/// `bench proxy`: the benchmark user's memory (made once per data directory), then the
+/// measurement over loopback.
+fn bench_proxy(
+    rows: usize,
+    concurrency: usize,
+    requests: usize,
+    data: Option<PathBuf>,
+    json: bool,
+    dictionary: &DictionaryArgs,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        concurrency > 0 && requests > 0,
+        "--concurrency and --requests must be at least 1"
+    );
+    let place = BenchDir::new(data, "proxy", Existing::Reuse)?;
+    let memory = dictionary.open(&DataArgs {
+        dir: place.dir.clone(),
+        sync_writes: false,
+    })?;
+    let secret = proxy::identity::Secret::load_or_create(&place.dir)?;
+    let user_key = secret.user_key(proxy::bench::CREDENTIAL, None);
+    if memory
+        .store
+        .user_key(UserId::from_key(&user_key))?
+        .is_none()
+        && rows > 0
+    {
+        let mut messages = bench::synthetic_messages(rows, 1, bench::MESSAGE_SEED);
+        for message in &mut messages {
+            message.user_key.clone_from(&user_key);
+        }
+        ingest::ingest(
+            &memory.store,
+            &memory.dictionary,
+            &messages,
+            progress_printer("proxy"),
+        )?;
+    }
+    let (mut arena, _) = Arena::open(&memory.store, &memory.dictionary)?;
+    arena.catch_up(&memory.store, &memory.dictionary)?;
+    let held = arena
+        .scope_pages(&[UserId::from_key(&user_key)])
+        .iter()
+        .map(|p| p.rows as usize)
+        .sum();
+    let questions: Vec<String> = bench::synthetic_queries(requests.min(1_000), 1)
+        .into_iter()
+        .map(|(_, text)| text)
+        .collect();
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let report = runtime.block_on(async {
+        let upstream = proxy::bench::local_upstream().await?;
+        let config = proxy::ProxyConfig {
+            openai: format!("http://{upstream}"),
+            max_concurrent: concurrency.max(256),
+            ..proxy::ProxyConfig::default()
+        };
+        let state = Arc::new(proxy::State::new(
+            memory,
+            arena,
+            Kernels::detect(false),
+            secret,
+            config,
+        ));
+        proxy::bench::measure(state, upstream, held, concurrency, requests, &questions).await
+    })?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let line = |label: &str, t: &proxy::bench::Timing| {
+            println!(
+                "  {label:<18} first byte p50 {:.2} ms, p99 {:.2} ms; total p50 {:.2} ms, p99 {:.2} ms",
+                t.first_byte_p50_ms, t.first_byte_p99_ms, t.total_p50_ms, t.total_p99_ms
+            )
+        };
+        println!(
+            "bench proxy: {} rows in the scope, {} in flight, {} requests each way",
+            report.rows, report.concurrency, report.requests
+        );
+        line("direct", &report.direct);
+        line("proxy", &report.proxy);
+        line("proxy, recall off", &report.proxy_recall_off);
+        println!(
+            "  added p99 time to first byte: {:.2} ms with memory, {:.2} ms with recall off",
+            report.added_first_byte_p99_ms, report.added_first_byte_p99_recall_off_ms
+        );
+    }
+    Ok(())
 }
 
 /// The fidelity report: one entry per part that ran.

@@ -7,6 +7,7 @@
 //! through to the provider the credential names, untouched. `docs/proxy.md` has the switches and
 //! headers; `docs/security.md` the trust model.
 
+pub mod bench;
 pub mod identity;
 pub mod ops;
 pub mod provider;
@@ -148,6 +149,7 @@ impl State {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_connect_timeout(Some(config.connect_timeout));
+        http.set_nodelay(true);
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_webpki_roots()
             .https_or_http()
@@ -174,6 +176,10 @@ impl State {
 pub async fn serve(listener: TcpListener, state: Arc<State>) -> std::io::Result<()> {
     loop {
         let (stream, peer) = listener.accept().await?;
+        // Events are small writes that must leave at once, not wait for an ACK (Nagle).
+        if let Err(err) = stream.set_nodelay(true) {
+            tracing::debug!(%peer, %err, "could not set TCP_NODELAY");
+        }
         let state = Arc::clone(&state);
         tokio::spawn(async move {
             let header_timeout = state.config.header_timeout;

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use crate::arena::{self, Arena};
 use crate::integrity;
+use crate::latency;
 use crate::types::UserId;
 
 use super::State;
@@ -59,7 +60,7 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let histogram = || Mutex::new(Histogram::new(3).expect("3 significant figures"));
+        let histogram = || Mutex::new(latency::histogram());
         Self {
             requests: Default::default(),
             refused: AtomicU64::new(0),
@@ -118,10 +119,7 @@ impl Metrics {
 }
 
 fn record(histogram: &Mutex<Histogram<u64>>, elapsed: Duration) {
-    histogram
-        .lock()
-        .expect("histogram lock")
-        .saturating_record(elapsed.as_micros() as u64);
+    latency::record(&mut histogram.lock().expect("histogram lock"), elapsed);
 }
 
 /// The Prometheus text exposition of `state`'s metrics.
@@ -197,11 +195,7 @@ pub fn render_metrics(state: &State) -> String {
         let h = histogram.lock().expect("histogram lock");
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
         for q in [0.5, 0.9, 0.99] {
-            let _ = writeln!(
-                out,
-                "{name}{{quantile=\"{q}\"}} {:.3}",
-                h.value_at_quantile(q) as f64 / 1000.0
-            );
+            let _ = writeln!(out, "{name}{{quantile=\"{q}\"}} {:.3}", latency::ms(&h, q));
         }
         let _ = writeln!(out, "{name}_count {}", h.len());
     }

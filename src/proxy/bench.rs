@@ -1,0 +1,194 @@
+//! `perpetuity bench proxy`: what the proxy adds to a streamed call. A local upstream answers
+//! every request at once with a short recorded-shape stream; the same requests go to it
+//! directly, through the proxy with memory, and through the proxy with recall off, at a given
+//! concurrency. Time to first byte (the first body frame) and total time are recorded with
+//! hdrhistogram, and the proxy's figures are reported beside the direct ones.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::Serialize;
+use tokio::net::TcpListener;
+
+use super::{State, serve};
+use crate::latency;
+
+/// The stream the local upstream answers with: the shape of an OpenAI chat stream.
+const STREAM: &str = "data: {\"id\":\"bench\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n\
+data: {\"id\":\"bench\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Noted, thank you.\"}}]}\n\n\
+data: {\"id\":\"bench\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n\
+data: [DONE]\n\n";
+
+/// The credential the benchmark's requests carry.
+pub const CREDENTIAL: &str = "bench-credential";
+
+/// Percentiles of one way of calling, in milliseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Timing {
+    pub first_byte_p50_ms: f64,
+    pub first_byte_p99_ms: f64,
+    pub total_p50_ms: f64,
+    pub total_p99_ms: f64,
+}
+
+/// The three ways measured in one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProxyReport {
+    pub rows: usize,
+    pub concurrency: usize,
+    pub requests: usize,
+    pub direct: Timing,
+    pub proxy: Timing,
+    pub proxy_recall_off: Timing,
+    /// `proxy − direct` at p99 of time to first byte, with memory and with recall off.
+    pub added_first_byte_p99_ms: f64,
+    pub added_first_byte_p99_recall_off_ms: f64,
+}
+
+/// Start the local upstream; returns its address.
+pub async fn local_upstream() -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(async move {
+                let service = service_fn(|req: Request<Incoming>| async move {
+                    let _ = req.into_body().collect().await;
+                    Ok::<_, Infallible>(
+                        Response::builder()
+                            .header("content-type", "text/event-stream")
+                            .body(Full::new(Bytes::from_static(STREAM.as_bytes())))
+                            .expect("a valid response"),
+                    )
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// Measure `requests` chat requests at `concurrency` in flight against the upstream at
+/// `upstream` directly and through a proxy serving `state` (whose OpenAI upstream must be it),
+/// each carrying one of `questions` in turn.
+pub async fn measure(
+    state: Arc<State>,
+    upstream: SocketAddr,
+    rows: usize,
+    concurrency: usize,
+    requests: usize,
+    questions: &[String],
+) -> std::io::Result<ProxyReport> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let proxy = listener.local_addr()?;
+    tokio::spawn(serve(listener, state));
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build(connector);
+    let questions = Arc::new(questions.to_vec());
+    let run = |target: SocketAddr, recall: bool| {
+        let (client, questions) = (client.clone(), Arc::clone(&questions));
+        async move { timing(&client, target, recall, concurrency, requests, &questions).await }
+    };
+    // Warm both paths (connections, caches) before measuring.
+    run(upstream, true).await;
+    run(proxy, true).await;
+    let direct = run(upstream, true).await;
+    let with_memory = run(proxy, true).await;
+    let recall_off = run(proxy, false).await;
+    Ok(ProxyReport {
+        rows,
+        concurrency,
+        requests,
+        added_first_byte_p99_ms: with_memory.first_byte_p99_ms - direct.first_byte_p99_ms,
+        added_first_byte_p99_recall_off_ms: recall_off.first_byte_p99_ms - direct.first_byte_p99_ms,
+        direct,
+        proxy: with_memory,
+        proxy_recall_off: recall_off,
+    })
+}
+
+async fn timing(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    target: SocketAddr,
+    recall: bool,
+    concurrency: usize,
+    requests: usize,
+    questions: &[String],
+) -> Timing {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut workers = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency.max(1) {
+        let (client, next) = (client.clone(), Arc::clone(&next));
+        let questions = questions.to_vec();
+        workers.push(tokio::spawn(async move {
+            let mut samples = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= requests {
+                    return samples;
+                }
+                let question = &questions[i % questions.len()];
+                samples.push(one(&client, target, recall, question).await);
+            }
+        }));
+    }
+    let (mut first, mut total) = (latency::histogram(), latency::histogram());
+    for worker in workers {
+        for (to_first, to_end) in worker.await.expect("a worker finishes") {
+            latency::record(&mut first, to_first);
+            latency::record(&mut total, to_end);
+        }
+    }
+    let ms = latency::ms;
+    Timing {
+        first_byte_p50_ms: ms(&first, 0.5),
+        first_byte_p99_ms: ms(&first, 0.99),
+        total_p50_ms: ms(&total, 0.5),
+        total_p99_ms: ms(&total, 0.99),
+    }
+}
+
+/// One streamed request: time to the first body frame, and to the end of the body.
+async fn one(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    target: SocketAddr,
+    recall: bool,
+    question: &str,
+) -> (Duration, Duration) {
+    let body = serde_json::json!({
+        "model": "gpt-4o",
+        "stream": true,
+        "messages": [{"role": "user", "content": question}],
+    });
+    let request = Request::post(format!("http://{target}/v1/chat/completions"))
+        .header("authorization", format!("Bearer {CREDENTIAL}"))
+        .header("content-type", "application/json")
+        .header("x-perpetuity-recall", if recall { "on" } else { "off" })
+        .header("x-perpetuity-conversation", "bench")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("a valid request");
+    let started = Instant::now();
+    let response = client.request(request).await.expect("the call is answered");
+    let mut body = response.into_body();
+    let mut first = None;
+    while let Some(frame) = body.frame().await {
+        frame.expect("the body reads");
+        first.get_or_insert_with(|| started.elapsed());
+    }
+    let total = started.elapsed();
+    (first.unwrap_or(total), total)
+}
