@@ -167,8 +167,9 @@ impl QueryTerms {
 /// as in the hybrid measured in `docs/benchmarks.md`.
 pub const DENSE_WEIGHT: f32 = 0.5;
 
-/// The exact final score of rows for one query: `DENSE_WEIGHT · cosine + (1 − DENSE_WEIGHT) ·
-/// BM25 / BM25_max`, where `BM25_max = Σ idf · (k1 + 1)` bounds the query's BM25 from above.
+/// The exact score of a row on its own for one query (the final order reads it in context,
+/// [`in_context`]): `DENSE_WEIGHT · cosine + (1 − DENSE_WEIGHT) · BM25 / BM25_max`, where
+/// `BM25_max = Σ idf · (k1 + 1)` bounds the query's BM25 from above.
 /// Both parts are normalised by the query alone, never by the candidate set, so a row's score
 /// does not depend on which other rows were scored: a two-stage search and a brute-force one
 /// agree whenever the first stage kept the right rows.
@@ -260,6 +261,37 @@ impl HybridScorer {
     }
 }
 
+/// Shares of the gap to a more relevant earlier turn of the same conversation that a row's
+/// score takes, nearest first. A conversation's turns are read in context: the turn that
+/// answers a question rarely repeats the question's words, the turn before it (the question
+/// asked, the topic raised) often does.
+pub const CONTEXT_BEFORE: [f32; 2] = [0.5, 0.25];
+/// The same for later turns, nearest first: a turn followed by a closely matching one is
+/// often what that one answers or continues.
+pub const CONTEXT_AFTER: [f32; 1] = [0.25];
+
+const _: () = assert!(
+    CONTEXT_BEFORE[0] + CONTEXT_BEFORE[1] + CONTEXT_AFTER[0] <= 1.0,
+    "the shares sum to at most one, so a row's score in context never passes its best neighbour's"
+);
+
+/// A row's score in context: its own score `own`, lifted towards each neighbour in its
+/// conversation that scores higher by that neighbour's share ([`CONTEXT_BEFORE`],
+/// [`CONTEXT_AFTER`]) of the gap. `before` and `after` hold the neighbours' own scores, nearest
+/// first (shorter at a conversation's ends; extra ones are ignored). Never below `own`; since
+/// the shares sum to at most one, never above the best of `own` and the neighbours' scores, so
+/// a row can only enter a ranking next to a row that scores at least as high on its own.
+pub fn in_context(own: f32, before: &[f32], after: &[f32]) -> f32 {
+    let lift = |shares: &[f32], scores: &[f32]| -> f32 {
+        shares
+            .iter()
+            .zip(scores)
+            .map(|(share, score)| share * (score - own).max(0.0))
+            .sum()
+    };
+    own + lift(&CONTEXT_BEFORE, before) + lift(&CONTEXT_AFTER, after)
+}
+
 /// Mean row length in terms under `stats` (1 for an empty corpus).
 pub fn mean_row_len(stats: &impl FrequencyStats) -> f32 {
     if stats.rows() == 0 {
@@ -303,6 +335,49 @@ mod tests {
             let lookup = QueryTerms::new(&query).bm25(&Bm25::STANDARD, idf, &row, row_len, mean_len);
             prop_assert_eq!(merge.to_bits(), lookup.to_bits());
         }
+    }
+
+    proptest! {
+        /// A row's score in context is never below its own and never above the best of its
+        /// own and its neighbours' (the shares sum to at most one), whatever the neighbours.
+        #[test]
+        fn context_lifts_within_the_neighbours(
+            own in -1.0f32..2.0,
+            before in proptest::collection::vec(-1.0f32..2.0, 0..4),
+            after in proptest::collection::vec(-1.0f32..2.0, 0..3),
+        ) {
+            let lifted = in_context(own, &before, &after);
+            let best = before.iter().chain(&after).fold(own, |m, &s| m.max(s));
+            prop_assert!(lifted >= own);
+            prop_assert!(lifted <= best + 1e-6, "{lifted} > {best}");
+        }
+
+        /// A better neighbour never lowers the score in context.
+        #[test]
+        fn context_is_monotone_in_the_neighbours(
+            own in -1.0f32..2.0,
+            before in proptest::collection::vec(-1.0f32..2.0, 2),
+            after in -1.0f32..2.0,
+            raise in 0.0f32..1.0,
+            which in 0usize..3,
+        ) {
+            let (mut b, mut a) = (before.clone(), vec![after]);
+            match which {
+                0 | 1 => b[which] += raise,
+                _ => a[0] += raise,
+            }
+            prop_assert!(in_context(own, &b, &a) >= in_context(own, &before, &[after]));
+        }
+    }
+
+    #[test]
+    fn context_matches_hand_computation() {
+        // Previous turn 0.9 (share 0.5), the one before 0.2 (below own: nothing), next 0.6
+        // (share 0.25): 0.4 + 0.5 · 0.5 + 0.25 · 0.2.
+        let lifted = in_context(0.4, &[0.9, 0.2], &[0.6]);
+        assert!((lifted - (0.4 + 0.25 + 0.05)).abs() < 1e-6, "{lifted}");
+        assert_eq!(in_context(0.4, &[], &[]), 0.4);
+        assert_eq!(in_context(0.4, &[0.1, 0.3], &[0.0]), 0.4);
     }
 
     #[test]

@@ -7,19 +7,21 @@
 //! and keeps [`STAGE_ONE_WIDENING`] × [`first_pass_k`] rows; stage two scores those with the
 //! exact lexical part and the int8 vectors' cosine and keeps [`RESCORE_K`] for the exact
 //! rescore. The exact rescore re-embeds each candidate from the tokens the arena holds under
-//! the current frequency statistic and orders them by [`HybridScorer`]; ties go to the lower row
-//! id. Everything reads the arena only (it holds a copy of each row's terms and tokens, checked
+//! the current frequency statistic and scores it by [`HybridScorer`] (its own score); the final
+//! order is each row's score in context ([`in_context`]): its own score lifted towards those of
+//! the turns around it in its conversation ([`Arena::neighbour`]); ties go to the lower row id.
+//! Everything reads the arena only (it holds a copy of each row's terms and tokens, checked
 //! against the store by `perpetuity integrity`). No approximate index anywhere: the first pass
 //! reads every row of the scope.
 
 use rayon::prelude::*;
 
 use crate::arena::codebook::Codebook;
-use crate::arena::{Arena, DIMS, PAGE_ROWS, Page, Slot, signature_bit};
+use crate::arena::{Arena, DIMS, PAGE_ROWS, Page, Side, Slot, signature_bit};
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::Quantized;
 use crate::dictionary::derive::{RetrievalRow, derive, embed, embed_tokens};
-use crate::relevance::HybridScorer;
+use crate::relevance::{CONTEXT_AFTER, CONTEXT_BEFORE, HybridScorer, in_context};
 use crate::scan::kernels::{
     BLOCK_ROWS, Kernels, SignatureTerm, TwoBitQuery, WEIGHT_OFFSET, code_words,
 };
@@ -302,7 +304,95 @@ fn rank(mut hits: Vec<Retrieved>, k: usize) -> Vec<Retrieved> {
     hits
 }
 
-/// The `k` most relevant rows of `scope`: first pass, then exact rescore.
+/// The neighbours of the row in `slot` in its conversation towards `side`, nearest first,
+/// up to `N` of them ([`Arena::neighbour`] followed `N` times, stopping at the first gap).
+fn walk<const N: usize>(arena: &Arena, slot: Slot, side: Side) -> [Option<Slot>; N] {
+    let mut out = [None; N];
+    let mut at = slot;
+    for place in &mut out {
+        match arena.neighbour(at, side) {
+            Some(next) => {
+                *place = Some(next);
+                at = next;
+            }
+            None => break,
+        }
+    }
+    out
+}
+
+/// The neighbours whose own scores the score in context of the row in `slot` reads: up to
+/// `CONTEXT_BEFORE.len()` earlier rows of its conversation and `CONTEXT_AFTER.len()` later
+/// ones, nearest first.
+type Context = (
+    [Option<Slot>; CONTEXT_BEFORE.len()],
+    [Option<Slot>; CONTEXT_AFTER.len()],
+);
+
+fn context(arena: &Arena, slot: Slot) -> Context {
+    (
+        walk(arena, slot, Side::Before),
+        walk(arena, slot, Side::After),
+    )
+}
+
+/// [`in_context`] of a row with own score `own` and neighbours `context`, each neighbour's own
+/// score read through `own_of`.
+fn score_in_context(own: f32, context: &Context, own_of: impl Fn(Slot) -> f32) -> f32 {
+    fn scores<const N: usize>(
+        slots: &[Option<Slot>; N],
+        own_of: &impl Fn(Slot) -> f32,
+    ) -> ([f32; N], usize) {
+        let mut out = [0f32; N];
+        let mut n = 0;
+        for slot in slots.iter().map_while(|s| *s) {
+            out[n] = own_of(slot);
+            n += 1;
+        }
+        (out, n)
+    }
+    let (before, b) = scores(&context.0, &own_of);
+    let (after, a) = scores(&context.1, &own_of);
+    in_context(own, &before[..b], &after[..a])
+}
+
+/// `slots` and every row that lies within `before` rows before or `after` rows after one of
+/// them in its conversation, once each, in row id order.
+fn with_neighbours(
+    arena: &Arena,
+    slots: impl IntoIterator<Item = Slot>,
+    before: usize,
+    after: usize,
+) -> Vec<(RowId, Slot)> {
+    let mut out = Vec::new();
+    let id = |slot: Slot| RowId(arena.page(slot.page).row_ids[slot.index as usize]);
+    for slot in slots {
+        out.push((id(slot), slot));
+        for (side, reach) in [(Side::Before, before), (Side::After, after)] {
+            let mut at = slot;
+            for _ in 0..reach {
+                let Some(next) = arena.neighbour(at, side) else {
+                    break;
+                };
+                out.push((id(next), next));
+                at = next;
+            }
+        }
+    }
+    out.sort_unstable_by_key(|&(row, _)| row);
+    out.dedup_by_key(|&mut (row, _)| row);
+    out
+}
+
+/// The `k` most relevant rows of `scope`: first pass, exact rescore, then each row in context.
+///
+/// The exact rescore's candidates are widened by the rows a candidate's score can lift (those
+/// that hold it among their context neighbours), every row of that set is ranked by its score
+/// in context ([`in_context`]), and every neighbour those scores read is scored exactly too.
+/// A row's score in context never passes the best own score around it, so a row outside the
+/// widened set cannot outrank the set whenever the candidates hold every row whose own score
+/// reaches the k-th score in context: the result is brute force's under the same condition as
+/// before the context step.
 pub fn search(
     dictionary: &Dictionary,
     arena: &Arena,
@@ -320,20 +410,46 @@ pub fn search(
         first_pass_k(live).saturating_mul(STAGE_ONE_WIDENING),
     );
     let candidates = refine(arena, kernels, query, &wide, RESCORE_K.max(k));
-    let scored: Vec<Retrieved> = candidates
+    // A row lifts the rows that hold it among their neighbours: those up to
+    // `CONTEXT_BEFORE.len()` after it and `CONTEXT_AFTER.len()` before it.
+    let ranked = with_neighbours(
+        arena,
+        candidates.iter().filter_map(|hit| arena.slot(hit.row)),
+        CONTEXT_AFTER.len(),
+        CONTEXT_BEFORE.len(),
+    );
+    let read = with_neighbours(
+        arena,
+        ranked.iter().map(|&(_, slot)| slot),
+        CONTEXT_BEFORE.len(),
+        CONTEXT_AFTER.len(),
+    );
+    let own: Vec<f32> = read
         .par_iter()
-        .filter_map(|hit| arena.slot(hit.row))
-        .map(|slot| {
-            let score = exact_scores(dictionary, arena, slot, [query])
+        .map(|&(_, slot)| {
+            exact_scores(dictionary, arena, slot, [query])
                 .next()
-                .expect("one query, one score");
+                .expect("one query, one score")
+        })
+        .collect();
+    let own_of = |slot: Slot| {
+        let row = RowId(arena.page(slot.page).row_ids[slot.index as usize]);
+        let at = read
+            .binary_search_by_key(&row, |&(id, _)| id)
+            .expect("every neighbour read was scored");
+        own[at]
+    };
+    let scored: Vec<Retrieved> = ranked
+        .par_iter()
+        .map(|&(_, slot)| {
+            let score = score_in_context(own_of(slot), &context(arena, slot), own_of);
             retrieved(arena, slot, score)
         })
         .collect();
     rank(scored, k)
 }
 
-/// The reference: the exact score of every row of `scope`, no first pass.
+/// The reference: the exact score in context of every row of `scope`, no first pass.
 pub fn brute_force(
     dictionary: &Dictionary,
     arena: &Arena,
@@ -346,9 +462,14 @@ pub fn brute_force(
         .expect("one query, one list")
 }
 
-/// [`brute_force`] for many queries in one pass over the scope: each row is re-embedded once
-/// and scored for every query (pages split across the rayon pool, per-task top-k per query,
-/// deterministic merge).
+/// Queries [`brute_force_many`] scores together: their own scores of every row of the scope
+/// are held at once (4 bytes per row and query).
+const BRUTE_FORCE_QUERIES: usize = 32;
+
+/// [`brute_force`] for many queries, [`BRUTE_FORCE_QUERIES`] at a time: one pass over the
+/// scope scores every row's own score for each query (each row re-embedded once), a second
+/// ranks every row by its score in context (pages split across the rayon pool in both,
+/// per-task top-k per query, deterministic merge).
 pub fn brute_force_many(
     dictionary: &Dictionary,
     arena: &Arena,
@@ -356,36 +477,60 @@ pub fn brute_force_many(
     queries: &[PreparedQuery],
     k: usize,
 ) -> Vec<Vec<Retrieved>> {
-    let fresh = || vec![TopK::new(k); queries.len()];
-    let tops = arena
-        .scope_pages(scope)
-        .par_iter()
-        .fold(fresh, |mut tops, page| {
-            for &row in &page.row_ids[..page.rows as usize] {
-                let Some(slot) = arena.slot(RowId(row)) else {
-                    continue;
-                };
-                for (top, score) in tops
-                    .iter_mut()
-                    .zip(exact_scores(dictionary, arena, slot, queries))
-                {
-                    top.push(Hit {
-                        score,
-                        row: RowId(row),
-                    });
-                }
-            }
-            tops
-        })
-        .reduce(fresh, |a, b| {
-            a.into_iter().zip(b).map(|(x, y)| x.merge(y)).collect()
-        });
-    tops.into_iter()
-        .map(|top| {
-            top.into_sorted()
-                .into_iter()
-                .filter_map(|hit| Some(retrieved(arena, arena.slot(hit.row)?, hit.score)))
-                .collect()
+    let pages = arena.scope_page_numbers(scope);
+    let position: std::collections::HashMap<u32, usize> =
+        pages.iter().enumerate().map(|(i, &p)| (p, i)).collect();
+    queries
+        .chunks(BRUTE_FORCE_QUERIES)
+        .flat_map(|batch| {
+            let n = batch.len();
+            let mut own = vec![0f32; pages.len() * PAGE_ROWS * n];
+            own.par_chunks_mut(PAGE_ROWS * n)
+                .zip(&pages)
+                .for_each(|(out, &p)| {
+                    let page = arena.page(p);
+                    for index in 0..page.rows {
+                        let slot = Slot { page: p, index };
+                        let at = index as usize * n;
+                        for (o, score) in out[at..at + n]
+                            .iter_mut()
+                            .zip(exact_scores(dictionary, arena, slot, batch))
+                        {
+                            *o = score;
+                        }
+                    }
+                });
+            let own_of = |slot: Slot, q: usize| {
+                own[(position[&slot.page] * PAGE_ROWS + slot.index as usize) * n + q]
+            };
+            let fresh = || vec![TopK::new(k); n];
+            let tops = pages
+                .par_iter()
+                .fold(fresh, |mut tops, &p| {
+                    let page = arena.page(p);
+                    for index in 0..page.rows {
+                        let slot = Slot { page: p, index };
+                        let around = context(arena, slot);
+                        for (q, top) in tops.iter_mut().enumerate() {
+                            top.push(Hit {
+                                score: score_in_context(own_of(slot, q), &around, |s| own_of(s, q)),
+                                row: RowId(page.row_ids[index as usize]),
+                            });
+                        }
+                    }
+                    tops
+                })
+                .reduce(fresh, |a, b| {
+                    a.into_iter().zip(b).map(|(x, y)| x.merge(y)).collect()
+                });
+            tops.into_iter()
+                .map(|top| {
+                    top.into_sorted()
+                        .into_iter()
+                        .filter_map(|hit| Some(retrieved(arena, arena.slot(hit.row)?, hit.score)))
+                        .collect::<Vec<_>>()
+                })
+                .collect::<Vec<_>>()
         })
         .collect()
 }
