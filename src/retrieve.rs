@@ -31,11 +31,14 @@ use crate::types::{RowId, UserId};
 
 /// Candidates the first pass keeps, never fewer than this (or the whole scope).
 pub const FIRST_PASS_MIN_K: usize = 256;
-/// Stage one keeps this many times [`first_pass_k`]. With the 2-bit estimate one suffices:
-/// measured on LoCoMo (own and pooled scopes) and the synthetic 100,000- and 1,000,000-row
-/// pools, the two-stage top 10 equals brute force's on at least 99.5% of queries
-/// (`docs/benchmarks.md`); the 1-bit Hamming estimate needed four and still fell short at scale.
-pub const STAGE_ONE_WIDENING: usize = 1;
+/// Stage one keeps this many times [`first_pass_k`]. With the 2-bit estimate and the equal
+/// dense/lexical weights of the first hybrid one sufficed; with the lexical part weighing 0.6
+/// ([`crate::relevance::DENSE_WEIGHT`]) the signature's coarse lexical estimate counts for
+/// more: with one (and the signature matches discounted,
+/// [`crate::relevance::SIGNATURE_MATCH_SHARE`]) the synthetic 100,000-row pool agreed on 0.990
+/// of queries, with two on 1.000 (`docs/benchmarks.md`). The 1-bit Hamming estimate needed
+/// four and still fell short at scale.
+pub const STAGE_ONE_WIDENING: usize = 2;
 /// Hits per stage-two task: enough work per task to outweigh scheduling, small enough that a
 /// few thousand hits still spread over every thread.
 const REFINE_CHUNK_HITS: usize = 1024;
@@ -386,13 +389,15 @@ fn with_neighbours(
 
 /// The `k` most relevant rows of `scope`: first pass, exact rescore, then each row in context.
 ///
-/// The exact rescore's candidates are widened by the rows a candidate's score can lift (those
-/// that hold it among their context neighbours), every row of that set is ranked by its score
-/// in context ([`in_context`]), and every neighbour those scores read is scored exactly too.
-/// A row's score in context never passes the best own score around it, so a row outside the
-/// widened set cannot outrank the set whenever the candidates hold every row whose own score
-/// reaches the k-th score in context: the result is brute force's under the same condition as
-/// before the context step.
+/// The exact rescore scores its candidates on their own; the k-th best of those own scores is
+/// a floor of the k-th best score in context (a row's score in context is never below its
+/// own). The candidates that reach the floor are widened by the rows they can lift (those that
+/// hold them among their context neighbours), every row of that set is ranked by its score in
+/// context ([`in_context`]), and every neighbour those scores read is scored exactly too. A
+/// row's score in context never passes the best own score around it, so a row outside the
+/// widened set stays below the floor whenever the candidates hold every row whose own score
+/// reaches it: the result is brute force's under the same condition as before the context
+/// step.
 pub fn search(
     dictionary: &Dictionary,
     arena: &Arena,
@@ -410,34 +415,56 @@ pub fn search(
         first_pass_k(live).saturating_mul(STAGE_ONE_WIDENING),
     );
     let candidates = refine(arena, kernels, query, &wide, RESCORE_K.max(k));
+    let exact = |slot: Slot| {
+        exact_scores(dictionary, arena, slot, [query])
+            .next()
+            .expect("one query, one score")
+    };
+    let mut own: Vec<(RowId, Slot, f32)> = candidates
+        .par_iter()
+        .filter_map(|hit| Some((hit.row, arena.slot(hit.row)?)))
+        .map(|(row, slot)| (row, slot, exact(slot)))
+        .collect();
+    // The k-th best own score is a floor of the k-th best score in context; only rows reaching
+    // it can lift a row into the top k.
+    let mut best: Vec<f32> = own.iter().map(|&(_, _, score)| score).collect();
+    best.sort_unstable_by(|a, b| b.total_cmp(a));
+    let floor = best
+        .get(k.saturating_sub(1))
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY);
     // A row lifts the rows that hold it among their neighbours: those up to
     // `CONTEXT_BEFORE.len()` after it and `CONTEXT_AFTER.len()` before it.
     let ranked = with_neighbours(
         arena,
-        candidates.iter().filter_map(|hit| arena.slot(hit.row)),
+        own.iter()
+            .filter(|&&(_, _, score)| score >= floor)
+            .map(|&(_, slot, _)| slot),
         CONTEXT_AFTER.len(),
         CONTEXT_BEFORE.len(),
     );
-    let read = with_neighbours(
+    own.sort_unstable_by_key(|&(row, _, _)| row);
+    let unscored: Vec<(RowId, Slot)> = with_neighbours(
         arena,
         ranked.iter().map(|&(_, slot)| slot),
         CONTEXT_BEFORE.len(),
         CONTEXT_AFTER.len(),
+    )
+    .into_iter()
+    .filter(|&(row, _)| own.binary_search_by_key(&row, |&(id, _, _)| id).is_err())
+    .collect();
+    own.par_extend(
+        unscored
+            .par_iter()
+            .map(|&(row, slot)| (row, slot, exact(slot))),
     );
-    let own: Vec<f32> = read
-        .par_iter()
-        .map(|&(_, slot)| {
-            exact_scores(dictionary, arena, slot, [query])
-                .next()
-                .expect("one query, one score")
-        })
-        .collect();
+    own.sort_unstable_by_key(|&(row, _, _)| row);
     let own_of = |slot: Slot| {
         let row = RowId(arena.page(slot.page).row_ids[slot.index as usize]);
-        let at = read
-            .binary_search_by_key(&row, |&(id, _)| id)
+        let at = own
+            .binary_search_by_key(&row, |&(id, _, _)| id)
             .expect("every neighbour read was scored");
-        own[at]
+        own[at].2
     };
     let scored: Vec<Retrieved> = ranked
         .par_iter()
