@@ -7,19 +7,21 @@
 //! and keeps [`STAGE_ONE_WIDENING`] × [`first_pass_k`] rows; stage two scores those with the
 //! exact lexical part and the int8 vectors' cosine and keeps [`RESCORE_K`] for the exact
 //! rescore. The exact rescore re-embeds each candidate from the tokens the arena holds under
-//! the current frequency statistic and orders them by [`HybridScorer`]; ties go to the lower row
-//! id. Everything reads the arena only (it holds a copy of each row's terms and tokens, checked
+//! the current frequency statistic and scores it by [`HybridScorer`] (its own score); the final
+//! order is each row's score in context ([`in_context`]): its own score lifted towards those of
+//! the turns around it in its conversation ([`Arena::neighbour`]); ties go to the lower row id.
+//! Everything reads the arena only (it holds a copy of each row's terms and tokens, checked
 //! against the store by `perpetuity integrity`). No approximate index anywhere: the first pass
 //! reads every row of the scope.
 
 use rayon::prelude::*;
 
 use crate::arena::codebook::Codebook;
-use crate::arena::{Arena, DIMS, PAGE_ROWS, Page, Slot, signature_bit};
+use crate::arena::{Arena, DIMS, PAGE_ROWS, Page, Side, Slot, signature_bit};
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::Quantized;
 use crate::dictionary::derive::{RetrievalRow, derive, embed, embed_tokens};
-use crate::relevance::HybridScorer;
+use crate::relevance::{CONTEXT_AFTER, CONTEXT_BEFORE, HybridScorer, in_context};
 use crate::scan::kernels::{
     BLOCK_ROWS, Kernels, SignatureTerm, TwoBitQuery, WEIGHT_OFFSET, code_words,
 };
@@ -29,11 +31,14 @@ use crate::types::{RowId, UserId};
 
 /// Candidates the first pass keeps, never fewer than this (or the whole scope).
 pub const FIRST_PASS_MIN_K: usize = 256;
-/// Stage one keeps this many times [`first_pass_k`]. With the 2-bit estimate one suffices:
-/// measured on LoCoMo (own and pooled scopes) and the synthetic 100,000- and 1,000,000-row
-/// pools, the two-stage top 10 equals brute force's on at least 99.5% of queries
-/// (`docs/benchmarks.md`); the 1-bit Hamming estimate needed four and still fell short at scale.
-pub const STAGE_ONE_WIDENING: usize = 1;
+/// Stage one keeps this many times [`first_pass_k`]. With the 2-bit estimate and the equal
+/// dense/lexical weights of the first hybrid one sufficed; with the lexical part weighing 0.6
+/// ([`crate::relevance::DENSE_WEIGHT`]) the signature's coarse lexical estimate counts for
+/// more: with one (and the signature matches discounted,
+/// [`crate::relevance::SIGNATURE_MATCH_SHARE`]) the synthetic 100,000-row pool agreed on 0.990
+/// of queries, with two on 1.000 (`docs/benchmarks.md`). The 1-bit Hamming estimate needed
+/// four and still fell short at scale.
+pub const STAGE_ONE_WIDENING: usize = 2;
 /// Hits per stage-two task: enough work per task to outweigh scheduling, small enough that a
 /// few thousand hits still spread over every thread.
 const REFINE_CHUNK_HITS: usize = 1024;
@@ -302,7 +307,97 @@ fn rank(mut hits: Vec<Retrieved>, k: usize) -> Vec<Retrieved> {
     hits
 }
 
-/// The `k` most relevant rows of `scope`: first pass, then exact rescore.
+/// The neighbours of the row in `slot` in its conversation towards `side`, nearest first,
+/// up to `N` of them ([`Arena::neighbour`] followed `N` times, stopping at the first gap).
+fn walk<const N: usize>(arena: &Arena, slot: Slot, side: Side) -> [Option<Slot>; N] {
+    let mut out = [None; N];
+    let mut at = slot;
+    for place in &mut out {
+        match arena.neighbour(at, side) {
+            Some(next) => {
+                *place = Some(next);
+                at = next;
+            }
+            None => break,
+        }
+    }
+    out
+}
+
+/// The neighbours whose own scores the score in context of the row in `slot` reads: up to
+/// `CONTEXT_BEFORE.len()` earlier rows of its conversation and `CONTEXT_AFTER.len()` later
+/// ones, nearest first.
+type Context = (
+    [Option<Slot>; CONTEXT_BEFORE.len()],
+    [Option<Slot>; CONTEXT_AFTER.len()],
+);
+
+fn context(arena: &Arena, slot: Slot) -> Context {
+    (
+        walk(arena, slot, Side::Before),
+        walk(arena, slot, Side::After),
+    )
+}
+
+/// [`in_context`] of a row with own score `own` and neighbours `context`, each neighbour's own
+/// score read through `own_of`.
+fn score_in_context(own: f32, context: &Context, own_of: impl Fn(Slot) -> f32) -> f32 {
+    fn scores<const N: usize>(
+        slots: &[Option<Slot>; N],
+        own_of: &impl Fn(Slot) -> f32,
+    ) -> ([f32; N], usize) {
+        let mut out = [0f32; N];
+        let mut n = 0;
+        for slot in slots.iter().map_while(|s| *s) {
+            out[n] = own_of(slot);
+            n += 1;
+        }
+        (out, n)
+    }
+    let (before, b) = scores(&context.0, &own_of);
+    let (after, a) = scores(&context.1, &own_of);
+    in_context(own, &before[..b], &after[..a])
+}
+
+/// `slots` and every row that lies within `before` rows before or `after` rows after one of
+/// them in its conversation, once each, in row id order.
+fn with_neighbours(
+    arena: &Arena,
+    slots: impl IntoIterator<Item = Slot>,
+    before: usize,
+    after: usize,
+) -> Vec<(RowId, Slot)> {
+    let mut out = Vec::new();
+    let id = |slot: Slot| RowId(arena.page(slot.page).row_ids[slot.index as usize]);
+    for slot in slots {
+        out.push((id(slot), slot));
+        for (side, reach) in [(Side::Before, before), (Side::After, after)] {
+            let mut at = slot;
+            for _ in 0..reach {
+                let Some(next) = arena.neighbour(at, side) else {
+                    break;
+                };
+                out.push((id(next), next));
+                at = next;
+            }
+        }
+    }
+    out.sort_unstable_by_key(|&(row, _)| row);
+    out.dedup_by_key(|&mut (row, _)| row);
+    out
+}
+
+/// The `k` most relevant rows of `scope`: first pass, exact rescore, then each row in context.
+///
+/// The exact rescore scores its candidates on their own; the k-th best of those own scores is
+/// a floor of the k-th best score in context (a row's score in context is never below its
+/// own). The candidates that reach the floor are widened by the rows they can lift (those that
+/// hold them among their context neighbours), every row of that set is ranked by its score in
+/// context ([`in_context`]), and every neighbour those scores read is scored exactly too. A
+/// row's score in context never passes the best own score around it, so a row outside the
+/// widened set stays below the floor whenever the candidates hold every row whose own score
+/// reaches it: the result is brute force's under the same condition as before the context
+/// step.
 pub fn search(
     dictionary: &Dictionary,
     arena: &Arena,
@@ -320,20 +415,68 @@ pub fn search(
         first_pass_k(live).saturating_mul(STAGE_ONE_WIDENING),
     );
     let candidates = refine(arena, kernels, query, &wide, RESCORE_K.max(k));
-    let scored: Vec<Retrieved> = candidates
+    let exact = |slot: Slot| {
+        exact_scores(dictionary, arena, slot, [query])
+            .next()
+            .expect("one query, one score")
+    };
+    let mut own: Vec<(RowId, Slot, f32)> = candidates
         .par_iter()
-        .filter_map(|hit| arena.slot(hit.row))
-        .map(|slot| {
-            let score = exact_scores(dictionary, arena, slot, [query])
-                .next()
-                .expect("one query, one score");
+        .filter_map(|hit| Some((hit.row, arena.slot(hit.row)?)))
+        .map(|(row, slot)| (row, slot, exact(slot)))
+        .collect();
+    // The k-th best own score is a floor of the k-th best score in context; only rows reaching
+    // it can lift a row into the top k.
+    let mut best: Vec<f32> = own.iter().map(|&(_, _, score)| score).collect();
+    best.sort_unstable_by(|a, b| b.total_cmp(a));
+    let floor = best
+        .get(k.saturating_sub(1))
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY);
+    // A row lifts the rows that hold it among their neighbours: those up to
+    // `CONTEXT_BEFORE.len()` after it and `CONTEXT_AFTER.len()` before it.
+    let ranked = with_neighbours(
+        arena,
+        own.iter()
+            .filter(|&&(_, _, score)| score >= floor)
+            .map(|&(_, slot, _)| slot),
+        CONTEXT_AFTER.len(),
+        CONTEXT_BEFORE.len(),
+    );
+    own.sort_unstable_by_key(|&(row, _, _)| row);
+    let unscored: Vec<(RowId, Slot)> = with_neighbours(
+        arena,
+        ranked.iter().map(|&(_, slot)| slot),
+        CONTEXT_BEFORE.len(),
+        CONTEXT_AFTER.len(),
+    )
+    .into_iter()
+    .filter(|&(row, _)| own.binary_search_by_key(&row, |&(id, _, _)| id).is_err())
+    .collect();
+    own.par_extend(
+        unscored
+            .par_iter()
+            .map(|&(row, slot)| (row, slot, exact(slot))),
+    );
+    own.sort_unstable_by_key(|&(row, _, _)| row);
+    let own_of = |slot: Slot| {
+        let row = RowId(arena.page(slot.page).row_ids[slot.index as usize]);
+        let at = own
+            .binary_search_by_key(&row, |&(id, _, _)| id)
+            .expect("every neighbour read was scored");
+        own[at].2
+    };
+    let scored: Vec<Retrieved> = ranked
+        .par_iter()
+        .map(|&(_, slot)| {
+            let score = score_in_context(own_of(slot), &context(arena, slot), own_of);
             retrieved(arena, slot, score)
         })
         .collect();
     rank(scored, k)
 }
 
-/// The reference: the exact score of every row of `scope`, no first pass.
+/// The reference: the exact score in context of every row of `scope`, no first pass.
 pub fn brute_force(
     dictionary: &Dictionary,
     arena: &Arena,
@@ -346,9 +489,14 @@ pub fn brute_force(
         .expect("one query, one list")
 }
 
-/// [`brute_force`] for many queries in one pass over the scope: each row is re-embedded once
-/// and scored for every query (pages split across the rayon pool, per-task top-k per query,
-/// deterministic merge).
+/// Queries [`brute_force_many`] scores together: their own scores of every row of the scope
+/// are held at once (4 bytes per row and query).
+const BRUTE_FORCE_QUERIES: usize = 32;
+
+/// [`brute_force`] for many queries, [`BRUTE_FORCE_QUERIES`] at a time: one pass over the
+/// scope scores every row's own score for each query (each row re-embedded once), a second
+/// ranks every row by its score in context (pages split across the rayon pool in both,
+/// per-task top-k per query, deterministic merge).
 pub fn brute_force_many(
     dictionary: &Dictionary,
     arena: &Arena,
@@ -356,36 +504,60 @@ pub fn brute_force_many(
     queries: &[PreparedQuery],
     k: usize,
 ) -> Vec<Vec<Retrieved>> {
-    let fresh = || vec![TopK::new(k); queries.len()];
-    let tops = arena
-        .scope_pages(scope)
-        .par_iter()
-        .fold(fresh, |mut tops, page| {
-            for &row in &page.row_ids[..page.rows as usize] {
-                let Some(slot) = arena.slot(RowId(row)) else {
-                    continue;
-                };
-                for (top, score) in tops
-                    .iter_mut()
-                    .zip(exact_scores(dictionary, arena, slot, queries))
-                {
-                    top.push(Hit {
-                        score,
-                        row: RowId(row),
-                    });
-                }
-            }
-            tops
-        })
-        .reduce(fresh, |a, b| {
-            a.into_iter().zip(b).map(|(x, y)| x.merge(y)).collect()
-        });
-    tops.into_iter()
-        .map(|top| {
-            top.into_sorted()
-                .into_iter()
-                .filter_map(|hit| Some(retrieved(arena, arena.slot(hit.row)?, hit.score)))
-                .collect()
+    let pages = arena.scope_page_numbers(scope);
+    let position: std::collections::HashMap<u32, usize> =
+        pages.iter().enumerate().map(|(i, &p)| (p, i)).collect();
+    queries
+        .chunks(BRUTE_FORCE_QUERIES)
+        .flat_map(|batch| {
+            let n = batch.len();
+            let mut own = vec![0f32; pages.len() * PAGE_ROWS * n];
+            own.par_chunks_mut(PAGE_ROWS * n)
+                .zip(&pages)
+                .for_each(|(out, &p)| {
+                    let page = arena.page(p);
+                    for index in 0..page.rows {
+                        let slot = Slot { page: p, index };
+                        let at = index as usize * n;
+                        for (o, score) in out[at..at + n]
+                            .iter_mut()
+                            .zip(exact_scores(dictionary, arena, slot, batch))
+                        {
+                            *o = score;
+                        }
+                    }
+                });
+            let own_of = |slot: Slot, q: usize| {
+                own[(position[&slot.page] * PAGE_ROWS + slot.index as usize) * n + q]
+            };
+            let fresh = || vec![TopK::new(k); n];
+            let tops = pages
+                .par_iter()
+                .fold(fresh, |mut tops, &p| {
+                    let page = arena.page(p);
+                    for index in 0..page.rows {
+                        let slot = Slot { page: p, index };
+                        let around = context(arena, slot);
+                        for (q, top) in tops.iter_mut().enumerate() {
+                            top.push(Hit {
+                                score: score_in_context(own_of(slot, q), &around, |s| own_of(s, q)),
+                                row: RowId(page.row_ids[index as usize]),
+                            });
+                        }
+                    }
+                    tops
+                })
+                .reduce(fresh, |a, b| {
+                    a.into_iter().zip(b).map(|(x, y)| x.merge(y)).collect()
+                });
+            tops.into_iter()
+                .map(|top| {
+                    top.into_sorted()
+                        .into_iter()
+                        .filter_map(|hit| Some(retrieved(arena, arena.slot(hit.row)?, hit.score)))
+                        .collect::<Vec<_>>()
+                })
+                .collect::<Vec<_>>()
         })
         .collect()
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use perpetuity::arena::Arena;
+use perpetuity::arena::{Arena, NEIGHBOUR_WALK_ROWS, Side};
 use perpetuity::capture::{Capturer, Message};
 use perpetuity::datasets::{self, Format};
 use perpetuity::ingest::ingest;
@@ -33,6 +33,128 @@ fn say(user: &str, text: &str) -> Message {
         source_turn: None,
         text: text.into(),
     }
+}
+
+/// A row's conversation neighbours are the nearest rows of the same user and conversation on
+/// each side (row id order), across page boundaries, within the walk bound; never a row of
+/// another user, even one with the same conversation key.
+#[test]
+fn neighbours_stay_in_their_user_and_conversation() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let dict = common::dictionary();
+    let capturer = Capturer::new(dict);
+    // ann: conversation "a" throughout; "b" interleaved every third message, then a run of
+    // "b" longer than the walk bound, then "a" again. ben: conversation "a" too, interleaved.
+    let mut messages = Vec::new();
+    let mut conversation_of = Vec::new();
+    for i in 0..200 {
+        let conversation = if i % 3 == 0 || (100..100 + NEIGHBOUR_WALK_ROWS + 10).contains(&i) {
+            "b"
+        } else {
+            "a"
+        };
+        messages.push(Message {
+            conversation: conversation.into(),
+            ..say("ann", &format!("ann message {i}"))
+        });
+        conversation_of.push(("ann", conversation));
+        messages.push(Message {
+            conversation: "a".into(),
+            ..say("ben", &format!("ben message {i}"))
+        });
+        conversation_of.push(("ben", "a"));
+    }
+    let ids: Vec<RowId> = capturer
+        .capture(&store, &messages)
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut arena = Arena::new();
+    arena.catch_up(&store, dict).unwrap();
+    let facts: HashMap<RowId, (&str, &str)> = ids
+        .iter()
+        .copied()
+        .zip(conversation_of.iter().copied())
+        .collect();
+    let row_of = |slot| {
+        ids.iter()
+            .copied()
+            .find(|&id| arena.slot(id) == Some(slot))
+            .unwrap()
+    };
+    let mut walked = 0;
+    for (n, &id) in ids.iter().enumerate() {
+        let (user, conversation) = facts[&id];
+        let same_rows: Vec<usize> = (0..ids.len())
+            .filter(|&m| facts[&ids[m]].0 == user)
+            .collect();
+        let at = same_rows.iter().position(|&m| m == n).unwrap();
+        let expect = |side: Side| {
+            let mut order: Vec<usize> = match side {
+                Side::Before => same_rows[..at].iter().rev().copied().collect(),
+                Side::After => same_rows[at + 1..].to_vec(),
+            };
+            order.truncate(NEIGHBOUR_WALK_ROWS);
+            order
+                .into_iter()
+                .find(|&m| facts[&ids[m]].1 == conversation)
+                .map(|m| ids[m])
+        };
+        for side in [Side::Before, Side::After] {
+            let found = arena.neighbour(arena.slot(id).unwrap(), side).map(row_of);
+            assert_eq!(
+                found,
+                expect(side),
+                "row {id:?} ({user}, {conversation}) {side:?}"
+            );
+            walked += usize::from(found.is_some());
+        }
+    }
+    assert!(walked > 700, "most rows have neighbours on both sides");
+}
+
+/// The answer to a remembered question comes right after the question, with none of its words:
+/// the question's turn lifts it above turns that share a word with the query.
+#[test]
+fn a_turn_is_read_in_its_conversation() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let dict = common::dictionary();
+    let turns = [
+        "Which singer do you like best?",
+        "Nina Simone, no question.",
+        "The weather was grey all week.",
+        "Best pancakes are made with buttermilk.",
+        "My neighbour plays the trumpet badly.",
+    ];
+    let messages: Vec<Message> = turns.iter().map(|t| say("ann", t)).collect();
+    let ids: Vec<RowId> = Capturer::new(dict)
+        .capture(&store, &messages)
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut arena = Arena::new();
+    arena.catch_up(&store, dict).unwrap();
+    let query = PreparedQuery::new(dict, &arena, "Which singer does she like best?");
+    let kernels = Kernels::detect(false);
+    let hits = search(
+        dict,
+        &arena,
+        &kernels,
+        &[UserId::from_key("ann")],
+        &query,
+        5,
+    );
+    let rank_of = |id: RowId| hits.iter().position(|h| h.row == id).unwrap();
+    assert_eq!(rank_of(ids[0]), 0, "{hits:?}");
+    assert_eq!(
+        rank_of(ids[1]),
+        1,
+        "the answer follows its question: {hits:?}"
+    );
 }
 
 #[test]

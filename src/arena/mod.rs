@@ -55,6 +55,10 @@ use file::{
 pub use page::{DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, blocked, signature_bit};
 
 const PAGE_BYTES: usize = std::mem::size_of::<Page>();
+/// Rows of its user a walk to a row's conversation neighbour ([`Arena::neighbour`]) passes over
+/// at most: a conversation's turns lie next to each other in its user's rows unless the user
+/// holds several conversations at once, and this bounds what interleaving can cost.
+pub const NEIGHBOUR_WALK_ROWS: usize = 64;
 /// Rows a catch-up reads, embeds and commits at a time: its memory stays bounded however far
 /// behind the arena is, and a rebuild interrupted midway resumes from its last batch.
 const CATCH_UP_BATCH_ROWS: usize = 65_536;
@@ -163,6 +167,13 @@ impl RowEntries<'_> {
     pub fn token_counts(&self) -> impl Iterator<Item = (TokenId, u32)> + '_ {
         self.tokens.iter().map(Entry::token)
     }
+}
+
+/// A direction in a user's rows: towards earlier or later rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Before,
+    After,
 }
 
 /// Where a row lives in the arena.
@@ -699,6 +710,54 @@ impl Arena {
             .filter(|s| *s != Slot::NONE)
     }
 
+    /// The row next to the row in `slot` in its user's rows (row id order), towards `side`.
+    fn step(&self, slot: Slot, side: Side) -> Option<Slot> {
+        let page = self.page(slot.page);
+        match side {
+            Side::Before if slot.index > 0 => Some(Slot {
+                index: slot.index - 1,
+                ..slot
+            }),
+            Side::After if slot.index + 1 < page.rows => Some(Slot {
+                index: slot.index + 1,
+                ..slot
+            }),
+            _ => {
+                let pages = self.by_user.get(&UserId(page.user))?;
+                let at = pages.binary_search(&slot.page).ok()?;
+                let other = match side {
+                    Side::Before => pages.get(at.checked_sub(1)?)?,
+                    Side::After => pages.get(at + 1)?,
+                };
+                let rows = self.page(*other).rows;
+                let index = match side {
+                    Side::Before => rows.checked_sub(1)?,
+                    Side::After => 0,
+                };
+                (index < rows).then_some(Slot {
+                    page: *other,
+                    index,
+                })
+            }
+        }
+    }
+
+    /// The nearest row of the same user and conversation as the row in `slot`, towards `side`
+    /// in row id order (capture order), among the [`NEIGHBOUR_WALK_ROWS`] rows of the user on
+    /// that side. Never a row of another user: the walk stays on the row's user's pages.
+    pub fn neighbour(&self, slot: Slot, side: Side) -> Option<Slot> {
+        let page = self.page(slot.page);
+        let conversation = page.conversations[slot.index as usize];
+        let mut at = slot;
+        for _ in 0..NEIGHBOUR_WALK_ROWS {
+            at = self.step(at, side)?;
+            if self.page(at.page).conversations[at.index as usize] == conversation {
+                return Some(at);
+            }
+        }
+        None
+    }
+
     /// The lexical terms and tokens of the row in `slot`.
     pub fn row_entries(&self, slot: Slot) -> RowEntries<'_> {
         let page = self.page(slot.page);
@@ -752,15 +811,23 @@ impl Arena {
     /// own pages; a group scope is the union of its members' pages. No other user's row is ever
     /// handed to a scorer.
     pub fn scope_pages(&self, scope: &[UserId]) -> Vec<&Page> {
+        let pages = self.page_slice();
+        self.scope_page_numbers(scope)
+            .into_iter()
+            .map(|p| &pages[p as usize])
+            .collect()
+    }
+
+    /// The numbers of the pages [`Arena::scope_pages`] hands out, in the same order.
+    pub fn scope_page_numbers(&self, scope: &[UserId]) -> Vec<u32> {
         let mut users = scope.to_vec();
         users.sort_unstable();
         users.dedup();
-        let pages = self.page_slice();
         users
             .iter()
             .filter_map(|u| self.by_user.get(u))
             .flatten()
-            .map(|&p| &pages[p as usize])
+            .copied()
             .collect()
     }
 }
