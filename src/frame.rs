@@ -310,35 +310,86 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
     messages.out
 }
 
-/// Select from `candidates` and render under `cap` tokens as counted by `count`: the mandatory
-/// set always; then the warmest optional turns (newer first among equals) while the estimate
-/// fits; then, while the exact count is over the cap, drop the least warm optional turns and
-/// render again. The result is within the cap unless the mandatory set alone exceeds it, and
-/// then it holds exactly the mandatory set.
-pub fn fit(
-    mut candidates: Vec<Candidate>,
-    cap: usize,
-    layout: &Layout<'_>,
-    count: impl Fn(&str) -> usize,
-) -> Frame {
-    candidates.sort_by(|a, b| {
+/// A turn offered to the frame before its text is read: what the first pass needs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pick {
+    pub row: RowId,
+    pub warmth: f32,
+    pub mandatory: bool,
+    /// Tokens of the turn's text.
+    pub tokens: usize,
+}
+
+impl Pick {
+    /// The first pass's estimate of the turn's rendered cost.
+    fn estimate(&self) -> usize {
+        self.tokens + LABEL_ESTIMATE_TOKENS
+    }
+}
+
+impl Candidate {
+    pub fn pick(&self) -> Pick {
+        Pick {
+            row: self.turn.row,
+            warmth: self.warmth,
+            mandatory: self.mandatory,
+            tokens: self.turn.tokens,
+        }
+    }
+}
+
+/// The first pass: `picks` in priority order (mandatory first, then the warmest, newer first
+/// among equals), keeping every mandatory one and the others while the estimate fits `cap`.
+/// Returns indices into `picks`, in priority order. A caller can run it on turns whose text is
+/// not read yet, and read only what it keeps.
+pub fn select(picks: &[Pick], cap: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..picks.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&picks[a], &picks[b]);
         b.mandatory
             .cmp(&a.mandatory)
             .then(b.warmth.total_cmp(&a.warmth))
-            .then(b.turn.row.cmp(&a.turn.row))
+            .then(b.row.cmp(&a.row))
     });
-    let estimate = |c: &Candidate| c.turn.tokens + LABEL_ESTIMATE_TOKENS;
-    let mandatory = candidates.iter().filter(|c| c.mandatory).count();
     let mut used = NOTE_ESTIMATE_TOKENS;
-    let mut selected: Vec<usize> = Vec::with_capacity(candidates.len());
-    for (i, c) in candidates.iter().enumerate() {
-        if c.mandatory || used + estimate(c) <= cap {
-            used += estimate(c);
-            selected.push(i);
-        }
-    }
+    order
+        .into_iter()
+        .filter(|&i| {
+            let pick = &picks[i];
+            let keep = pick.mandatory || used + pick.estimate() <= cap;
+            if keep {
+                used += pick.estimate();
+            }
+            keep
+        })
+        .collect()
+}
+
+/// Select from `candidates` ([`select`]) and render under `cap` tokens as counted by `count`;
+/// then, while the exact count is over the cap, drop the least warm optional turns and render
+/// again. The result is within the cap unless the mandatory set alone exceeds it, and then it
+/// holds exactly the mandatory set. `outside` is what a caller's own first pass already left
+/// out (it counts in the omission line).
+pub fn fit(
+    candidates: Vec<Candidate>,
+    cap: usize,
+    layout: &Layout<'_>,
+    count: impl Fn(&str) -> usize,
+    outside: Omitted,
+) -> Frame {
+    let picks: Vec<Pick> = candidates.iter().map(Candidate::pick).collect();
+    let mandatory = picks.iter().filter(|p| p.mandatory).count();
+    let mut selected = select(&picks, cap);
     loop {
-        let frame = assemble(&candidates, &selected, cap, mandatory, layout, &count);
+        let frame = assemble(
+            &candidates,
+            &selected,
+            cap,
+            mandatory,
+            outside,
+            layout,
+            &count,
+        );
         let optional = selected.len() - mandatory;
         if frame.tokens <= cap || optional == 0 {
             return frame;
@@ -346,7 +397,7 @@ pub fn fit(
         let mut excess = frame.tokens - cap;
         while selected.len() > mandatory {
             let dropped = selected.pop().expect("optional turns remain");
-            let freed = estimate(&candidates[dropped]);
+            let freed = picks[dropped].estimate();
             if freed >= excess {
                 break;
             }
@@ -361,6 +412,7 @@ fn assemble(
     selected: &[usize],
     cap: usize,
     mandatory: usize,
+    outside: Omitted,
     layout: &Layout<'_>,
     count: &impl Fn(&str) -> usize,
 ) -> Frame {
@@ -372,7 +424,7 @@ fn assemble(
         .iter()
         .zip(&shown)
         .filter(|(_, shown)| !**shown)
-        .fold(Omitted::default(), |o, (c, _)| Omitted {
+        .fold(outside, |o, (c, _)| Omitted {
             turns: o.turns + 1,
             tokens: o.tokens + c.turn.tokens,
         });
@@ -591,7 +643,7 @@ mod tests {
             tools in any::<bool>(),
         ) {
             let layout = Layout { tools, current: Some("c1"), ..Layout::default() };
-            let frame = fit(cs.clone(), cap, &layout, words);
+            let frame = fit(cs.clone(), cap, &layout, words, Omitted::default());
             let mandatory: Vec<RowId> = cs.iter().filter(|c| c.mandatory).map(|c| c.turn.row).collect();
             for row in &mandatory {
                 prop_assert!(frame.rows.contains(row), "mandatory {row:?} dropped");
@@ -613,7 +665,7 @@ mod tests {
 
         #[test]
         fn warmer_optional_turns_are_kept_before_cooler_ones(cs in candidates(), cap in 0usize..3_000) {
-            let frame = fit(cs.clone(), cap, &Layout::default(), words);
+            let frame = fit(cs.clone(), cap, &Layout::default(), words, Omitted::default());
             let shown = |c: &&Candidate| !c.mandatory && frame.rows.contains(&c.turn.row);
             let left_out = |c: &&Candidate| !c.mandatory && !frame.rows.contains(&c.turn.row);
             // A warmer optional turn is left out while a cooler one is shown only when it was
@@ -628,7 +680,7 @@ mod tests {
         #[test]
         fn every_turn_appears_once_and_the_probe_question_once_at_the_end(cs in candidates()) {
             let layout = Layout { probe_question: Some("the live question?"), ..Layout::default() };
-            let frame = fit(cs.clone(), usize::MAX / 2, &layout, words);
+            let frame = fit(cs.clone(), usize::MAX / 2, &layout, words, Omitted::default());
             let mut rows = frame.rows.clone();
             rows.sort();
             rows.dedup();

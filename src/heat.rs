@@ -56,6 +56,15 @@ pub fn birth_decay(novelty: f32) -> f32 {
     std::f32::consts::LN_2 / half_life
 }
 
+/// The clock distance beyond which no row that was only born (never reheated) is still at
+/// `floor` warmth: birth at [`BORN_PEAK`] under the slowest decay (novelty 1).
+pub fn born_reach(floor: f32) -> u64 {
+    if floor <= 0.0 {
+        return u64::MAX;
+    }
+    ((BORN_PEAK / floor).ln().max(0.0) / birth_decay(1.0)).ceil() as u64
+}
+
 /// The state of a row born at clock `clock` with decay `decay`.
 pub fn born(clock: u64, decay: f32) -> Activation {
     Activation {
@@ -119,6 +128,18 @@ mod tests {
         assert!(birth_decay(1.0) < birth_decay(0.5));
         assert!(birth_decay(0.5) < birth_decay(0.0));
         assert_eq!(birth_decay(2.0), birth_decay(1.0));
+    }
+
+    #[test]
+    fn beyond_the_born_reach_no_born_row_is_warm_enough() {
+        for floor in [0.01f32, 0.05, 0.5] {
+            let reach = born_reach(floor);
+            for novelty in [0.0f32, 0.5, 1.0] {
+                let row = born(0, birth_decay(novelty));
+                assert!(warmth(&row, reach + 1) < floor, "{floor} {novelty}");
+            }
+            assert!(warmth(&born(0, birth_decay(1.0)), reach - reach / 100) >= floor);
+        }
     }
 
     #[test]

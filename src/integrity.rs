@@ -10,7 +10,8 @@
 //!   birth decay (decay is never rewritten) and whose last clock lies between the row's birth
 //!   and the user's clock, a chain entry under its conversation, and a user entry;
 //! - no orphans: every activation, log, chain, binding, clock and user entry belongs to a row
-//!   or a user with rows; every binding matches its row's role and name;
+//!   or a user with rows; every binding matches its row's role and name; every entry of the
+//!   warm index equals its row's activation;
 //! - each user's clock equals the tokens of the user's rows, and equals the newest row's birth
 //!   clock; every row id is below the recorded next row id;
 //! - the stored frequency counts equal a recount from the retrieval rows, key by key;
@@ -286,6 +287,17 @@ fn check_orphans(
                 Some(id) if rows.contains_key(&id) => {}
                 _ => report.violation("no orphan", cf, &key, "no row"),
             }
+        }
+    }
+    for entry in store.iter_all(Cf::Warm) {
+        let (key, value) = entry?;
+        if store.get(Cf::Activation, &key)?.as_deref() != Some(&value[..]) {
+            report.violation(
+                "warm entry equals the activation",
+                Cf::Warm,
+                &key,
+                "differs or has no activation",
+            );
         }
     }
     for entry in store.iter_all(Cf::Log) {

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::arena::Arena;
 use crate::budget::Budget;
-use crate::frame::{self, Candidate, Frame, Layout, Turn};
+use crate::frame::{self, Candidate, Frame, Layout, Omitted, Pick, Turn};
 use crate::heat;
 use crate::memory::Memory;
 use crate::retrieve::{PreparedQuery, Retrieved, search};
@@ -112,8 +112,7 @@ pub fn recall(
         .map(|p| p.rows as usize)
         .sum();
     let clock = store.clock(ask.user)?;
-    let mut states: HashMap<RowId, Activation> =
-        store.activations_of(ask.user).collect::<Result<_, _>>()?;
+    let mut states = warm_states(store, arena, ask, clock, config.warm_floor, &hits)?;
     let updates = reheat(ask.user, &hits, &mut states, clock);
     if !ask.probe {
         store.patch_activation(&updates)?;
@@ -124,45 +123,37 @@ pub fn recall(
         .take(config.mandatory_hits)
         .map(|h| h.row)
         .collect();
-    let mut turns: HashMap<RowId, Turn> = HashMap::new();
-    let mut names = Names::default();
     if let Some(conversation) = ask.conversation {
         let mut stretch = 0;
         for id in store.conversation_rows_newest_first(ask.user, conversation) {
             let id = id?;
-            let Some(turn) = names.turn(memory, ask.user, id)? else {
+            let Some(slot) = arena.slot(id) else {
                 continue;
             };
-            stretch += turn.tokens;
+            stretch += arena.page(slot.page).token_lens[slot.index as usize] as usize;
             mandatory.insert(id);
-            turns.insert(id, turn);
+            states.entry(id).or_insert_with(|| born_state(arena, slot));
             if stretch >= config.recent_tokens {
                 break;
             }
         }
     }
 
-    let mut candidates = Vec::new();
-    for (&id, state) in &states {
-        let warmth = heat::warmth(state, clock);
-        let is_mandatory = mandatory.contains(&id);
-        if warmth < config.warm_floor && !is_mandatory {
-            continue;
-        }
-        let turn = match turns.remove(&id) {
-            Some(turn) => turn,
-            None => match names.turn(memory, ask.user, id)? {
-                Some(turn) => turn,
-                None => continue,
-            },
-        };
-        candidates.push(Candidate {
-            turn,
-            warmth,
-            mandatory: is_mandatory,
-        });
-    }
-
+    // First pass on what the arena knows (warmth, length); only the kept rows are read.
+    let picks: Vec<Pick> = states
+        .iter()
+        .filter_map(|(&row, state)| {
+            let warmth = heat::warmth(state, clock);
+            let is_mandatory = mandatory.contains(&row);
+            let slot = arena.slot(row)?;
+            (warmth >= config.warm_floor || is_mandatory).then(|| Pick {
+                row,
+                warmth,
+                mandatory: is_mandatory,
+                tokens: arena.page(slot.page).token_lens[slot.index as usize] as usize,
+            })
+        })
+        .collect();
     let scores: Vec<f32> = hits.iter().map(|h| h.score).collect();
     let budget = config.budget.tokens(&scores);
     let layout = Layout {
@@ -171,10 +162,36 @@ pub fn recall(
         probe_question: ask.probe.then_some(ask.question),
         tools: config.tools,
     };
+    let kept = frame::select(&picks, budget);
+    let mut outside = Omitted::default();
+    let mut is_kept = vec![false; picks.len()];
+    for &i in &kept {
+        is_kept[i] = true;
+    }
+    for (pick, _) in picks.iter().zip(&is_kept).filter(|(_, kept)| !**kept) {
+        outside.turns += 1;
+        outside.tokens += pick.tokens;
+    }
+    let mut names = Names::default();
+    let mut candidates = Vec::with_capacity(kept.len());
+    for &i in &kept {
+        let pick = picks[i];
+        if let Some(turn) = names.turn(memory, ask.user, pick.row)? {
+            candidates.push(Candidate {
+                turn,
+                warmth: pick.warmth,
+                mandatory: pick.mandatory,
+            });
+        }
+    }
     let tokenizer = Tokenizer::new();
-    let frame = frame::fit(candidates, budget, &layout, |text| {
-        tokenizer.encode(text).len()
-    });
+    let frame = frame::fit(
+        candidates,
+        budget,
+        &layout,
+        |text| tokenizer.encode(text).len(),
+        outside,
+    );
     Ok(Recall {
         retrieved: hits
             .iter()
@@ -189,6 +206,62 @@ pub fn recall(
         scan_us,
         frame,
     })
+}
+
+/// The activation of every row that may still be warm enough for the frame, and of the
+/// retrieved rows: the warm index (reheated rows; those now below `floor` are dropped from it,
+/// unless probing),
+/// then the user's newest rows within [`heat::born_reach`], whose state is the birth state
+/// unless the index holds them. Read from the arena and the small warm index, never from every
+/// activation of the user.
+fn warm_states(
+    store: &crate::store::Store,
+    arena: &Arena,
+    ask: &Ask<'_>,
+    clock: u64,
+    floor: f32,
+    hits: &[Retrieved],
+) -> Result<HashMap<RowId, Activation>, StoreError> {
+    let user = ask.user;
+    let mut states = HashMap::new();
+    let mut cold = Vec::new();
+    for entry in store.warm_of(user) {
+        let (row, state) = entry?;
+        if heat::warmth(&state, clock) >= floor {
+            states.insert(row, state);
+        } else {
+            cold.push(row);
+        }
+    }
+    if !ask.probe {
+        store.forget_cold(user, &cold)?;
+    }
+    let reach = heat::born_reach(floor);
+    'pages: for page in arena.scope_pages(&[user]).iter().rev() {
+        for i in (0..page.rows as usize).rev() {
+            if clock.saturating_sub(page.birth_clocks[i]) > reach {
+                break 'pages;
+            }
+            states
+                .entry(RowId(page.row_ids[i]))
+                .or_insert_with(|| heat::born(page.birth_clocks[i], page.decays[i]));
+        }
+    }
+    for hit in hits {
+        if let Some(slot) = arena.slot(hit.row) {
+            states
+                .entry(hit.row)
+                .or_insert_with(|| born_state(arena, slot));
+        }
+    }
+    Ok(states)
+}
+
+/// The birth state of the row in `slot` (its state unless it was reheated).
+fn born_state(arena: &Arena, slot: crate::arena::Slot) -> Activation {
+    let page = arena.page(slot.page);
+    let i = slot.index as usize;
+    heat::born(page.birth_clocks[i], page.decays[i])
 }
 
 /// Reheat the retrieved rows in `states` (rank order) at clock `now`; returns the raised

@@ -185,6 +185,19 @@ fn a_captured_question_is_the_last_turn_once_and_retrieval_reheats_what_it_selec
     let changed = after.iter().filter(|(id, a)| before[id] != **a).count();
     assert_eq!(changed, recall.reheated);
     assert!(recall.reheated > 0);
+
+    // The warm index lists exactly the reheated rows, each with its activation.
+    let warm: HashMap<RowId, Activation> = memory
+        .store
+        .warm_of(alice)
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(warm.len(), recall.reheated);
+    for (row, state) in &warm {
+        assert_eq!(after[row], *state);
+    }
+    let report = perpetuity::integrity::check(&memory.store, &memory.dictionary).unwrap();
+    assert!(report.is_clean(), "{:?}", report.violations);
 }
 
 #[test]

@@ -14,6 +14,7 @@
 //! | `chain` | user ++ conversation ++ row | empty | [`Store::write_captures`] |
 //! | `bindings` | user ++ conversation ++ role ++ row | name (UTF-8) | [`Store::write_captures`] |
 //! | `meta` | name | value | [`Store::open`] and [`Store::write_captures`] (`next_row`) |
+//! | `warm` | user ++ row | [`Activation`] of a reheated row, a copy of its `activation` entry | [`Store::patch_activation`]; [`Store::forget_cold`] removes cold ones |
 //!
 //! [`Store::purge_user`] deletes; it is the one other function that writes, and only removes a
 //! user's entries (and subtracts their counts). The decay constant is written once, at birth, in
@@ -57,10 +58,11 @@ pub enum Cf {
     Chain,
     Bindings,
     Meta,
+    Warm,
 }
 
 impl Cf {
-    pub const ALL: [Cf; 10] = [
+    pub const ALL: [Cf; 11] = [
         Cf::Users,
         Cf::Rows,
         Cf::Retrieval,
@@ -71,6 +73,7 @@ impl Cf {
         Cf::Chain,
         Cf::Bindings,
         Cf::Meta,
+        Cf::Warm,
     ];
 
     /// The family's name on disk.
@@ -86,11 +89,12 @@ impl Cf {
             Cf::Chain => "chain",
             Cf::Bindings => "bindings",
             Cf::Meta => "meta",
+            Cf::Warm => "warm",
         }
     }
 
     /// Families whose keys all start with the user id.
-    const PER_USER: [Cf; 7] = [
+    const PER_USER: [Cf; 8] = [
         Cf::Users,
         Cf::Rows,
         Cf::Retrieval,
@@ -98,6 +102,7 @@ impl Cf {
         Cf::Clock,
         Cf::Chain,
         Cf::Bindings,
+        Cf::Warm,
     ];
 }
 
@@ -630,6 +635,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let _guard = self.writer.lock().expect("writer lock");
         let cf = self.cf(Cf::Activation);
+        let warm = self.cf(Cf::Warm);
         let mut batch = WriteBatch::default();
         for &(user, row, last_clock, peak) in updates {
             let key = keys::user_row(user, row);
@@ -647,6 +653,47 @@ impl Store {
                 decay: current.decay,
             };
             batch.put_cf(&cf, key, next.encode());
+            batch.put_cf(&warm, key, next.encode());
+        }
+        self.db
+            .write_opt(batch, &self.write_options)
+            .map_err(|e| self.rocks(e))
+    }
+
+    /// The warm index of a user: every reheated row still listed, with its activation, in row
+    /// order. Rows born hot and never reheated are not listed (their state is the birth state).
+    pub fn warm_of(
+        &self,
+        user: UserId,
+    ) -> impl Iterator<Item = Result<(RowId, Activation), StoreError>> + '_ {
+        self.iter_user(Cf::Warm, user).map(|entry| {
+            let (key, value) = entry?;
+            let corrupt = |source| StoreError::Corrupt {
+                cf: Cf::Warm.name(),
+                key: hex_key(&key),
+                source,
+            };
+            let (_, row) = keys::parse_user_row(&key).ok_or_else(|| {
+                corrupt(CodecError {
+                    what: "warm key",
+                    reason: "not user ++ row".into(),
+                })
+            })?;
+            Ok((row, Activation::decode(&value).map_err(corrupt)?))
+        })
+    }
+
+    /// Drop rows that have cooled below the frame's floor from the warm index (their
+    /// activation stays). Called by retrieval's recall, the writer of activation.
+    pub fn forget_cold(&self, user: UserId, rows: &[RowId]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let _guard = self.writer.lock().expect("writer lock");
+        let warm = self.cf(Cf::Warm);
+        let mut batch = WriteBatch::default();
+        for &row in rows {
+            batch.delete_cf(&warm, keys::user_row(user, row));
         }
         self.db
             .write_opt(batch, &self.write_options)
