@@ -12,7 +12,7 @@ use hyper::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use common::upstream::{Answer, Harness, body_of, fixture, header};
+use common::upstream::{Answer, Harness, body_of, fixture, header, jsonl_as_sse};
 use perpetuity::dictionary::DEFAULT_VERSION;
 use perpetuity::types::{Role, RowId, UserId};
 
@@ -549,4 +549,73 @@ async fn admin_endpoints_need_the_token_and_purge_forgets_a_user() {
         !h.received().last().unwrap().text().contains("P-99871"),
         "the purged memory is gone"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_stream_passes_through_and_a_chained_response_keeps_its_input() {
+    let Some(lines) = fixture("openai-responses/vercel_text_two_messages.jsonl") else {
+        return;
+    };
+    let stream = jsonl_as_sse(&lines);
+    let h = Harness::start(|_| {}).await;
+    h.answer(Answer::Whole(200, "text/event-stream", stream.clone()));
+    let body = json!({
+        "model": "gpt-5.3-codex",
+        "stream": true,
+        "instructions": "Be brief.",
+        "input": [
+            {"role": "user", "content": "RESENT-HISTORY"},
+            {"role": "user", "content": [{"type": "input_text", "text": "Suggest names for an AI."}]}
+        ]
+    });
+    let response = h
+        .send(
+            "POST",
+            "/v1/responses",
+            &OPENAI,
+            body.to_string().as_bytes(),
+        )
+        .await;
+    assert_eq!(header(&response, "x-perpetuity-memory"), "ok");
+    assert_eq!(body_of(response).await, stream);
+    let sent = h.received().pop().unwrap();
+    assert_eq!(sent.path, "/v1/responses");
+    let upstream = sent.json();
+    assert_eq!(upstream["instructions"], "Be brief.");
+    assert!(!sent.text().contains("RESENT-HISTORY"));
+    let last = upstream["input"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert!(
+        last["content"]
+            .as_str()
+            .unwrap()
+            .ends_with("Suggest names for an AI.")
+    );
+    let rows = h.rows_of("sk-alice", 2);
+    assert_eq!(rows[0].text, "Suggest names for an AI.");
+    assert_eq!(rows[1].role, Role::Assistant);
+    assert!(
+        rows[1].text.starts_with("Got it\n\nHere are a few"),
+        "{}",
+        rows[1].text
+    );
+
+    // With previous_response_id the provider holds the history: forwarded as it came.
+    h.answer(Answer::Whole(200, "text/event-stream", stream));
+    let chained = json!({"model": "gpt-5.3-codex", "stream": true, "input": "More?", "previous_response_id": "resp_1"});
+    let response = h
+        .send(
+            "POST",
+            "/v1/responses",
+            &OPENAI,
+            chained.to_string().as_bytes(),
+        )
+        .await;
+    assert_eq!(header(&response, "x-perpetuity-memory"), "off");
+    body_of(response).await;
+    assert_eq!(h.received().pop().unwrap().json(), chained);
 }

@@ -1,13 +1,14 @@
 //! Wire compatibility with the official clients: the `openai` and `anthropic` Python SDKs
-//! (pinned in `tools/install-deps.sh`, which makes their virtual environment) call the proxy,
-//! streaming and not, with tools, and get the providers' errors as their own exception types.
-//! The checks on the client side are in `tests/sdk/clients.py`.
+//! (pinned in `tools/install-deps.sh`, which makes their virtual environment) call the proxy
+//! (Chat Completions, Responses, Messages), streaming and not, with tools, and get the
+//! providers' errors as their own exception types. The client-side checks are in
+//! `tests/sdk/clients.py`.
 
 mod common;
 
 use std::path::PathBuf;
 
-use common::upstream::{Answer, Harness, fixture};
+use common::upstream::{Answer, Harness, fixture, jsonl_as_sse};
 
 /// The SDK environment's Python: `$PERPETUITY_SDK_PYTHON`, else the one install-deps makes.
 fn sdk_python() -> Option<PathBuf> {
@@ -49,6 +50,14 @@ async fn the_official_sdks_see_valid_answers_through_the_proxy() {
     h.answer(error(401, openai_error("invalid_request_error")));
     h.answer(error(429, openai_error("rate_limit_exceeded")));
     h.answer(error(500, openai_error("server_error")));
+    for _ in 0..2 {
+        let lines = fixture("openai-responses/vercel_text_two_messages.jsonl").unwrap();
+        h.answer(Answer::Whole(
+            200,
+            "text/event-stream",
+            jsonl_as_sse(&lines),
+        ));
+    }
     h.answer(Answer::Whole(
         200,
         "application/json",
@@ -80,12 +89,16 @@ async fn the_official_sdks_see_valid_answers_through_the_proxy() {
     assert!(stdout.contains("all SDK checks passed"), "{stdout}");
 
     let received = h.received();
-    assert_eq!(received.len(), 12, "one upstream call per SDK call");
+    assert_eq!(received.len(), 14, "one upstream call per SDK call");
     for r in &received[..7] {
         assert_eq!(r.path, "/v1/chat/completions");
         assert_eq!(r.headers["authorization"], "Bearer sk-sdk");
     }
-    for r in &received[7..] {
+    for r in &received[7..9] {
+        assert_eq!(r.path, "/v1/responses");
+        assert_eq!(r.json()["instructions"], "Be brief.");
+    }
+    for r in &received[9..] {
         assert!(r.path.starts_with("/v1/messages"), "{}", r.path);
     }
     let tools = &received[3].json()["tools"];

@@ -220,22 +220,25 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
             response
         }
         (&Method::POST, "/v1/chat/completions") => {
-            state
-                .metrics
-                .count(ops::Event::Request(ops::Route::OpenAiChat));
-            counted(
-                &state,
-                chat(req, Arc::clone(&state), Provider::OpenAi).await,
+            piped(req, state, wire::Format::Chat, ops::Route::OpenAiChat).await
+        }
+        (&Method::POST, "/v1/responses") => {
+            piped(
+                req,
+                state,
+                wire::Format::Responses,
+                ops::Route::OpenAiResponses,
             )
+            .await
         }
         (&Method::POST, "/v1/messages") => {
-            state
-                .metrics
-                .count(ops::Event::Request(ops::Route::AnthropicMessages));
-            counted(
-                &state,
-                chat(req, Arc::clone(&state), Provider::Anthropic).await,
+            piped(
+                req,
+                state,
+                wire::Format::Messages,
+                ops::Route::AnthropicMessages,
             )
+            .await
         }
         _ => {
             state
@@ -244,6 +247,17 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
             counted(&state, pass_through(req, Arc::clone(&state)).await)
         }
     })
+}
+
+/// A chat request through the pipeline, counted.
+async fn piped(
+    req: Request<Incoming>,
+    state: Arc<State>,
+    format: wire::Format,
+    route: ops::Route,
+) -> Response<Body> {
+    state.metrics.count(ops::Event::Request(route));
+    counted(&state, chat(req, Arc::clone(&state), format).await)
 }
 
 /// Count what the proxy answered itself: refusals and upstream failures (marked by the
@@ -370,7 +384,8 @@ struct Identity {
 }
 
 /// A chat request through the pipeline.
-async fn chat(req: Request<Incoming>, state: Arc<State>, provider: Provider) -> Response<Body> {
+async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -> Response<Body> {
+    let provider = format.provider();
     let Ok(permit) = Arc::clone(&state.permits).try_acquire_owned() else {
         return failure(
             provider,
@@ -401,7 +416,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, provider: Provider) -> 
         Ok(bytes) => bytes,
         Err(failed) => return failure(provider, failed.0, &failed.1),
     };
-    let request = match wire::parse(provider, &bytes) {
+    let request = match wire::parse(format, &bytes) {
         Ok(request) => request,
         Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
     };
@@ -428,7 +443,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, provider: Provider) -> 
                 .metrics
                 .scanned(recall.scanned_rows, Duration::from_micros(recall.scan_us));
             (
-                wire::with_frame(provider, &request, &recall.frame),
+                wire::with_frame(&request, &recall.frame),
                 "ok",
                 Some(recall),
             )
@@ -470,7 +485,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, provider: Provider) -> 
     }
     let reply = (memory_status != "unavailable" && switches.writes()).then(|| Reply {
         state: Arc::clone(&state),
-        provider,
+        format,
         identity,
         model: request.model.clone(),
     });
@@ -478,6 +493,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, provider: Provider) -> 
         upstream,
         report,
         provider,
+        Some(format),
         reply,
         &state.config,
         Some(permit),
@@ -512,7 +528,11 @@ fn remember(
         )?;
         stored = ids.first().is_some_and(|ids| !ids.is_empty());
     }
-    let (true, Some(question)) = (switches.recall, request.question.as_deref()) else {
+    let (true, false, Some(question)) = (
+        switches.recall,
+        request.server_history,
+        request.question.as_deref(),
+    ) else {
         return Ok(None);
     };
     state
@@ -540,7 +560,7 @@ fn remember(
 /// Where a finished reply is captured.
 struct Reply {
     state: Arc<State>,
-    provider: Provider,
+    format: wire::Format,
     identity: Identity,
     model: String,
 }
@@ -575,7 +595,7 @@ impl Reply {
                 truncated: !complete,
             }),
             Err(err) => {
-                tracing::error!(%err, provider = self.provider.name(), "capturing the reply failed");
+                tracing::error!(%err, provider = self.format.provider().name(), "capturing the reply failed");
             }
         }
     }
@@ -587,6 +607,7 @@ async fn respond(
     upstream: Response<Incoming>,
     report: HeaderMap,
     provider: Provider,
+    format: Option<wire::Format>,
     reply: Option<Reply>,
     config: &ProxyConfig,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
@@ -611,7 +632,8 @@ async fn respond(
         );
         let (tx, rx) = mpsc::channel::<Bytes>(64);
         tokio::spawn(async move {
-            relay(body, tx, provider, reply.filter(|_| success), idle).await;
+            let reader = format.map(wire::StreamReader::new);
+            relay(body, tx, provider, reader, reply.filter(|_| success), idle).await;
             drop(permit);
         });
         return Response::from_parts(parts, Channel(rx).boxed());
@@ -619,7 +641,7 @@ async fn respond(
     match read_body(body, limit).await {
         Ok(bytes) => {
             if let (Some(reply), true) = (reply, success)
-                && let Some(text) = wire::reply_text(provider, &bytes)
+                && let Some(text) = format.and_then(|f| wire::reply_text(f, &bytes))
             {
                 let _ = tokio::task::spawn_blocking(move || reply.capture(text, true)).await;
             }
@@ -637,10 +659,10 @@ async fn relay(
     mut body: Incoming,
     tx: mpsc::Sender<Bytes>,
     provider: Provider,
+    mut reader: Option<wire::StreamReader>,
     reply: Option<Reply>,
     idle: Duration,
 ) {
-    let mut reader = wire::StreamReader::new(provider);
     let mut client_gone = false;
     loop {
         let next = tokio::select! {
@@ -663,19 +685,21 @@ async fn relay(
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        reader.feed(&data);
+        if let Some(reader) = &mut reader {
+            reader.feed(&data);
+        }
         if tx.send(data).await.is_err() {
             client_gone = true;
             break;
         }
     }
     drop(body);
-    if !client_gone && !reader.terminated() {
+    if !client_gone && reader.as_ref().is_some_and(|r| !r.terminated()) {
         let _ = tx.send(Bytes::from_static(b"\n\n")).await;
     }
     drop(tx);
-    let (text, complete) = reader.finish();
-    if let Some(reply) = reply {
+    if let (Some(reply), Some(reader)) = (reply, reader) {
+        let (text, complete) = reader.finish();
         let complete = complete && !client_gone;
         let _ = tokio::task::spawn_blocking(move || reply.capture(text, complete)).await;
     }
@@ -711,6 +735,7 @@ async fn pass_through(req: Request<Incoming>, state: Arc<State>) -> Response<Bod
                 upstream,
                 HeaderMap::new(),
                 provider,
+                None,
                 None,
                 &state.config,
                 None,

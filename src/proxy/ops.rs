@@ -20,16 +20,23 @@ use super::State;
 #[derive(Debug, Clone, Copy)]
 pub enum Route {
     OpenAiChat,
+    OpenAiResponses,
     AnthropicMessages,
     PassThrough,
 }
 
 impl Route {
-    const ALL: [Self; 3] = [Self::OpenAiChat, Self::AnthropicMessages, Self::PassThrough];
+    const ALL: [Self; 4] = [
+        Self::OpenAiChat,
+        Self::OpenAiResponses,
+        Self::AnthropicMessages,
+        Self::PassThrough,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             Self::OpenAiChat => "openai_chat",
+            Self::OpenAiResponses => "openai_responses",
             Self::AnthropicMessages => "anthropic_messages",
             Self::PassThrough => "pass_through",
         }
@@ -39,7 +46,7 @@ impl Route {
 /// Counters and latency histograms of the serving process.
 #[derive(Debug)]
 pub struct Metrics {
-    requests: [AtomicU64; 3],
+    requests: [AtomicU64; 4],
     /// Requests the proxy refused itself (bad input, no credential, limits).
     refused: AtomicU64,
     /// Requests forwarded untouched because the memory failed.

@@ -1,6 +1,7 @@
-//! The two chat wire formats the pipeline rewrites: OpenAI Chat Completions and Anthropic
-//! Messages. Reading a request (its live question, its first message), replacing its messages
-//! with the frame, and reading the reply's text out of a JSON body or an SSE stream.
+//! The three chat wire formats the pipeline rewrites: OpenAI Chat Completions, OpenAI
+//! Responses and Anthropic Messages. Reading a request (its live question, its first message),
+//! replacing its messages with the frame, and reading the reply's text out of a JSON body or an
+//! SSE stream.
 
 use serde_json::{Map, Value, json};
 
@@ -8,42 +9,78 @@ use crate::frame::{Frame, Side};
 
 use super::provider::Provider;
 
+/// A chat API's wire format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenAI Chat Completions: `messages`, system prompt as leading messages.
+    Chat,
+    /// OpenAI Responses: `input` (a string or a list of items), `instructions` apart.
+    Responses,
+    /// Anthropic Messages: `messages`, `system` apart, `max_tokens` required.
+    Messages,
+}
+
+impl Format {
+    /// The provider whose API this is.
+    pub fn provider(self) -> Provider {
+        match self {
+            Self::Chat | Self::Responses => Provider::OpenAi,
+            Self::Messages => Provider::Anthropic,
+        }
+    }
+
+    /// The body field holding the conversation.
+    fn list(self) -> &'static str {
+        match self {
+            Self::Chat | Self::Messages => "messages",
+            Self::Responses => "input",
+        }
+    }
+}
+
 /// A parsed chat request.
 #[derive(Debug, Clone)]
 pub struct Request {
+    pub format: Format,
     pub body: Map<String, Value>,
     pub model: String,
-    pub stream: bool,
+    /// The conversation's messages (a Responses string input is one user message).
+    pub messages: Vec<Value>,
     /// Index in `messages` of the live question: the last user message with text.
     pub question_at: Option<usize>,
     /// The live question's text.
     pub question: Option<String>,
     /// The text of the first non-system message (the conversation's default key).
     pub first: Option<String>,
+    /// The provider keeps this conversation's history itself (Responses
+    /// `previous_response_id`): the frame cannot replace it, so the request is forwarded as is.
+    pub server_history: bool,
 }
 
 impl Request {
     /// Whether the live question is the request's last message: a new user turn to capture
     /// (otherwise the request continues a tool round of an earlier question).
     pub fn question_is_new(&self) -> bool {
-        let len = self.messages().map_or(0, Vec::len);
-        self.question_at.is_some_and(|i| i + 1 == len)
-    }
-
-    fn messages(&self) -> Option<&Vec<Value>> {
-        self.body.get("messages").and_then(Value::as_array)
+        self.question_at
+            .is_some_and(|i| i + 1 == self.messages.len())
     }
 }
 
-/// The text of a message's `content`: a string, or the text parts of an array joined by blank
-/// lines. `None` when it holds no text (tool results, images only).
+/// The text of a message's `content`: a string, or the text parts of an array (`text`,
+/// `input_text`, `output_text`) joined by blank lines. `None` when it holds no text (tool
+/// results, images only).
 pub fn text_of(content: &Value) -> Option<String> {
     match content {
         Value::String(s) if !s.is_empty() => Some(s.clone()),
         Value::Array(parts) => {
             let texts: Vec<&str> = parts
                 .iter()
-                .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+                .filter(|p| {
+                    matches!(
+                        p.get("type").and_then(Value::as_str),
+                        Some("text" | "input_text" | "output_text")
+                    )
+                })
                 .filter_map(|p| p.get("text").and_then(Value::as_str))
                 .filter(|t| !t.is_empty())
                 .collect();
@@ -61,8 +98,8 @@ fn is_system(message: &Value) -> bool {
     )
 }
 
-/// Parse a chat request body of `provider`; the message says what is wrong.
-pub fn parse(provider: Provider, bytes: &[u8]) -> Result<Request, String> {
+/// Parse a chat request body in `format`; the message says what is wrong.
+pub fn parse(format: Format, bytes: &[u8]) -> Result<Request, String> {
     let value: Value =
         serde_json::from_slice(bytes).map_err(|e| format!("the body is not valid JSON: {e}"))?;
     let Value::Object(body) = value else {
@@ -74,51 +111,67 @@ pub fn parse(provider: Provider, bytes: &[u8]) -> Result<Request, String> {
         .filter(|m| !m.is_empty())
         .ok_or("`model` must be a non-empty string")?
         .to_owned();
-    let messages = body
-        .get("messages")
-        .and_then(Value::as_array)
-        .ok_or("`messages` must be an array")?;
-    if provider == Provider::Anthropic && !body.get("max_tokens").is_some_and(Value::is_u64) {
+    let list = format.list();
+    let messages = match body.get(list) {
+        Some(Value::Array(items)) => items.clone(),
+        Some(Value::String(text)) if format == Format::Responses => {
+            vec![json!({"role": "user", "content": text})]
+        }
+        _ if format == Format::Responses => {
+            return Err("`input` must be a string or an array".into());
+        }
+        _ => return Err(format!("`{list}` must be an array")),
+    };
+    if format == Format::Messages && !body.get("max_tokens").is_some_and(Value::is_u64) {
         return Err("`max_tokens` must be a positive integer".into());
     }
     for (i, message) in messages.iter().enumerate() {
-        if message.get("role").and_then(Value::as_str).is_none() {
-            return Err(format!("messages[{i}] has no `role` string"));
+        // Responses items other than messages (function calls, their outputs) have no role.
+        let needs_role = format != Format::Responses || message.get("type").is_none();
+        if needs_role && message.get("role").and_then(Value::as_str).is_none() {
+            return Err(format!("{list}[{i}] has no `role` string"));
         }
     }
-    let role = |m: &Value| {
-        m.get("role")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned()
+    let is_user_text = |m: &Value| {
+        m.get("role").and_then(Value::as_str) == Some("user")
+            && m.get("content").and_then(text_of).is_some()
     };
-    let question_at = messages
-        .iter()
-        .rposition(|m| role(m) == "user" && m.get("content").and_then(text_of).is_some());
+    let question_at = messages.iter().rposition(is_user_text);
     let question = question_at.and_then(|i| messages[i].get("content").and_then(text_of));
     let first = messages
         .iter()
         .find(|m| !is_system(m))
         .and_then(|m| m.get("content").and_then(text_of));
-    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let server_history = format == Format::Responses
+        && body
+            .get("previous_response_id")
+            .is_some_and(|v| !v.is_null());
     Ok(Request {
+        format,
         body,
         model,
-        stream,
+        messages,
         question_at,
         question,
         first,
+        server_history,
     })
 }
 
 /// The request body with its messages replaced: OpenAI keeps its leading system and developer
-/// messages, Anthropic its top-level `system`; then the frame (which ends with the live
-/// question); then whatever followed the live question (an ongoing tool round), verbatim.
-pub fn with_frame(provider: Provider, request: &Request, frame: &Frame) -> Vec<u8> {
-    let messages = request.messages().cloned().unwrap_or_default();
+/// messages, Anthropic its top-level `system`, Responses its `instructions`; then the frame
+/// (which ends with the live question); then whatever followed the live question (an ongoing
+/// tool round), verbatim.
+pub fn with_frame(request: &Request, frame: &Frame) -> Vec<u8> {
     let mut out: Vec<Value> = Vec::new();
-    if provider == Provider::OpenAi {
-        out.extend(messages.iter().take_while(|m| is_system(m)).cloned());
+    if request.format != Format::Messages {
+        out.extend(
+            request
+                .messages
+                .iter()
+                .take_while(|m| is_system(m))
+                .cloned(),
+        );
     }
     out.extend(frame.messages.iter().map(|m| {
         json!({
@@ -130,22 +183,31 @@ pub fn with_frame(provider: Provider, request: &Request, frame: &Frame) -> Vec<u
         })
     }));
     if let Some(at) = request.question_at {
-        out.extend(messages.into_iter().skip(at + 1));
+        out.extend(request.messages.iter().skip(at + 1).cloned());
     }
     let mut body = request.body.clone();
-    body.insert("messages".into(), Value::Array(out));
+    body.insert(request.format.list().into(), Value::Array(out));
     serde_json::to_vec(&Value::Object(body)).expect("a JSON value serialises")
 }
 
 /// The assistant text of a non-streamed reply body.
-pub fn reply_text(provider: Provider, body: &[u8]) -> Option<String> {
+pub fn reply_text(format: Format, body: &[u8]) -> Option<String> {
     let value: Value = serde_json::from_slice(body).ok()?;
-    match provider {
-        Provider::OpenAi => value["choices"][0]["message"]["content"]
+    match format {
+        Format::Chat => value["choices"][0]["message"]["content"]
             .as_str()
             .map(str::to_owned),
-        Provider::Anthropic => text_of(&value["content"]),
-        Provider::Gemini => None,
+        Format::Messages => text_of(&value["content"]),
+        Format::Responses => {
+            let texts: Vec<String> = value["output"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|item| item["type"] == "message")
+                .filter_map(|item| text_of(&item["content"]))
+                .collect();
+            (!texts.is_empty()).then(|| texts.join("\n\n"))
+        }
     }
     .filter(|t| !t.is_empty())
 }
@@ -153,7 +215,7 @@ pub fn reply_text(provider: Provider, body: &[u8]) -> Option<String> {
 /// Reads the assistant text out of an SSE stream as its bytes pass by.
 #[derive(Debug)]
 pub struct StreamReader {
-    provider: Provider,
+    format: Format,
     pending: Vec<u8>,
     text: String,
     complete: bool,
@@ -162,9 +224,9 @@ pub struct StreamReader {
 }
 
 impl StreamReader {
-    pub fn new(provider: Provider) -> Self {
+    pub fn new(format: Format) -> Self {
         Self {
-            provider,
+            format,
             pending: Vec::new(),
             text: String::new(),
             complete: false,
@@ -218,8 +280,8 @@ impl StreamReader {
         let Ok(value) = serde_json::from_str::<Value>(&data) else {
             return;
         };
-        match self.provider {
-            Provider::OpenAi => {
+        match self.format {
+            Format::Chat => {
                 for choice in value["choices"].as_array().into_iter().flatten() {
                     if choice["index"].as_u64().unwrap_or(0) != 0 {
                         continue;
@@ -232,7 +294,7 @@ impl StreamReader {
                     }
                 }
             }
-            Provider::Anthropic => match value["type"].as_str() {
+            Format::Messages => match value["type"].as_str() {
                 Some("content_block_delta") if value["delta"]["type"] == "text_delta" => {
                     if let Some(piece) = value["delta"]["text"].as_str() {
                         self.text.push_str(piece);
@@ -241,7 +303,20 @@ impl StreamReader {
                 Some("message_stop") => self.complete = true,
                 _ => {}
             },
-            Provider::Gemini => {}
+            Format::Responses => match value["type"].as_str() {
+                Some("response.output_item.added")
+                    if value["item"]["type"] == "message" && !self.text.is_empty() =>
+                {
+                    self.text.push_str("\n\n");
+                }
+                Some("response.output_text.delta") => {
+                    if let Some(piece) = value["delta"].as_str() {
+                        self.text.push_str(piece);
+                    }
+                }
+                Some("response.completed") => self.complete = true,
+                _ => {}
+            },
         }
     }
 }
@@ -299,13 +374,11 @@ mod tests {
                 {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
             ]
         });
-        let request = parse(Provider::OpenAi, body.to_string().as_bytes()).unwrap();
+        let request = parse(Format::Chat, body.to_string().as_bytes()).unwrap();
         assert_eq!(request.question.as_deref(), Some("what is the weather?"));
         assert_eq!(request.first.as_deref(), Some("first question"));
         assert!(!request.question_is_new());
-        assert!(request.stream);
         let out: Value = serde_json::from_slice(&with_frame(
-            Provider::OpenAi,
             &request,
             &frame(&[(Side::User, "[frame] what is the weather?")]),
         ))
@@ -332,14 +405,11 @@ mod tests {
             "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
             "messages": [{"role": "user", "content": "hello"}]
         });
-        let request = parse(Provider::Anthropic, body.to_string().as_bytes()).unwrap();
+        let request = parse(Format::Messages, body.to_string().as_bytes()).unwrap();
         assert!(request.question_is_new());
-        let out: Value = serde_json::from_slice(&with_frame(
-            Provider::Anthropic,
-            &request,
-            &frame(&[(Side::User, "hello")]),
-        ))
-        .unwrap();
+        let out: Value =
+            serde_json::from_slice(&with_frame(&request, &frame(&[(Side::User, "hello")])))
+                .unwrap();
         assert_eq!(out["system"], body["system"]);
         assert_eq!(
             out["messages"],
@@ -347,10 +417,90 @@ mod tests {
         );
         let missing = json!({"model": "claude-haiku-4-5", "messages": []});
         assert!(
-            parse(Provider::Anthropic, missing.to_string().as_bytes())
+            parse(Format::Messages, missing.to_string().as_bytes())
                 .unwrap_err()
                 .contains("max_tokens")
         );
+    }
+
+    #[test]
+    fn responses_take_a_string_or_items_and_keep_instructions_and_the_tool_round() {
+        let text = json!({"model": "gpt-5", "instructions": "Be brief.", "input": "hello"});
+        let request = parse(Format::Responses, text.to_string().as_bytes()).unwrap();
+        assert_eq!(request.question.as_deref(), Some("hello"));
+        assert!(request.question_is_new() && !request.server_history);
+        let out: Value = serde_json::from_slice(&with_frame(
+            &request,
+            &frame(&[(Side::User, "[frame] hello")]),
+        ))
+        .unwrap();
+        assert_eq!(out["instructions"], "Be brief.");
+        assert_eq!(
+            out["input"],
+            json!([{"role": "user", "content": "[frame] hello"}])
+        );
+
+        let items = json!({
+            "model": "gpt-5",
+            "input": [
+                {"role": "developer", "content": "Use tools."},
+                {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+                {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"}
+            ],
+            "previous_response_id": null
+        });
+        let request = parse(Format::Responses, items.to_string().as_bytes()).unwrap();
+        assert_eq!(request.question.as_deref(), Some("weather?"));
+        assert!(!request.question_is_new());
+        let out: Value = serde_json::from_slice(&with_frame(
+            &request,
+            &frame(&[(Side::User, "[frame] weather?")]),
+        ))
+        .unwrap();
+        let kinds: Vec<String> = out["input"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| {
+                i["role"]
+                    .as_str()
+                    .or(i["type"].as_str())
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            ["developer", "user", "function_call", "function_call_output"]
+        );
+
+        let chained =
+            json!({"model": "gpt-5", "input": "and then?", "previous_response_id": "resp_1"});
+        assert!(
+            parse(Format::Responses, chained.to_string().as_bytes())
+                .unwrap()
+                .server_history
+        );
+        assert!(parse(Format::Responses, br#"{"model": "gpt-5", "input": 3}"#).is_err());
+    }
+
+    #[test]
+    fn responses_text_from_a_body_and_a_stream() {
+        let body = json!({"output": [
+            {"type": "reasoning", "summary": []},
+            {"type": "message", "content": [{"type": "output_text", "text": "Sunny."}]}
+        ]});
+        assert_eq!(
+            reply_text(Format::Responses, body.to_string().as_bytes()).as_deref(),
+            Some("Sunny.")
+        );
+        let stream = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Sun\"}\n\n\
+                      event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"ny.\"}\n\n\
+                      event: response.completed\ndata: {\"type\":\"response.completed\"}\n\n";
+        let mut reader = StreamReader::new(Format::Responses);
+        reader.feed(stream.as_bytes());
+        assert_eq!(reader.finish(), ("Sunny.".to_owned(), true));
     }
 
     #[test]
@@ -365,7 +515,7 @@ mod tests {
                 "role",
             ),
         ] {
-            let err = parse(Provider::OpenAi, body.as_bytes()).unwrap_err();
+            let err = parse(Format::Chat, body.as_bytes()).unwrap_err();
             assert!(err.contains(reason), "{body}: {err}");
         }
     }
@@ -379,7 +529,7 @@ mod tests {
                       data: [DONE]\n\n";
         let bytes = stream.as_bytes();
         for cut in 0..bytes.len() {
-            let mut reader = StreamReader::new(Provider::OpenAi);
+            let mut reader = StreamReader::new(Format::Chat);
             reader.feed(&bytes[..cut]);
             reader.feed(&bytes[cut..]);
             assert!(reader.terminated());
@@ -395,7 +545,7 @@ mod tests {
         let stream = "event: message_start\ndata: {\"type\":\"message_start\"}\n\n\
                       event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n\
                       event: message_stop\ndata: {\"type\":\"message_stop\"}";
-        let mut reader = StreamReader::new(Provider::Anthropic);
+        let mut reader = StreamReader::new(Format::Messages);
         reader.feed(stream.as_bytes());
         assert!(!reader.terminated());
         assert_eq!(reader.finish(), ("Hi".to_owned(), true));

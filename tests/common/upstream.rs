@@ -234,6 +234,23 @@ impl Harness {
     }
 }
 
+/// A recording stored one `data:` payload per line, framed as a Responses or Anthropic stream:
+/// `event: TYPE`, `data: LINE`, a blank line.
+pub fn jsonl_as_sse(lines: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for line in String::from_utf8_lossy(lines)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+    {
+        let kind = serde_json::from_str::<Value>(line).unwrap()["type"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        out.extend_from_slice(format!("event: {kind}\ndata: {line}\n\n").as_bytes());
+    }
+    out
+}
+
 pub fn fixture(path: &str) -> Option<Vec<u8>> {
     let file: PathBuf = super::shared_dir()?.join("fixtures/providers").join(path);
     match std::fs::read(&file) {

@@ -89,6 +89,20 @@ def openai_calls():
     raises("openai 500", openai.InternalServerError, ask)
 
 
+def responses_calls():
+    client = openai.OpenAI(base_url=f"{PROXY}/v1", api_key="sk-sdk", max_retries=0, timeout=30)
+    recorded = [json.loads(line) for line in fixture("openai-responses/vercel_text_two_messages.jsonl").decode("utf-8").splitlines() if line.strip()]
+    expected = "".join(e["delta"] for e in recorded if e["type"] == "response.output_text.delta")
+
+    raw = client.responses.create(model="gpt-5.3-codex", instructions="Be brief.", input="Suggest names.", stream=True)
+    check("responses stream raw text", "".join(e.delta for e in raw if e.type == "response.output_text.delta"), expected)
+
+    with client.responses.stream(model="gpt-5.3-codex", instructions="Be brief.", input="Suggest names.") as stream:
+        final = stream.get_final_response()
+    check("responses stream helper id", final.id, recorded[0]["response"]["id"])
+    check("responses stream helper status", final.status, "completed")
+
+
 def anthropic_calls():
     client = anthropic.Anthropic(base_url=PROXY, api_key="ak-sdk", max_retries=0, timeout=30)
     messages = [{"role": "user", "content": "How are you?"}]
@@ -118,6 +132,7 @@ def anthropic_calls():
 if __name__ == "__main__":
     print(f"openai {openai.__version__}, anthropic {anthropic.__version__}")
     openai_calls()
+    responses_calls()
     anthropic_calls()
     print("all SDK checks passed")
     sys.exit(0)
