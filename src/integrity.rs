@@ -445,8 +445,7 @@ pub fn check_arena_files(
 }
 
 /// Check a caught-up arena against the store: every stored row is in the arena with the same
-/// user, conversation, birth clock, decay, length, lexical terms (and largest term count) and
-/// tokens, the arena holds no other row, its
+/// user, conversation, birth clock, decay, length, lexical terms and tokens, the arena holds no other row, its
 /// watermark does not run ahead of the store, and its resident frequency statistic equals the
 /// stored counts. Appends to `report`.
 pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<(), StoreError> {
@@ -471,8 +470,6 @@ pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<
                 Some(retrieval) => {
                     let resident = arena.row_entries(slot);
                     resident.len == retrieval.term_len()
-                        && page.max_term_counts[i]
-                            == retrieval.terms.iter().map(|&(_, n)| n).max().unwrap_or(0)
                         && resident
                             .terms
                             .iter()

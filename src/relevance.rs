@@ -230,14 +230,10 @@ impl HybridScorer {
         }
     }
 
-    /// The most the lexical part of a row can reach when the query terms it may hold have IDF
-    /// sum `may_hold_idf`, its length is `row_len` and no term occurs in it more than
-    /// `max_count` times: BM25's term score grows with the count, so each term scores at most
-    /// `idf · T · (k1 + 1) / (T + norm)` with `T = max_count`.
-    pub fn lexical_bound(&self, may_hold_idf: f32, max_count: u32, row_len: u32) -> f32 {
-        let bm25 = Bm25::STANDARD;
-        let norm = bm25.norm(u64::from(row_len), self.mean_len);
-        self.lexical_factor() * may_hold_idf * bm25.term_score(1.0, max_count as f32, norm)
+    /// The factor turning an IDF sum into the most the lexical part can reach: each term at
+    /// BM25's ceiling `idf · (k1 + 1)`.
+    pub fn lexical_ceiling_factor(&self) -> f32 {
+        self.lexical_factor() * (Bm25::STANDARD.k1 + 1.0)
     }
 
     /// The dense part of the score for a cosine.

@@ -40,13 +40,8 @@ const REFINE_CHUNK_HITS: usize = 1024;
 /// Slack on the stage-two bound, far above f32 rounding of a sum of a few dozen terms, so a
 /// rounding difference can never skip a row that belongs.
 const PRUNE_MARGIN: f32 = 1e-4;
-/// Stage two scores this many times its `k` of stage one's best hits in full before the rest:
-/// the `k`-th best of their scores is the floor the rest must reach. On the million-row pool
-/// (100 queries, median) the rest then read the terms of 15,806 of 16,000 hits with 1 ×,
-/// 14,614 with 2 ×, 13,139 with 4 ×, 12,168 with 8 × (`docs/benchmarks.md`).
-const SEED_WIDENING: usize = 4;
-/// How far ahead stage two starts loading a candidate's columns, and, in its second step, the
-/// terms of a row its bound does not skip.
+/// How far ahead stage two starts loading a candidate's columns, and its terms (which need the
+/// columns' entry offset first).
 const PREFETCH_ROWS_AHEAD: usize = 8;
 const PREFETCH_TERMS_AHEAD: usize = 4;
 /// Candidates of the int8 stage that the exact rescore scores.
@@ -229,12 +224,9 @@ pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: 
 /// the exact score only in the int8 rounding and in weights that may have moved since the row
 /// was caught up.
 ///
-/// The [`SEED_WIDENING`] × `k` hits that stage one ranks best are scored first, in full; the
-/// `k`-th best of their scores is a floor the final `k` cannot fall below. Every other hit is skipped without reading its
-/// terms when even the most its lexical part could reach ([`HybridScorer::lexical_bound`]:
-/// every query term its signature may hold, at the row's largest term count) cannot lift it
-/// past that floor, or past the worst of the `k` its task already keeps: `k` scored rows rank
-/// before it, so the skip never changes the result.
+/// Once `k` rows are kept, a row is skipped without its BM25 when even the most its lexical
+/// part could reach (every query term its signature may hold, at BM25's ceiling
+/// `idf · (k1 + 1)`) cannot lift it past the worst kept row: the skip never changes the result.
 pub fn refine(
     arena: &Arena,
     kernels: &Kernels,
@@ -242,104 +234,53 @@ pub fn refine(
     hits: &[Hit],
     k: usize,
 ) -> Vec<Hit> {
-    let stage = StageTwo {
-        arena,
-        kernels,
-        query,
-        terms: signature_terms(query),
-    };
-    let seeded = k.saturating_mul(SEED_WIDENING);
-    if k == 0 || hits.len() <= seeded {
-        return stage.top(hits, k, f32::NEG_INFINITY).into_sorted();
-    }
-    let mut by_estimate = hits.to_vec();
-    let (_, &mut pivot, _) = by_estimate.select_nth_unstable_by(seeded - 1, Hit::rank_cmp);
-    let (seed, rest): (Vec<Hit>, Vec<Hit>) = hits
-        .iter()
-        .partition(|hit| hit.rank_cmp(&pivot) != std::cmp::Ordering::Greater);
-    let mut kept = stage.top(&seed, k, f32::NEG_INFINITY).into_sorted();
-    let floor = kept
-        .get(k - 1)
-        .map_or(f32::NEG_INFINITY, |worst| worst.score);
-    kept.extend(stage.top(&rest, k, floor).into_sorted());
-    kept.sort_by(Hit::rank_cmp);
-    kept.truncate(k);
-    kept
-}
-
-/// What stage two reads of one query.
-struct StageTwo<'a> {
-    arena: &'a Arena,
-    kernels: &'a Kernels,
-    query: &'a PreparedQuery,
-    terms: Vec<SignatureTerm>,
-}
-
-impl StageTwo<'_> {
-    /// The `k` best of `hits` (in row id order) by the stage-two score, skipping rows whose
-    /// bound falls below `floor` or below the worst row their task keeps. Chunks of hits are
-    /// scored as tasks on the rayon pool; each task prunes against its own kept rows, which is
-    /// never tighter than the merged ones, so the skip stays exact. A task first takes every
-    /// hit's int8 cosine and bound (reading the row's columns), then reads the terms of those
-    /// the bound does not skip: no terms are loaded for a row that is skipped.
-    fn top(&self, hits: &[Hit], k: usize, floor: f32) -> TopK {
-        let (arena, query) = (self.arena, self.query);
-        let chunks = hits.len().div_ceil(REFINE_CHUNK_HITS);
-        parallel_top_k(chunks, k, |c, top: &mut TopK| {
-            let end = ((c + 1) * REFINE_CHUNK_HITS).min(hits.len());
-            let chunk = &hits[c * REFINE_CHUNK_HITS..end];
-            let slots: Vec<Option<Slot>> = chunk.iter().map(|hit| arena.slot(hit.row)).collect();
-            let mut dot = [0i32; 1];
-            // Rows the floor does not skip: (row, slot, cosine, bound).
-            let mut open = Vec::with_capacity(chunk.len());
-            for (n, (hit, slot)) in chunk.iter().zip(&slots).enumerate() {
-                // The candidates are sparse in the arena: start loading the rows a few steps
-                // ahead.
-                if let Some(&Some(ahead)) = slots.get(n + PREFETCH_ROWS_AHEAD) {
-                    arena.prefetch_row(ahead);
-                }
-                let Some(slot) = *slot else {
-                    continue;
-                };
-                let page = arena.page(slot.page);
-                let i = slot.index as usize;
-                (self.kernels.dot_i8)(&query.int8.values, page.vector(i), &mut dot);
-                let cosine = dot[0] as f32 * query.int8.scale * page.scales[i];
-                let may_hold: f32 = self
-                    .terms
+    let terms = signature_terms(query);
+    let ceiling = query.scorer.lexical_ceiling_factor();
+    // Chunks of hits are scored as tasks on the rayon pool; each task prunes against its own
+    // kept rows, which is never tighter than the merged ones, so the skip stays exact.
+    let chunks = hits.len().div_ceil(REFINE_CHUNK_HITS);
+    let top = parallel_top_k(chunks, k, |c, top: &mut TopK| {
+        let mut dot = [0i32; 1];
+        let end = ((c + 1) * REFINE_CHUNK_HITS).min(hits.len());
+        let chunk = &hits[c * REFINE_CHUNK_HITS..end];
+        let slots: Vec<Option<Slot>> = chunk.iter().map(|hit| arena.slot(hit.row)).collect();
+        for (n, (hit, slot)) in chunk.iter().zip(&slots).enumerate() {
+            // The candidates are sparse in the arena: start loading the rows a few steps ahead
+            // (their columns first, then, once their entry offsets are at hand, their terms).
+            if let Some(&Some(ahead)) = slots.get(n + PREFETCH_ROWS_AHEAD) {
+                arena.prefetch_row(ahead);
+            }
+            if let Some(&Some(ahead)) = slots.get(n + PREFETCH_TERMS_AHEAD) {
+                arena.prefetch_terms(ahead);
+            }
+            let Some(slot) = *slot else {
+                continue;
+            };
+            let page = arena.page(slot.page);
+            let i = slot.index as usize;
+            (kernels.dot_i8)(&query.int8.values, page.vector(i), &mut dot);
+            let cosine = dot[0] as f32 * query.int8.scale * page.scales[i];
+            if let Some(worst) = top.threshold() {
+                let may_hold: f32 = terms
                     .iter()
                     .filter(|t| page.signature_word(i, t.word) & t.mask != 0)
                     .map(|t| t.weight)
                     .sum();
-                let bound = query.scorer.dense_part(cosine)
-                    + query.scorer.lexical_bound(
-                        may_hold,
-                        page.max_term_counts[i],
-                        page.term_lens[i],
-                    );
-                if bound + PRUNE_MARGIN >= floor {
-                    open.push((hit.row, slot, cosine, bound));
-                }
-            }
-            for (n, &(row, slot, cosine, bound)) in open.iter().enumerate() {
-                if let Some(&(_, ahead, _, _)) = open.get(n + PREFETCH_TERMS_AHEAD) {
-                    arena.prefetch_terms(ahead);
-                }
-                if let Some(worst) = top.threshold()
-                    && bound + PRUNE_MARGIN < worst.score
-                {
+                let bound = query.scorer.dense_part(cosine) + ceiling * may_hold;
+                if bound + PRUNE_MARGIN < worst.score {
                     continue;
                 }
-                let entries = arena.row_entries(slot);
-                top.push(Hit {
-                    score: query
-                        .scorer
-                        .score_with_cosine(entries.terms, entries.len, cosine),
-                    row,
-                });
             }
-        })
-    }
+            let entries = arena.row_entries(slot);
+            top.push(Hit {
+                score: query
+                    .scorer
+                    .score_with_cosine(entries.terms, entries.len, cosine),
+                row: hit.row,
+            });
+        }
+    });
+    top.into_sorted()
 }
 
 /// The exact scores of the row in `slot` for each of `queries`: its vector re-embedded once

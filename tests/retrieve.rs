@@ -224,8 +224,8 @@ fn synthetic_two_stage_agrees_with_brute_force() {
     assert_eq!(fidelity.queries, 100);
     assert!(fidelity.share >= 0.995, "{fidelity:?}");
 
-    // Stage one keeps 2,263 of the 20,000 rows here, so stage two scores a seed and skips rows
-    // under its floor: the lists, scores included, are the same on 1, 2 and 16 threads.
+    // Stage one keeps 2,263 of the 20,000 rows here, split over tasks in both stages: the
+    // lists, scores included, are the same on 1, 2 and 16 threads.
     for (scope, text) in asked.iter().take(10) {
         let query = PreparedQuery::new(dict, &arena, text);
         let runs: Vec<_> = [1, 2, 16]

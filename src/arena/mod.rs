@@ -634,7 +634,6 @@ impl Arena {
         page.term_lens[i] = retrieval.term_len() as u32;
         page.term_counts[i] = retrieval.terms.len() as u32;
         page.token_counts[i] = retrieval.tokens.len() as u32;
-        page.max_term_counts[i] = retrieval.terms.iter().map(|&(_, n)| n).max().unwrap_or(0);
         page.set_code(i, &codebook.encode(&quantized.values, quantized.scale));
         for &(term, _) in &retrieval.terms {
             let bit = signature_bit(term);
@@ -717,7 +716,7 @@ impl Arena {
     }
 
     /// Start loading what stage two reads of the row in `slot`: its int8 vector, scale,
-    /// entry offsets and counts, largest term count, and signature words.
+    /// entry offsets and counts, and signature words.
     pub fn prefetch_row(&self, slot: Slot) {
         let page = self.page(slot.page);
         let i = slot.index as usize;
@@ -729,7 +728,6 @@ impl Arena {
         prefetch(&page.term_offsets[i]);
         prefetch(&page.term_counts[i]);
         prefetch(&page.term_lens[i]);
-        prefetch(&page.max_term_counts[i]);
         for w in 0..SIGNATURE_BITS / 64 {
             prefetch(&page.signatures[blocked(i, w)]);
         }

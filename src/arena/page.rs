@@ -22,7 +22,7 @@ const _: () = assert!(
     "a page is one group of the 2-bit kernel"
 );
 
-/// One page: up to [`PAGE_ROWS`] rows of one user, column by column. 26,688 bytes.
+/// One page: up to [`PAGE_ROWS`] rows of one user, column by column. 26,432 bytes.
 ///
 /// Slots at and past `rows` are zero: a page is zeroed when allocated and rows are only ever
 /// appended, so a page's bytes are a function of its first `rows` rows (the checksum relies on
@@ -51,9 +51,6 @@ pub struct Page {
     /// Each row's number of distinct tokens (entries in `terms.bin`, after its terms): what
     /// the exact rescore embeds.
     pub token_counts: [u32; PAGE_ROWS],
-    /// Each row's largest term count: the most any one term's frequency can be, which bounds
-    /// its BM25 from above without reading its terms (stage two's skip).
-    pub max_term_counts: [u32; PAGE_ROWS],
     /// Each row's 2-bit code scale α ([`super::codebook::Codebook::encode`]).
     pub alphas: [f32; PAGE_ROWS],
     /// The 2-bit codes, byte-major: byte `b` of row `r` at `b · PAGE_ROWS + r` ([`code_byte`]).
@@ -66,7 +63,7 @@ pub struct Page {
     pub vectors: [i8; PAGE_ROWS * DIMS],
 }
 
-const _: () = assert!(std::mem::size_of::<Page>() == 26_688);
+const _: () = assert!(std::mem::size_of::<Page>() == 26_432);
 const _: () = assert!(std::mem::size_of::<Page>().is_multiple_of(64));
 
 /// Bits in a row's lexical signature.
@@ -175,7 +172,6 @@ impl Page {
         self.term_lens[tail.clone()].fill(0);
         self.term_counts[tail.clone()].fill(0);
         self.token_counts[tail.clone()].fill(0);
-        self.max_term_counts[tail.clone()].fill(0);
         for i in tail {
             for w in 0..WORDS {
                 self.signatures[blocked(i, w)] = 0;

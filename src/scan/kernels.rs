@@ -22,8 +22,10 @@
 //! - `avx512`: `core::arch` AVX-512 BW table lookups (`VPSHUFB`) for the 2-bit sum, and a bit
 //!   test into a mask register with a masked add (AVX-512 F and VL) for the signature weights,
 //!   each chosen only when the CPU reports the features at start-up. The lookups replaced a
-//!   bit-plane popcount kernel (VPOPCNTDQ, cost linear in the weights' bits) that was measured
-//!   slower (`docs/benchmarks.md`). A VNNI int8 kernel was measured and did not pay: out of
+//!   bit-plane popcount kernel (VPOPCNTDQ, 27 popcounts per code word of eight rows, its cost
+//!   linear in the weights' bits); alone over contiguous codes both run at the memory's pace
+//!   (75-85M against 81-82M rows/s per core in the same runs, `docs/benchmarks.md`), and the
+//!   tables quantise finer ([`LUT_ENTRY_MAX`]). A VNNI int8 kernel was measured and did not pay: out of
 //!   cache it ran at 0.87-0.96x the `wide` kernel (`docs/benchmarks.md`), so there is none.
 //!
 //! [`Kernels::detect`] picks one implementation per kernel once, on purpose, and the choice is
@@ -141,8 +143,8 @@ pub fn prefetch<T>(p: *const T) {
 pub const PAIR_ENTRIES: usize = 16;
 /// Largest magnitude of a table entry. The AVX-512 kernel sums [`PAIRS_PER_FLUSH`] entries in
 /// 16-bit lanes before it widens them, so `PAIRS_PER_FLUSH · LUT_ENTRY_MAX` must fit an `i16`.
-/// 1,023 quantises a pair's contribution about four times finer than the 8-bit per-dimension
-/// weights of the bit-plane kernel it replaced.
+/// With 1,023 a pair's contribution is rounded once, on a step at most half that of the
+/// bit-plane kernel it replaced, whose pair was the sum of up to four rounded 8-bit weights.
 pub const LUT_ENTRY_MAX: i16 = 1023;
 /// Pairs summed in 16-bit lanes between two widenings to 32 bits (16 code bytes).
 pub const PAIRS_PER_FLUSH: usize = 32;
