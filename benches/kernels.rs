@@ -2,15 +2,17 @@
 //! measured in the same run.
 //!
 //! Run: `cargo bench --bench kernels`. Read bandwidth comes from `perpetuity::bench::read_bandwidth`
-//! over 512 MiB, in the same run. Sizes: 2-bit codes of 256 dims (64 bytes per row: sign and
-//! magnitude bits, in blocks of 8 rows) for 4M rows (256 MiB), int8 rows of 256 dims for 1M
+//! over 512 MiB, in the same run. Sizes: 2-bit codes of 256 dims (64 bytes per row: a nibble per
+//! pair of dimensions, byte-major in groups of 64 rows) for 4M rows (256 MiB), int8 rows of 256 dims for 1M
 //! rows (256 MiB); larger than the L3 cache.
 //! Prints medians of repeated runs.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use perpetuity::scan::kernels::{self, BLOCK_ROWS, DotI8Fn, Isa, Kernels, TwoBitFn, TwoBitQuery};
+use perpetuity::scan::kernels::{
+    self, DotI8Fn, Isa, Kernels, LUT_ENTRY_MAX, LUT_ROWS, TwoBitFn, TwoBitQuery,
+};
 use perpetuity::scan::topk::{Hit, TopK};
 use perpetuity::types::RowId;
 
@@ -72,31 +74,32 @@ fn main() {
     let chosen = Kernels::detect(false);
     println!("kernels chosen at start-up: {}", chosen.describe());
 
-    let words = kernels::code_words(DIMS);
-    let signs = fill(CODE_ROWS * words);
-    let magnitudes: Vec<u64> = signs.iter().map(|w| w.rotate_left(29)).collect();
+    let code_bytes = DIMS / 4;
+    let codes: Vec<u8> = fill(CODE_ROWS * code_bytes / 8)
+        .into_iter()
+        .flat_map(u64::to_le_bytes)
+        .collect();
     let bandwidth = perpetuity::bench::read_bandwidth(BANDWIDTH_BYTES);
     println!(
         "memory read bandwidth, one core, {} MiB sequential: {:.2} GB/s",
         BANDWIDTH_BYTES >> 20,
         bandwidth / 1e9
     );
-    let code_bytes = 2 * words * 8;
 
-    let weights: Vec<u8> = fill(2 * DIMS / 8)
+    // Pairs of dimensions, 16 entries each.
+    let table: Vec<i16> = fill(DIMS / 2 * 16 / 4)
         .into_iter()
-        .flat_map(u64::to_le_bytes)
-        .map(|b| b.max(1))
+        .flat_map(|w| (0..4).map(move |k| (w >> (16 * k)) as i16 % LUT_ENTRY_MAX))
         .collect();
-    let query = TwoBitQuery::new(weights[..DIMS].to_vec(), weights[DIMS..].to_vec());
+    let query = TwoBitQuery::new(table);
     let mut out = vec![0i32; CODE_ROWS];
     let mut two_bits: Vec<(Isa, TwoBitFn)> = vec![(Isa::Scalar, kernels::scalar::two_bit)];
-    if kernels::avx512::has_vpopcntdq() {
+    if kernels::avx512::has_bw() {
         two_bits.push((Isa::Avx512, kernels::avx512::two_bit));
     }
     for (isa, f) in two_bits {
         let t = time(|| {
-            f(&query, &signs, &magnitudes, &mut out);
+            f(&query, &codes, &mut out);
             black_box(&out);
         });
         report(
@@ -117,12 +120,9 @@ fn main() {
         // Rows arrive in increasing id, so a sum equal to the worst kept one loses its tie:
         // only strictly larger sums can enter once the top-k is full.
         let mut bound = i32::MIN;
-        let chunks = signs
-            .chunks(SCAN_CHUNK_ROWS * words)
-            .zip(magnitudes.chunks(SCAN_CHUNK_ROWS * words));
-        for (c, (s, m)) in chunks.enumerate() {
-            let rows = s.len() / words;
-            (chosen.two_bit)(&query, s, m, &mut buf[..rows]);
+        for (c, chunk) in codes.chunks(SCAN_CHUNK_ROWS * code_bytes).enumerate() {
+            let rows = chunk.len() / code_bytes;
+            (chosen.two_bit)(&query, chunk, &mut buf[..rows]);
             for (i, &sum) in buf[..rows].iter().enumerate() {
                 if sum > bound {
                     top.push(Hit {
@@ -147,8 +147,9 @@ fn main() {
         scan_rows_per_s / 1e6,
         100.0 * scan_rows_per_s * code_bytes as f64 / bandwidth
     );
-    drop((signs, magnitudes));
-    assert_eq!(CODE_ROWS % BLOCK_ROWS, 0);
+    drop(codes);
+    assert_eq!(CODE_ROWS % LUT_ROWS, 0);
+    assert_eq!(SCAN_CHUNK_ROWS % LUT_ROWS, 0);
 
     let bytes: Vec<i8> = fill(INT8_ROWS * DIMS / 8)
         .into_iter()

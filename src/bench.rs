@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::arena::{Arena, ArenaError, DIMS, Opened};
+use crate::arena::{Arena, ArenaError, CODE_BYTES, Opened, SIGNATURE_BITS};
 use crate::capture::Message;
 use crate::dictionary::Dictionary;
 use crate::latency;
@@ -16,7 +16,7 @@ use crate::retrieve::{
     PreparedQuery, RESCORE_K, Retrieved, STAGE_ONE_WIDENING, brute_force_many, first_pass,
     first_pass_k, refine, search,
 };
-use crate::scan::kernels::{Kernels, code_words};
+use crate::scan::kernels::Kernels;
 use crate::types::{Role, UserId};
 
 /// Seed of the synthetic messages.
@@ -268,7 +268,7 @@ pub fn scan(
         .as_secs_f64();
     // Stage one reads a row's 2-bit code (two bits per dimension), lexical signature, scale α
     // and term length.
-    let first_pass_bytes_per_row = 3 * code_words(DIMS) * 8 + 8;
+    let first_pass_bytes_per_row = CODE_BYTES + SIGNATURE_BITS / 8 + 8;
     let first_pass_bytes_per_s = first_pass_rows_per_s_per_core * first_pass_bytes_per_row as f64;
     let memory_read_bytes_per_s = read_bandwidth(512 << 20);
 

@@ -23,7 +23,7 @@ use crate::dictionary::derive::Quantized;
 use crate::dictionary::derive::{RetrievalRow, derive, embed, embed_tokens};
 use crate::relevance::{CONTEXT_AFTER, CONTEXT_BEFORE, HybridScorer, in_context};
 use crate::scan::kernels::{
-    BLOCK_ROWS, Kernels, SignatureTerm, TwoBitQuery, WEIGHT_OFFSET, code_words,
+    BLOCK_ROWS, Kernels, LUT_ENTRY_MAX, PAIR_ENTRIES, SignatureTerm, TwoBitQuery, code_words,
 };
 use crate::scan::topk::{Hit, TopK, parallel_top_k};
 use crate::tokens::Tokenizer;
@@ -80,39 +80,39 @@ pub struct DenseEstimate {
     pub step: f32,
 }
 
-/// Largest magnitude of a quantised 2-bit weight.
-const WEIGHT_MAX: f32 = (WEIGHT_OFFSET - 1) as f32;
-
 impl DenseEstimate {
-    /// The estimate of unit vector `unit` under `codebook`: per dimension `a_i = q_i · lo_i`
-    /// (added with the row's sign) and `c_i = q_i · (hi_i − lo_i)` (added where the row's
-    /// magnitude bit is set), quantised on one common step to integers in `±127`.
+    /// The estimate of unit vector `unit` under `codebook`. Dimension `i` adds
+    /// `±(q_i · lo_i + m_i · q_i · (hi_i − lo_i))`, the sign the row's sign bit, `m_i` its
+    /// magnitude bit; the table of a pair of dimensions holds the sum of both for each of the 16
+    /// nibbles, quantised on one common step to integers in `±LUT_ENTRY_MAX`.
     pub fn new(codebook: &Codebook, unit: &[f32]) -> Self {
-        let a: Vec<f32> = unit
-            .iter()
-            .zip(&codebook.lo)
-            .map(|(q, lo)| q * lo)
+        let part = |i: usize, bits: usize| {
+            let b = unit[i]
+                * if bits & 2 != 0 {
+                    codebook.hi[i]
+                } else {
+                    codebook.lo[i]
+                };
+            if bits & 1 != 0 { b } else { -b }
+        };
+        let table: Vec<f32> = (0..unit.len() / 2)
+            .flat_map(|p| {
+                (0..PAIR_ENTRIES).map(move |n| part(2 * p, n & 3) + part(2 * p + 1, n >> 2))
+            })
             .collect();
-        let c: Vec<f32> = unit
-            .iter()
-            .zip(codebook.hi.iter().zip(&codebook.lo))
-            .map(|(q, (hi, lo))| q * (hi - lo))
-            .collect();
-        let largest = a.iter().chain(&c).fold(0f32, |m, x| m.max(x.abs()));
+        let largest = table.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let entry_max = f32::from(LUT_ENTRY_MAX);
         let step = if largest > 0.0 {
-            largest / WEIGHT_MAX
+            largest / entry_max
         } else {
             1.0
         };
-        let quantise = |w: &[f32]| -> Vec<u8> {
-            w.iter()
-                .map(|x| {
-                    ((x / step).round().clamp(-WEIGHT_MAX, WEIGHT_MAX) as i32 + WEIGHT_OFFSET) as u8
-                })
-                .collect()
-        };
+        let quantised = table
+            .iter()
+            .map(|x| (x / step).round().clamp(-entry_max, entry_max) as i16)
+            .collect();
         Self {
-            weights: TwoBitQuery::new(quantise(&a), quantise(&c)),
+            weights: TwoBitQuery::new(quantised),
             base: crate::relevance::dot(unit, &codebook.mean),
             step,
         }
@@ -178,15 +178,18 @@ fn signature_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
 pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: usize) -> Vec<Hit> {
     let terms = signature_terms(query);
     let top = parallel_top_k(pages.len(), k, |p, top: &mut TopK| {
+        // The next page's columns are loaded a part at a time while this one is scored.
+        let prefetch_next = |part| {
+            if let Some(next) = pages.get(p + 1) {
+                next.prefetch_first_pass(part);
+            }
+        };
+        prefetch_next(0);
         let page = pages[p];
         let blocks = page.blocks();
         let mut sums = [0i32; PAGE_ROWS];
-        (kernels.two_bit)(
-            &query.dense.weights,
-            page.signs_of_blocks(blocks),
-            page.magnitudes_of_blocks(blocks),
-            &mut sums[..blocks * BLOCK_ROWS],
-        );
+        (kernels.two_bit)(&query.dense.weights, &page.codes, &mut sums);
+        prefetch_next(1);
         let mut matched = [0f32; PAGE_ROWS];
         (kernels.signature)(
             &terms,
@@ -194,6 +197,7 @@ pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: 
             page.signatures_of_blocks(blocks),
             &mut matched[..blocks * BLOCK_ROWS],
         );
+        prefetch_next(2);
         let rows = page.rows as usize;
         // The estimates first, in a loop of arithmetic only (the compiler vectorises it), then
         // the offers to the top-k, which mostly end at its threshold.
@@ -202,11 +206,19 @@ pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: 
             let cosine = query.dense.cosine(page.alphas[i], sums[i]);
             *estimate = query.scorer.estimate(cosine, matched[i], page.term_lens[i]);
         }
+        prefetch_next(3);
+        // Most rows fall below the worst kept hit: compare with it here, and offer only the
+        // rest (the same test `TopK::push` makes first, so the kept set is unchanged).
+        let floor = top
+            .threshold()
+            .map_or(f32::NEG_INFINITY, |worst| worst.score);
         for (&score, &row) in estimates[..rows].iter().zip(&page.row_ids) {
-            top.push(Hit {
-                score,
-                row: RowId(row),
-            });
+            if score >= floor {
+                top.push(Hit {
+                    score,
+                    row: RowId(row),
+                });
+            }
         }
     });
     top.into_row_order()

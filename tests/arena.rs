@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 
 use perpetuity::arena::codebook::Codebook;
 use perpetuity::arena::file::{PAGES_HEADER_BYTES, PAGES_OFFSET, PagesHeader, TERMS_HEADER_BYTES};
-use perpetuity::arena::{Arena, Opened, Page, Unusable, arena_dir};
+use perpetuity::arena::{
+    Arena, CODE_BYTES, Opened, PAGE_ROWS, Page, Unusable, arena_dir, code_byte,
+};
 use perpetuity::bench::synthetic_messages;
 use perpetuity::ingest::ingest;
 use perpetuity::integrity::{self, Report};
@@ -209,8 +211,8 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
 
     // A byte of data every committed row depends on: always detected.
     let row0 = PAGES_OFFSET + std::mem::offset_of!(Page, vectors);
-    let sign0 = PAGES_OFFSET + std::mem::offset_of!(Page, signs);
-    let magnitude0 = PAGES_OFFSET + std::mem::offset_of!(Page, magnitudes);
+    let code0 = PAGES_OFFSET + std::mem::offset_of!(Page, codes);
+    let code_last = code0 + (CODE_BYTES - 1) * PAGE_ROWS;
     let alpha0 = PAGES_OFFSET + std::mem::offset_of!(Page, alphas);
     let id0 = PAGES_OFFSET + std::mem::offset_of!(Page, row_ids);
     let last_row0 = row0 + (head.pages as usize - 1) * size;
@@ -225,8 +227,8 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
         0,
         40,
         id0,
-        sign0,
-        magnitude0,
+        code0,
+        code_last,
         alpha0,
         row0 + 5,
         last_row0 + 3,
@@ -368,19 +370,13 @@ fn the_codebook_follows_the_rows_and_survives_a_reopen() {
     assert!(report.is_clean(), "{:#?}", report.violations);
 }
 
-/// Every row's sign and magnitude words and scale α, in page order.
-fn codes_of(arena: &Arena) -> Vec<(Vec<u64>, f32)> {
+/// Every row's code bytes and scale α, in page order.
+fn codes_of(arena: &Arena) -> Vec<(Vec<u8>, f32)> {
     let pages = arena.scope_pages(&(0..USERS).map(user).collect::<Vec<_>>());
     pages
         .iter()
         .flat_map(|page| {
-            (0..page.rows as usize).map(|i| {
-                let words = (0..4).flat_map(|w| {
-                    let at = perpetuity::arena::blocked(i, w);
-                    [page.signs[at], page.magnitudes[at]]
-                });
-                (words.collect(), page.alphas[i])
-            })
+            (0..page.rows as usize).map(|i| (page.code_bytes(i).to_vec(), page.alphas[i]))
         })
         .collect()
 }
@@ -389,13 +385,10 @@ fn assert_codes_are_encodings(arena: &Arena) {
     for page in arena.scope_pages(&(0..USERS).map(user).collect::<Vec<_>>()) {
         for i in 0..page.rows as usize {
             let code = arena.codebook().encode(page.vector(i), page.scales[i]);
-            for w in 0..4 {
-                let at = perpetuity::arena::blocked(i, w);
-                assert_eq!(
-                    (page.signs[at], page.magnitudes[at]),
-                    (code.signs[w], code.magnitudes[w])
-                );
-            }
+            let bytes: Vec<u8> = (0..CODE_BYTES)
+                .map(|b| code_byte(&code.signs, &code.magnitudes, b))
+                .collect();
+            assert_eq!(page.code_bytes(i).to_vec(), bytes);
             assert_eq!(page.alphas[i].to_bits(), code.alpha.to_bits());
         }
     }

@@ -52,7 +52,9 @@ use file::{
     Entry, FORMAT_VERSION, MappedFile, PAGES_HEADER_BYTES, PAGES_MAGIC, PAGES_OFFSET, PagesHeader,
     TERMS_HEADER_BYTES, TERMS_MAGIC, TermsHeader,
 };
-pub use page::{DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, blocked, signature_bit};
+pub use page::{
+    CODE_BYTES, DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, blocked, code_byte, signature_bit,
+};
 
 const PAGE_BYTES: usize = std::mem::size_of::<Page>();
 /// Rows of its user a walk to a row's conversation neighbour ([`Arena::neighbour`]) passes over

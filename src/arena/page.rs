@@ -4,15 +4,23 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::codebook::RowCode;
-use crate::scan::kernels::{BLOCK_ROWS, code_words};
+use crate::scan::kernels::{BLOCK_ROWS, LUT_ROWS, prefetch};
 use crate::types::TermId;
 
 /// Rows per page: eight blocks of eight rows.
 pub const PAGE_ROWS: usize = 64;
 /// Dense dimensions the page layout is built for.
 pub const DIMS: usize = 256;
-/// Code words per row.
+/// Words per row of a one-bit-per-dimension column (the codes' sign and magnitude bits, the
+/// lexical signature).
 pub const WORDS: usize = DIMS / 64;
+/// Bytes per row of the 2-bit code: a nibble per pair of dimensions.
+pub const CODE_BYTES: usize = DIMS / 4;
+
+const _: () = assert!(
+    PAGE_ROWS == LUT_ROWS,
+    "a page is one group of the 2-bit kernel"
+);
 
 /// One page: up to [`PAGE_ROWS`] rows of one user, column by column. 26,432 bytes.
 ///
@@ -45,13 +53,11 @@ pub struct Page {
     pub token_counts: [u32; PAGE_ROWS],
     /// Each row's 2-bit code scale α ([`super::codebook::Codebook::encode`]).
     pub alphas: [f32; PAGE_ROWS],
-    /// Sign bits of the 2-bit codes, blocked: word `w` of row `r` at
-    /// `(r / 8 · WORDS + w) · 8 + r % 8`.
-    pub signs: [u64; PAGE_ROWS * WORDS],
-    /// Magnitude bits of the 2-bit codes, blocked like `signs`.
-    pub magnitudes: [u64; PAGE_ROWS * WORDS],
-    /// Lexical signatures, blocked like `signs`: bit [`signature_bit`] of each of the row's
-    /// terms is set, so the first pass can estimate which query terms a row holds.
+    /// The 2-bit codes, byte-major: byte `b` of row `r` at `b · PAGE_ROWS + r` ([`code_byte`]).
+    pub codes: [u8; PAGE_ROWS * CODE_BYTES],
+    /// Lexical signatures, blocked: word `w` of row `r` at `(r / 8 · WORDS + w) · 8 + r % 8`.
+    /// Bit [`signature_bit`] of each of the row's terms is set, so the first pass can estimate
+    /// which query terms a row holds.
     pub signatures: [u64; PAGE_ROWS * WORDS],
     /// int8 vectors, row-major.
     pub vectors: [i8; PAGE_ROWS * DIMS],
@@ -68,6 +74,20 @@ pub fn signature_bit(term: TermId) -> usize {
     (term.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize % SIGNATURE_BITS
 }
 
+/// The code byte of dimensions `4b .. 4b + 4` of a row whose 2-bit code has sign bits `signs`
+/// and magnitude bits `magnitudes`: pair `2b` (dimensions `4b`, `4b + 1`) in the low nibble,
+/// pair `2b + 1` in the high one; a pair's nibble holds, from its lowest bit, the sign and
+/// magnitude bit of its first dimension, then those of its second.
+pub fn code_byte(signs: &[u64; WORDS], magnitudes: &[u64; WORDS], b: usize) -> u8 {
+    let bit = |column: &[u64; WORDS], d: usize| (column[d / 64] >> (d % 64) & 1) as u8;
+    (0..4)
+        .map(|k| {
+            let d = 4 * b + k;
+            (bit(signs, d) | bit(magnitudes, d) << 1) << (2 * k)
+        })
+        .fold(0, |byte, part| byte | part)
+}
+
 /// Index of word `word` of row `i` in a blocked column.
 #[inline]
 pub fn blocked(i: usize, word: usize) -> usize {
@@ -75,23 +95,40 @@ pub fn blocked(i: usize, word: usize) -> usize {
 }
 
 impl Page {
-    /// The sign bits of the page's first `blocks` blocks.
-    pub fn signs_of_blocks(&self, blocks: usize) -> &[u64] {
-        &self.signs[..blocks * BLOCK_ROWS * code_words(DIMS)]
-    }
-
-    /// The magnitude bits of the page's first `blocks` blocks.
-    pub fn magnitudes_of_blocks(&self, blocks: usize) -> &[u64] {
-        &self.magnitudes[..blocks * BLOCK_ROWS * code_words(DIMS)]
-    }
-
     /// Write row `i`'s 2-bit code.
     pub fn set_code(&mut self, i: usize, code: &RowCode) {
-        for w in 0..WORDS {
-            self.signs[blocked(i, w)] = code.signs[w];
-            self.magnitudes[blocked(i, w)] = code.magnitudes[w];
+        for b in 0..CODE_BYTES {
+            self.codes[b * PAGE_ROWS + i] = code_byte(&code.signs, &code.magnitudes, b);
         }
         self.alphas[i] = code.alpha;
+    }
+
+    /// Row `i`'s code bytes, in order.
+    pub fn code_bytes(&self, i: usize) -> [u8; CODE_BYTES] {
+        std::array::from_fn(|b| self.codes[b * PAGE_ROWS + i])
+    }
+
+    /// Start loading the columns stage one reads of every row, part `part` of four: the codes
+    /// in two halves (0, 1), the signatures (2), the scales α and term lengths (3). A scan visits pages 26 KiB apart and the hardware
+    /// prefetcher stops at each 4 KiB boundary, so without this each page begins with a wait on
+    /// memory; issued a part at a time between the kernels of the page before, the loads
+    /// overlap with its arithmetic instead of queueing all at once.
+    pub fn prefetch_first_pass(&self, part: usize) {
+        let lines = |bytes: &[u8]| {
+            for line in bytes.chunks(64) {
+                prefetch(line.as_ptr());
+            }
+        };
+        let half = self.codes.len() / 2;
+        match part {
+            0 => lines(&self.codes[..half]),
+            1 => lines(&self.codes[half..]),
+            2 => lines(bytemuck::cast_slice(&self.signatures)),
+            _ => {
+                lines(bytemuck::cast_slice(&self.alphas));
+                lines(bytemuck::cast_slice(&self.term_lens));
+            }
+        }
     }
 
     /// Blocks holding at least one row.
@@ -137,9 +174,10 @@ impl Page {
         self.token_counts[tail.clone()].fill(0);
         for i in tail {
             for w in 0..WORDS {
-                self.signs[blocked(i, w)] = 0;
-                self.magnitudes[blocked(i, w)] = 0;
                 self.signatures[blocked(i, w)] = 0;
+            }
+            for b in 0..CODE_BYTES {
+                self.codes[b * PAGE_ROWS + i] = 0;
             }
             self.vectors[i * DIMS..(i + 1) * DIMS].fill(0);
         }

@@ -1,34 +1,41 @@
 //! Scoring kernels, each with a dull scalar twin that reads like the specification.
 //!
-//! - `two_bit`: the dense sum of the first pass over 2-bit codes, `Σ_i σ_i · (a_i + m_i · c_i)`
-//!   with a row's sign bits `σ_i = ±1` and magnitude bits `m_i`, and per-query integer weights
-//!   `a`, `c` ([`TwoBitQuery`]). Codes are stored in blocks of [`BLOCK_ROWS`] rows, word-major
-//!   inside a block (word `w` of row `r` of block `b` at `(b · words + w) · BLOCK_ROWS + r`).
-//!   The layout lets one 512-bit register hold the same word of eight rows, so a block is
-//!   scored with vertical operations only: no horizontal sums, no shuffles.
+//! - `two_bit`: the dense sum of the first pass over 2-bit codes, `Σ_p T_p[n_p]`: the code of a
+//!   row is one nibble `n_p` per pair of dimensions `p` (sign and magnitude bit of each), and
+//!   the query a table `T_p` of 16 integer entries per pair ([`TwoBitQuery`]). Codes are stored
+//!   in groups of [`LUT_ROWS`] rows, byte-major inside a group (byte `b` of row `r` of group `g`
+//!   at `(g · bytes + b) · LUT_ROWS + r`), so one 512-bit register holds the same code byte of
+//!   64 rows and a table lookup (`VPSHUFB`) scores a pair of dimensions of all of them at once:
+//!   the "fast scan" of faiss's 4-bit PQ, with 16-bit table entries.
 //! - `dot_i8`: int8 dot product into i32 (the rescore of quantised vectors).
 //! - `dot_f32`: f32 dot product (the exact dense rescore).
 //! - `signature`: for each row, the summed weights of the query terms whose bit its lexical
-//!   signature has (the first pass's lexical estimate), over the same blocked layout.
+//!   signature has (the first pass's lexical estimate). Signatures are stored in blocks of
+//!   [`BLOCK_ROWS`] rows, word-major inside a block (word `w` of row `r` of block `b` at
+//!   `(b · words + w) · BLOCK_ROWS + r`), so one 512-bit register holds the same word of eight
+//!   rows.
 //!
 //! Implementations:
-//! - `scalar`: plain loops. `u64::count_ones` compiles to `POPCNT` on the x86-64-v3 baseline.
+//! - `scalar`: plain loops.
 //! - `wide`: 256-bit vectors through the `wide` crate, whose instructions are fixed at compile
 //!   time by the baseline in `.cargo/config.toml` (AVX2 and FMA).
-//! - `avx512`: `core::arch` AVX-512 VPOPCNTDQ for the 2-bit sum (bit-planes of the weights,
-//!   masked popcounts), and a bit test into a mask register
-//!   with a masked add (AVX-512 F and VL) for the signature weights, each chosen only when the
-//!   CPU reports the features at start-up. A VNNI int8 kernel was measured and did not pay: out of cache it ran
-//!   at 0.87-0.96x the `wide` kernel (`docs/benchmarks.md`), so there is none.
+//! - `avx512`: `core::arch` AVX-512 BW table lookups (`VPSHUFB`) for the 2-bit sum, and a bit
+//!   test into a mask register with a masked add (AVX-512 F and VL) for the signature weights,
+//!   each chosen only when the CPU reports the features at start-up. The lookups replaced a
+//!   bit-plane popcount kernel (VPOPCNTDQ, 27 popcounts per code word of eight rows, its cost
+//!   linear in the weights' bits); alone over contiguous codes both run at the memory's pace
+//!   (75-85M against 81-82M rows/s per core in the same runs, `docs/benchmarks.md`), and the
+//!   tables quantise finer ([`LUT_ENTRY_MAX`]). A VNNI int8 kernel was measured and did not pay: out of
+//!   cache it ran at 0.87-0.96x the `wide` kernel (`docs/benchmarks.md`), so there is none.
 //!
 //! [`Kernels::detect`] picks one implementation per kernel once, on purpose, and the choice is
 //! logged by the caller. Integer kernels agree bit for bit with the scalar twin (proptests
 //! below); the f32 kernel sums in another order and agrees within a stated tolerance.
 
-/// Rows per block of the blocked code layout.
+/// Rows per block of the blocked signature layout.
 pub const BLOCK_ROWS: usize = 8;
 
-/// Words of a one-bit-per-dimension code column for `dims` dimensions.
+/// Words of a one-bit-per-dimension column (a lexical signature) for `dims` bits.
 pub fn code_words(dims: usize) -> usize {
     dims.div_ceil(64)
 }
@@ -41,10 +48,13 @@ pub enum Isa {
     Avx512,
 }
 
-/// 2-bit sums of `query` against blocked `signs` and `magnitudes` (see [`scalar::two_bit`], the
-/// specification): `out.len()` rows, a multiple of [`BLOCK_ROWS`], each code column holding at
-/// least `out.len() · query.words()` words.
-pub type TwoBitFn = fn(query: &TwoBitQuery, signs: &[u64], magnitudes: &[u64], out: &mut [i32]);
+/// Rows per group of the byte-major 2-bit code layout: one byte of each fills a 512-bit register.
+pub const LUT_ROWS: usize = 64;
+
+/// 2-bit sums of `query` against byte-major `codes` (see [`scalar::two_bit`], the
+/// specification): `out.len()` rows, a multiple of [`LUT_ROWS`], `codes` holding at least
+/// `out.len() · query.code_bytes()` bytes.
+pub type TwoBitFn = fn(query: &TwoBitQuery, codes: &[u8], out: &mut [i32]);
 /// Dot products of `query` against each row of `rows` (`out.len()` rows of `query.len()`).
 pub type DotI8Fn = fn(query: &[i8], rows: &[i8], out: &mut [i32]);
 /// Dot product of two equally long f32 vectors.
@@ -95,7 +105,7 @@ impl Kernels {
             signature: signature_weights,
             signature_isa: Isa::Scalar,
         };
-        if avx512::has_vpopcntdq() {
+        if avx512::has_bw() {
             k.two_bit = avx512::two_bit;
             k.two_bit_isa = Isa::Avx512;
         }
@@ -129,65 +139,60 @@ pub fn prefetch<T>(p: *const T) {
     }
 }
 
-/// Bits of a quantised 2-bit weight. The kernel's cost is linear in it, but fewer bits lose
-/// fidelity: with 6 the million-row synthetic pool agreed with brute force on 0.980 of queries
-/// and with 4 on 0.670, against 0.995 with 8 (`docs/benchmarks.md`).
-pub const WEIGHT_BITS: usize = 8;
-/// What a stored weight carries on top of its signed value, so that it is unsigned: a weight
-/// `v` in `−127..=127` is stored as `v + WEIGHT_OFFSET`. A power of two, so the kernels
-/// multiply by it with a shift.
-pub const WEIGHT_OFFSET: i32 = 1 << (WEIGHT_BITS - 1);
+/// Entries of a pair's table: one per nibble.
+pub const PAIR_ENTRIES: usize = 16;
+/// Largest magnitude of a table entry. The AVX-512 kernel sums [`PAIRS_PER_FLUSH`] entries in
+/// 16-bit lanes before it widens them, so `PAIRS_PER_FLUSH · LUT_ENTRY_MAX` must fit an `i16`.
+/// With 1,023 a pair's contribution is rounded once, on a step at most half that of the
+/// bit-plane kernel it replaced, whose pair was the sum of up to four rounded 8-bit weights.
+pub const LUT_ENTRY_MAX: i16 = 1023;
+/// Pairs summed in 16-bit lanes between two widenings to 32 bits (16 code bytes).
+pub const PAIRS_PER_FLUSH: usize = 32;
+const _: () = assert!(PAIRS_PER_FLUSH * LUT_ENTRY_MAX as usize <= i16::MAX as usize);
 
-/// A query's per-dimension weights as the 2-bit kernel reads them: `a` (added for every
-/// dimension) and `c` (added where the row's magnitude bit is set), each stored unsigned with
-/// [`WEIGHT_OFFSET`], and their bit-planes for the popcount kernel (plane `j` holds bit `j` of
-/// every dimension's weight, one bit per dimension like the codes).
+/// A query's per-pair tables as the 2-bit kernel reads them: entry `n` of pair `p` is what a
+/// row whose nibble for `p` is `n` adds to its sum. Kept twice: as `i16` (the specification)
+/// and split into low and high bytes, 16 of each per pair (the operands of `VPSHUFB`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TwoBitQuery {
-    a: Vec<u8>,
-    c: Vec<u8>,
-    /// Word `w` of plane `j` at `j · words + w`.
-    a_planes: Vec<u64>,
-    c_planes: Vec<u64>,
-    /// `Σ_i a_i` as stored (offset included).
-    a_total: i64,
+    /// Entry `n` of pair `p` at `p · 16 + n`.
+    table: Vec<i16>,
+    low: Vec<u8>,
+    high: Vec<u8>,
 }
 
 impl TwoBitQuery {
-    /// Weights for `a.len()` dimensions, a multiple of 64; `c` as long.
-    pub fn new(a: Vec<u8>, c: Vec<u8>) -> Self {
-        assert_eq!(a.len(), c.len(), "one weight of each kind per dimension");
-        assert!(a.len().is_multiple_of(64), "whole code words only");
-        let words = a.len() / 64;
-        let planes = |weights: &[u8]| {
-            let mut planes = vec![0u64; WEIGHT_BITS * words];
-            for (i, &v) in weights.iter().enumerate() {
-                for (j, plane) in planes.chunks_exact_mut(words).enumerate() {
-                    plane[i / 64] |= u64::from(v >> j & 1) << (i % 64);
-                }
-            }
-            planes
-        };
+    /// Tables for `table.len() / 16` pairs, a multiple of [`PAIRS_PER_FLUSH`]; every entry
+    /// within `±LUT_ENTRY_MAX`.
+    pub fn new(table: Vec<i16>) -> Self {
+        assert!(
+            table.len().is_multiple_of(PAIR_ENTRIES * PAIRS_PER_FLUSH),
+            "whole flushes of pairs only"
+        );
+        assert!(
+            table.iter().all(|e| e.abs() <= LUT_ENTRY_MAX),
+            "a table entry past LUT_ENTRY_MAX"
+        );
         Self {
-            a_planes: planes(&a),
-            c_planes: planes(&c),
-            a_total: a.iter().map(|&v| i64::from(v)).sum(),
-            a,
-            c,
+            low: table.iter().map(|&e| e.to_le_bytes()[0]).collect(),
+            high: table.iter().map(|&e| e.to_le_bytes()[1]).collect(),
+            table,
         }
     }
 
-    /// Code words per row.
-    pub fn words(&self) -> usize {
-        self.a.len() / 64
+    /// Pairs of dimensions.
+    pub fn pairs(&self) -> usize {
+        self.table.len() / PAIR_ENTRIES
     }
 
-    /// The signed weights `(a_i, c_i)` of dimension `i`.
-    pub fn weights(&self, i: usize) -> (i32, i32) {
-        (
-            i32::from(self.a[i]) - WEIGHT_OFFSET,
-            i32::from(self.c[i]) - WEIGHT_OFFSET,
-        )
+    /// Code bytes per row (two pairs each).
+    pub fn code_bytes(&self) -> usize {
+        self.pairs() / 2
+    }
+
+    /// Entry `nibble` of pair `pair`.
+    pub fn entry(&self, pair: usize, nibble: u8) -> i32 {
+        i32::from(self.table[pair * PAIR_ENTRIES + usize::from(nibble)])
     }
 }
 
@@ -226,25 +231,21 @@ pub fn signature_weights(
 
 /// The specification.
 pub mod scalar {
-    use super::{BLOCK_ROWS, TwoBitQuery};
+    use super::{LUT_ROWS, TwoBitQuery};
 
-    /// For each row: `Σ_i σ_i · (a_i + m_i · c_i)` over its dimensions, with `σ_i = +1` where
-    /// its sign bit is set and `−1` where not, `m_i` its magnitude bit, `a_i`, `c_i` the query's
-    /// signed weights. Bit `i % 64` of word `i / 64` is dimension `i`.
-    pub fn two_bit(query: &TwoBitQuery, signs: &[u64], magnitudes: &[u64], out: &mut [i32]) {
-        let words = query.words();
-        for ((s, m), sums) in signs
-            .chunks_exact(words * BLOCK_ROWS)
-            .zip(magnitudes.chunks_exact(words * BLOCK_ROWS))
-            .zip(out.chunks_exact_mut(BLOCK_ROWS))
+    /// For each row: `Σ_p T_p[n_p]` over its pairs, `n_p` its nibble for pair `p`: the low
+    /// nibble of code byte `p / 2` for even `p`, the high one for odd `p`.
+    pub fn two_bit(query: &TwoBitQuery, codes: &[u8], out: &mut [i32]) {
+        let bytes = query.code_bytes();
+        for (group, sums) in codes
+            .chunks_exact(bytes * LUT_ROWS)
+            .zip(out.chunks_exact_mut(LUT_ROWS))
         {
             for (r, sum) in sums.iter_mut().enumerate() {
-                *sum = (0..words * 64)
-                    .map(|i| {
-                        let bit = |column: &[u64]| column[i / 64 * BLOCK_ROWS + r] >> (i % 64) & 1;
-                        let (a, c) = query.weights(i);
-                        let b = a + if bit(m) == 1 { c } else { 0 };
-                        if bit(s) == 1 { b } else { -b }
+                *sum = (0..query.pairs())
+                    .map(|p| {
+                        let byte = group[p / 2 * LUT_ROWS + r];
+                        query.entry(p, byte >> (4 * (p % 2)) & 0x0F)
                     })
                     .sum();
             }
@@ -315,12 +316,12 @@ pub mod wide_impl {
 /// AVX-512 kernels through `core::arch`, used only after runtime detection.
 #[allow(unsafe_code)]
 pub mod avx512 {
-    /// True when the CPU runs the VPOPCNTDQ 2-bit kernel.
-    pub fn has_vpopcntdq() -> bool {
+    /// True when the CPU runs the table-lookup 2-bit kernel (AVX-512 F and BW).
+    pub fn has_bw() -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512vpopcntdq")
+                && std::arch::is_x86_feature_detected!("avx512bw")
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -376,27 +377,28 @@ pub mod avx512 {
         super::signature_weights(terms, words, signatures, out)
     }
 
-    /// The 2-bit sum with `VPOPCNTQ` over the weights' bit-planes: for the masks `s`, `s ∧ m`
-    /// and `m` of a word of eight rows, `Σ_mask w = Σ_j 2^j · popcount(mask ∧ plane_j)`, and
-    /// `S = 2·Σ_s a − Σ a + 2·Σ_{s∧m} c − Σ_m c`, each corrected for [`super::WEIGHT_OFFSET`]
-    /// by the plain popcounts of the masks. All integer, so equal to the scalar loop.
-    pub fn two_bit(query: &super::TwoBitQuery, signs: &[u64], magnitudes: &[u64], out: &mut [i32]) {
-        assert!(has_vpopcntdq(), "avx512::two_bit called without VPOPCNTDQ");
-        assert_eq!(out.len() % super::BLOCK_ROWS, 0, "whole blocks only");
-        let words = query.words();
+    /// The 2-bit sum with table lookups: for each code byte of 64 rows, its two nibbles index
+    /// the byte-split tables of their pairs (`VPSHUFB`, low and high bytes of each entry),
+    /// the bytes are joined into 16-bit entries for the even and the odd rows, summed in 16-bit
+    /// lanes for [`super::PAIRS_PER_FLUSH`] pairs (within `i16` by [`super::LUT_ENTRY_MAX`]) and
+    /// widened into 32-bit sums. All integer, so equal to the scalar loop.
+    pub fn two_bit(query: &super::TwoBitQuery, codes: &[u8], out: &mut [i32]) {
+        assert!(has_bw(), "avx512::two_bit called without AVX-512 BW");
+        assert_eq!(out.len() % super::LUT_ROWS, 0, "whole groups only");
         assert!(
-            signs.len() >= out.len() * words && magnitudes.len() >= out.len() * words,
+            codes.len() >= out.len() * query.code_bytes(),
             "codes shorter than out"
         );
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the first assert checked the CPU features `two_bit_vpopcnt` is compiled for;
-        // the others guarantee whole blocks and that both code columns hold every block `out`
-        // asks for, which bounds each of its loads and stores.
+        // SAFETY: the first assert checked the CPU features `two_bit_lut` is compiled for; the
+        // others guarantee whole groups and that `codes` holds every group `out` asks for, and
+        // `TwoBitQuery::new` that its tables hold 16 entries for each of `code_bytes() · 2`
+        // pairs in whole flushes, which bounds each of its loads and stores.
         unsafe {
-            x86::two_bit_vpopcnt(query, signs, magnitudes, out)
+            x86::two_bit_lut(query, codes, out)
         }
         #[cfg(not(target_arch = "x86_64"))]
-        super::scalar::two_bit(query, signs, magnitudes, out)
+        super::scalar::two_bit(query, codes, out)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -426,80 +428,75 @@ pub mod avx512 {
             }
         }
 
-        #[target_feature(enable = "avx512f,avx512vpopcntdq")]
-        pub(super) unsafe fn two_bit_vpopcnt(
+        #[target_feature(enable = "avx512f,avx512bw")]
+        pub(super) unsafe fn two_bit_lut(
             query: &super::super::TwoBitQuery,
-            signs: &[u64],
-            magnitudes: &[u64],
+            codes: &[u8],
             out: &mut [i32],
         ) {
-            use super::super::{WEIGHT_BITS, WEIGHT_OFFSET};
-            let words = query.words();
-            // Plane words are broadcast where they are used (a load-and-broadcast each): a
-            // call allocates nothing, and a scan makes one call per page.
-            let (a_planes, c_planes) = (&query.a_planes, &query.c_planes);
-            // What does not depend on the row: `−Σ a + offset · dims`.
-            let constant =
-                _mm512_set1_epi64(-query.a_total + i64::from(WEIGHT_OFFSET) * (words * 64) as i64);
-            let block_words = words * 8;
-            for (b, sums) in out.chunks_exact_mut(8).enumerate() {
-                let (s_base, m_base) = (
-                    signs[b * block_words..].as_ptr(),
-                    magnitudes[b * block_words..].as_ptr(),
-                );
-                // `twice`: 2·Σ_s a + 2·Σ_{s∧m} c; `once`: Σ_m c; `counts`: the offset's share,
-                // 2·|s| + 2·|s∧m| − |m|.
-                let (mut twice, mut once, mut counts) = (
-                    _mm512_setzero_si512(),
-                    _mm512_setzero_si512(),
-                    _mm512_setzero_si512(),
-                );
-                for w in 0..words {
-                    // SAFETY: block `b` holds `words · 8` words inside each column and
-                    // `w < words`, so both 64-byte loads are in bounds.
-                    let (s, m) = unsafe {
-                        (
-                            _mm512_loadu_si512(s_base.add(w * 8).cast()),
-                            _mm512_loadu_si512(m_base.add(w * 8).cast()),
-                        )
-                    };
-                    let sm = _mm512_and_si512(s, m);
-                    let (pop_s, pop_sm) = (_mm512_popcnt_epi64(s), _mm512_popcnt_epi64(sm));
-                    counts = _mm512_add_epi64(
-                        counts,
-                        _mm512_sub_epi64(
-                            _mm512_slli_epi64::<1>(_mm512_add_epi64(pop_s, pop_sm)),
-                            _mm512_popcnt_epi64(m),
-                        ),
-                    );
-                    for j in 0..WEIGHT_BITS {
-                        let (a, c) = (
-                            _mm512_set1_epi64(a_planes[j * words + w] as i64),
-                            _mm512_set1_epi64(c_planes[j * words + w] as i64),
-                        );
-                        let both = _mm512_add_epi64(
-                            _mm512_popcnt_epi64(_mm512_and_si512(s, a)),
-                            _mm512_popcnt_epi64(_mm512_and_si512(sm, c)),
-                        );
-                        let shift = _mm512_set1_epi64(j as i64);
-                        twice = _mm512_add_epi64(twice, _mm512_sllv_epi64(both, shift));
-                        once = _mm512_add_epi64(
-                            once,
-                            _mm512_sllv_epi64(_mm512_popcnt_epi64(_mm512_and_si512(m, c)), shift),
-                        );
+            use super::super::{LUT_ROWS, PAIR_ENTRIES, PAIRS_PER_FLUSH};
+            let bytes = query.code_bytes();
+            let (low, high) = (query.low.as_ptr(), query.high.as_ptr());
+            let nibble = _mm512_set1_epi8(0x0F);
+            // The odd bytes of each 16-bit lane: the high byte of an entry for an even row, the
+            // low one for an odd row.
+            const ODD_BYTES: __mmask64 = 0xAAAA_AAAA_AAAA_AAAA;
+            for (g, sums) in out.chunks_exact_mut(LUT_ROWS).enumerate() {
+                let base = codes[g * bytes * LUT_ROWS..].as_ptr();
+                // 32-bit sums of rows 0, 2, .., 30; 32, .., 62; 1, .., 31; 33, .., 63.
+                let mut wide = [_mm512_setzero_si512(); 4];
+                for flush in (0..bytes).step_by(PAIRS_PER_FLUSH / 2) {
+                    let (mut even, mut odd) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                    for b in flush..flush + PAIRS_PER_FLUSH / 2 {
+                        // SAFETY: group `g` holds `bytes · 64` bytes inside `codes` and
+                        // `b < bytes`, so the 64-byte load is in bounds.
+                        let x = unsafe { _mm512_loadu_si512(base.add(b * LUT_ROWS).cast()) };
+                        let nibbles = [
+                            _mm512_and_si512(x, nibble),
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(x), nibble),
+                        ];
+                        for (half, n) in nibbles.into_iter().enumerate() {
+                            let at = (2 * b + half) * PAIR_ENTRIES;
+                            // SAFETY: pair `2b + half` < `2 · bytes`, whose 16 entries lie
+                            // inside both byte tables, so each 16-byte load is in bounds.
+                            let (lo, hi) = unsafe {
+                                (
+                                    _mm512_broadcast_i32x4(_mm_loadu_si128(low.add(at).cast())),
+                                    _mm512_broadcast_i32x4(_mm_loadu_si128(high.add(at).cast())),
+                                )
+                            };
+                            let (l, h) = (_mm512_shuffle_epi8(lo, n), _mm512_shuffle_epi8(hi, n));
+                            even = _mm512_add_epi16(
+                                even,
+                                _mm512_mask_blend_epi8(ODD_BYTES, l, _mm512_slli_epi16::<8>(h)),
+                            );
+                            odd = _mm512_add_epi16(
+                                odd,
+                                _mm512_mask_blend_epi8(ODD_BYTES, _mm512_srli_epi16::<8>(l), h),
+                            );
+                        }
+                    }
+                    for (w, (half, part)) in
+                        wide.iter_mut()
+                            .zip([(even, 0), (even, 1), (odd, 0), (odd, 1)])
+                    {
+                        let part = if part == 0 {
+                            _mm512_castsi512_si256(half)
+                        } else {
+                            _mm512_extracti64x4_epi64::<1>(half)
+                        };
+                        *w = _mm512_add_epi32(*w, _mm512_cvtepi16_epi32(part));
                     }
                 }
-                let sum = _mm512_add_epi64(
-                    _mm512_sub_epi64(_mm512_slli_epi64::<1>(twice), once),
-                    _mm512_sub_epi64(
-                        constant,
-                        _mm512_slli_epi64::<{ WEIGHT_BITS as u32 - 1 }>(counts),
-                    ),
-                );
-                // SAFETY: `sums` is 8 i32 = 32 bytes, exactly what the store writes.
-                unsafe {
-                    _mm256_storeu_si256(sums.as_mut_ptr().cast(), _mm512_cvtepi64_epi32(sum))
-                };
+                let mut lanes = [[0i32; 16]; 4];
+                for (lane, w) in lanes.iter_mut().zip(wide) {
+                    // SAFETY: `lane` is 16 i32 = 64 bytes, exactly what the store writes.
+                    unsafe { _mm512_storeu_si512(lane.as_mut_ptr().cast(), w) };
+                }
+                for k in 0..LUT_ROWS / 2 {
+                    sums[2 * k] = lanes[k / 16][k % 16];
+                    sums[2 * k + 1] = lanes[2 + k / 16][k % 16];
+                }
             }
         }
     }
@@ -513,15 +510,23 @@ mod tests {
     /// Every implementation this CPU can run, scalar first.
     fn two_bit_impls() -> Vec<(Isa, TwoBitFn)> {
         let mut v: Vec<(Isa, TwoBitFn)> = vec![(Isa::Scalar, scalar::two_bit)];
-        if avx512::has_vpopcntdq() {
+        if avx512::has_bw() {
             v.push((Isa::Avx512, avx512::two_bit));
         }
         v
     }
 
-    /// u8 weights with the edges over-represented.
-    fn weight_edge() -> impl Strategy<Value = u8> {
-        prop_oneof![Just(0u8), Just(1u8), Just(128u8), Just(255u8), any::<u8>()]
+    /// Table entries with the edges over-represented.
+    fn entry_edge() -> impl Strategy<Value = i16> {
+        prop_oneof![
+            Just(-LUT_ENTRY_MAX),
+            Just(LUT_ENTRY_MAX),
+            Just(0i16),
+            Just(-1i16),
+            Just(255i16),
+            Just(256i16),
+            -LUT_ENTRY_MAX..=LUT_ENTRY_MAX
+        ]
     }
 
     fn dot_i8_impls() -> Vec<(Isa, DotI8Fn)> {
@@ -547,35 +552,34 @@ mod tests {
 
         #[test]
         fn two_bit_agrees_with_scalar(
-            words in 1usize..6,
-            blocks in 0usize..4,
+            flushes in 1usize..4,
+            groups in 0usize..3,
             seed in proptest::collection::vec(
-                prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()], 2 * 5 * 3 * BLOCK_ROWS),
-            weights in proptest::collection::vec(weight_edge(), 2 * 5 * 64),
+                prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()], 3 * 2 * 3 * 8 * 8),
+            table in proptest::collection::vec(entry_edge(), 3 * PAIRS_PER_FLUSH * PAIR_ENTRIES),
         ) {
-            let rows = blocks * BLOCK_ROWS;
-            let (signs, magnitudes) = seed.split_at(seed.len() / 2);
-            let (signs, magnitudes) = (&signs[..rows * words], &magnitudes[..rows * words]);
-            let dims = words * 64;
-            let query = TwoBitQuery::new(weights[..dims].to_vec(), weights[dims..2 * dims].to_vec());
+            let pairs = flushes * PAIRS_PER_FLUSH;
+            let query = TwoBitQuery::new(table[..pairs * PAIR_ENTRIES].to_vec());
+            let rows = groups * LUT_ROWS;
+            let bytes: Vec<u8> = seed.iter().flat_map(|w| w.to_le_bytes()).collect();
+            let codes = &bytes[..rows * query.code_bytes()];
             let mut expected = vec![i32::MIN; rows];
-            scalar::two_bit(&query, signs, magnitudes, &mut expected);
-            // The specification is the sum it names, read straight from the blocked layout.
+            scalar::two_bit(&query, codes, &mut expected);
+            // The specification is the sum it names, read straight from the byte-major layout.
             for (r, &sum) in expected.iter().enumerate() {
-                let (b, i) = (r / BLOCK_ROWS, r % BLOCK_ROWS);
-                let direct: i32 = (0..dims)
-                    .map(|d| {
-                        let at = (b * words + d / 64) * BLOCK_ROWS + i;
-                        let (s, m) = (signs[at] >> (d % 64) & 1, magnitudes[at] >> (d % 64) & 1);
-                        let (a, c) = query.weights(d);
-                        (2 * s as i32 - 1) * (a + m as i32 * c)
+                let (g, i) = (r / LUT_ROWS, r % LUT_ROWS);
+                let direct: i32 = (0..pairs)
+                    .map(|p| {
+                        let byte = codes[(g * query.code_bytes() + p / 2) * LUT_ROWS + i];
+                        let nibble = if p % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+                        i32::from(table[p * PAIR_ENTRIES + usize::from(nibble)])
                     })
                     .sum();
                 prop_assert_eq!(sum, direct);
             }
             for (isa, f) in two_bit_impls() {
                 let mut got = vec![i32::MAX; rows];
-                f(&query, signs, magnitudes, &mut got);
+                f(&query, codes, &mut got);
                 prop_assert_eq!(&got, &expected, "{:?}", isa);
             }
         }
@@ -669,20 +673,24 @@ mod tests {
 
     #[test]
     fn two_bit_sums_a_hand_example() {
-        // Dimension 0: a = 3, c = 5; dimension 1: a = −2, c = 10; the rest zero.
-        let mut a = vec![128u8; 64];
-        let mut c = vec![128u8; 64];
-        (a[0], c[0], a[1], c[1]) = (131, 133, 126, 138);
-        let query = TwoBitQuery::new(a, c);
-        // Row 0: both signs set, magnitude of dimension 0: (3 + 5) + (−2) = 6.
-        // Row 1: no sign set, magnitude of dimension 1: −3 − (−2 + 10) = −11.
-        let mut signs = vec![0u64; BLOCK_ROWS];
-        let mut magnitudes = vec![0u64; BLOCK_ROWS];
-        (signs[0], magnitudes[0], magnitudes[1]) = (0b11, 0b01, 0b10);
+        // Pair 0: entry 5 is 7, entry 0 is −3; pair 1: entry 2 is 100; pair 63: entry 15 is
+        // −1,023; every other entry 0.
+        let mut table = vec![0i16; 64 * PAIR_ENTRIES];
+        (table[5], table[0], table[PAIR_ENTRIES + 2]) = (7, -3, 100);
+        table[63 * PAIR_ENTRIES + 15] = -LUT_ENTRY_MAX;
+        let query = TwoBitQuery::new(table);
+        let mut codes = vec![0u8; query.code_bytes() * LUT_ROWS];
+        // Row 0: byte 0 = pair 0 nibble 5, pair 1 nibble 2. Row 1: byte 31 high nibble 15.
+        codes[0] = 0x25;
+        codes[31 * LUT_ROWS + 1] = 0xF0;
         for (isa, f) in two_bit_impls() {
-            let mut out = [7i32; BLOCK_ROWS];
-            f(&query, &signs, &magnitudes, &mut out);
-            assert_eq!(out, [6, -11, -1, -1, -1, -1, -1, -1], "{isa:?}");
+            let mut out = [9i32; LUT_ROWS];
+            f(&query, &codes, &mut out);
+            // Every nibble not set above is 0, which only pair 0 weighs (−3).
+            let mut expected = [-3i32; LUT_ROWS];
+            expected[0] = 107;
+            expected[1] = -3 - 1023;
+            assert_eq!(out, expected, "{isa:?}");
         }
     }
 
@@ -706,7 +714,7 @@ mod tests {
         assert_eq!(Kernels::detect(true).describe(), Kernels::SCALAR.describe());
         let k = Kernels::detect(false);
         assert_eq!(k.dot_f32_isa, Isa::Wide);
-        assert_eq!(k.two_bit_isa == Isa::Avx512, avx512::has_vpopcntdq());
+        assert_eq!(k.two_bit_isa == Isa::Avx512, avx512::has_bw());
         assert_eq!(k.dot_i8_isa, Isa::Wide);
         assert_eq!(k.signature_isa == Isa::Avx512, avx512::has_vl());
     }
