@@ -10,29 +10,15 @@ use std::process::Command;
 use serde_json::Value;
 
 use perpetuity::capture::Message;
-use perpetuity::config::default_dictionaries_root;
 use perpetuity::datasets::Format;
-use perpetuity::dictionary::DEFAULT_VERSION;
 use perpetuity::eval::{self, DEFAULT_KS, EvalError};
 use perpetuity::ingest::ingest;
-use perpetuity::memory::Memory;
-use perpetuity::store::StoreOptions;
 use perpetuity::types::Role;
 
 const EPS: f64 = 1e-9;
 
 fn small_file() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/longmemeval_small.json")
-}
-
-fn open(dir: &Path) -> Memory {
-    Memory::open(
-        dir,
-        &default_dictionaries_root(),
-        DEFAULT_VERSION,
-        &StoreOptions::default(),
-    )
-    .unwrap()
 }
 
 /// The value at `path` in `json`, which must exist.
@@ -120,7 +106,7 @@ fn assert_small_file_figures(report: &Value, system: &str) {
 #[test]
 fn small_longmemeval_file_scores_as_derived_by_hand() {
     let dir = tempfile::tempdir().unwrap();
-    let memory = open(dir.path());
+    let memory = common::memory(dir.path());
     let report = eval::run(
         &memory,
         Format::Longmemeval,
@@ -188,7 +174,7 @@ fn small_longmemeval_file_scores_as_derived_by_hand() {
 #[test]
 fn a_data_directory_with_rows_is_reused_or_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let memory = open(dir.path());
+    let memory = common::memory(dir.path());
     let first = eval::run(&memory, Format::Longmemeval, &small_file(), &[1, 2], |_| {}).unwrap();
     let mut reused = false;
     let second = eval::run(&memory, Format::Longmemeval, &small_file(), &[1, 2], |p| {
@@ -207,7 +193,7 @@ fn a_data_directory_with_rows_is_reused_or_refused() {
 
     // A memory holding someone else's rows lacks the file's users: refused, not mixed in.
     let other = tempfile::tempdir().unwrap();
-    let memory = open(other.path());
+    let memory = common::memory(other.path());
     let message = Message {
         user_key: "someone-else".into(),
         conversation: "c".into(),
@@ -299,7 +285,7 @@ fn locomo_every_question_is_accounted_for_and_ours_beats_bm25() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let memory = open(dir.path());
+    let memory = common::memory(dir.path());
     let report = eval::run(&memory, Format::Locomo, &file, &DEFAULT_KS, |_| {}).unwrap();
     let json = serde_json::to_value(&report).unwrap();
 

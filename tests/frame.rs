@@ -10,29 +10,17 @@ use std::collections::HashMap;
 use perpetuity::arena::Arena;
 use perpetuity::budget::Budget;
 use perpetuity::capture::{Capturer, Message};
-use perpetuity::config::default_dictionaries_root;
-use perpetuity::dictionary::DEFAULT_VERSION;
 use perpetuity::frame::Side;
 use perpetuity::heat;
 use perpetuity::memory::Memory;
 use perpetuity::recall::{Ask, Recall, RecallConfig, recall};
 use perpetuity::scan::kernels::Kernels;
-use perpetuity::store::{Activation, StoreOptions};
+use perpetuity::store::Activation;
 use perpetuity::types::{Role, RowId, UserId};
 
 const HOUR: i64 = 3_600_000;
 /// 2024-03-01 09:00 UTC.
 const MARCH_1: i64 = 1_709_283_600_000;
-
-fn open(dir: &std::path::Path) -> Memory {
-    Memory::open(
-        dir,
-        &default_dictionaries_root(),
-        DEFAULT_VERSION,
-        &StoreOptions::default(),
-    )
-    .unwrap()
-}
 
 fn turn(user: &str, conversation: &str, role: Role, name: &str, hour: i64, text: &str) -> Message {
     Message {
@@ -137,7 +125,7 @@ fn text(recall: &Recall) -> String {
 #[test]
 fn a_captured_question_is_the_last_turn_once_and_retrieval_reheats_what_it_selected() {
     let dir = tempfile::tempdir().unwrap();
-    let memory = open(dir.path());
+    let memory = common::memory(dir.path());
     seeded(&memory);
     let question = "When is our ferry to Orkney?";
     let ids = Capturer::new(&memory.dictionary)
@@ -203,7 +191,7 @@ fn a_captured_question_is_the_last_turn_once_and_retrieval_reheats_what_it_selec
 #[test]
 fn a_probe_appends_the_question_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let memory = open(dir.path());
+    let memory = common::memory(dir.path());
     seeded(&memory);
     let alice = UserId::from_key("alice");
     let (before, clock, next) = (
@@ -233,7 +221,7 @@ fn a_probe_appends_the_question_and_writes_nothing() {
 #[test]
 fn the_mandatory_set_survives_a_budget_too_small_for_it() {
     let dir = tempfile::tempdir().unwrap();
-    let memory = open(dir.path());
+    let memory = common::memory(dir.path());
     seeded(&memory);
     let config = RecallConfig {
         budget: Budget {
@@ -267,7 +255,7 @@ fn the_mandatory_set_survives_a_budget_too_small_for_it() {
 #[test]
 fn labels_use_the_name_bound_now_not_the_name_at_capture() {
     let dir = tempfile::tempdir().unwrap();
-    let memory = open(dir.path());
+    let memory = common::memory(dir.path());
     let capturer = Capturer::new(&memory.dictionary);
     capturer
         .capture(

@@ -426,10 +426,19 @@ impl Store {
         &self,
         user: UserId,
     ) -> impl Iterator<Item = Result<(RowId, Activation), StoreError>> + '_ {
-        self.iter_user(Cf::Activation, user).map(|entry| {
+        self.activation_entries(Cf::Activation, user)
+    }
+
+    /// The user's entries of a family holding activation states (`activation`, `warm`).
+    fn activation_entries(
+        &self,
+        cf: Cf,
+        user: UserId,
+    ) -> impl Iterator<Item = Result<(RowId, Activation), StoreError>> + '_ {
+        self.iter_user(cf, user).map(move |entry| {
             let (key, value) = entry?;
             let corrupt = |source| StoreError::Corrupt {
-                cf: Cf::Activation.name(),
+                cf: cf.name(),
                 key: hex_key(&key),
                 source,
             };
@@ -666,21 +675,7 @@ impl Store {
         &self,
         user: UserId,
     ) -> impl Iterator<Item = Result<(RowId, Activation), StoreError>> + '_ {
-        self.iter_user(Cf::Warm, user).map(|entry| {
-            let (key, value) = entry?;
-            let corrupt = |source| StoreError::Corrupt {
-                cf: Cf::Warm.name(),
-                key: hex_key(&key),
-                source,
-            };
-            let (_, row) = keys::parse_user_row(&key).ok_or_else(|| {
-                corrupt(CodecError {
-                    what: "warm key",
-                    reason: "not user ++ row".into(),
-                })
-            })?;
-            Ok((row, Activation::decode(&value).map_err(corrupt)?))
-        })
+        self.activation_entries(Cf::Warm, user)
     }
 
     /// Drop rows that have cooled below the frame's floor from the warm index (their

@@ -9,6 +9,8 @@ use std::sync::OnceLock;
 
 use perpetuity::config::default_dictionaries_root;
 use perpetuity::dictionary::{DEFAULT_VERSION, Dictionary};
+use perpetuity::memory::Memory;
+use perpetuity::store::StoreOptions;
 
 /// The shipped default dictionary, loaded once per test binary.
 pub fn dictionary() -> &'static Dictionary {
@@ -17,6 +19,17 @@ pub fn dictionary() -> &'static Dictionary {
         Dictionary::load_version(&default_dictionaries_root(), DEFAULT_VERSION)
             .expect("the shipped dictionary loads")
     })
+}
+
+/// A memory (store + shipped default dictionary) in `dir`, default store options.
+pub fn memory(dir: &Path) -> Memory {
+    Memory::open(
+        dir,
+        &default_dictionaries_root(),
+        DEFAULT_VERSION,
+        &StoreOptions::default(),
+    )
+    .unwrap()
 }
 
 /// The folder of the shipped default dictionary.

@@ -20,13 +20,9 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 use perpetuity::arena::Arena;
-use perpetuity::config::default_dictionaries_root;
-use perpetuity::dictionary::DEFAULT_VERSION;
-use perpetuity::memory::Memory;
 use perpetuity::proxy::identity::Secret;
 use perpetuity::proxy::{ProxyConfig, State, serve};
 use perpetuity::scan::kernels::Kernels;
-use perpetuity::store::StoreOptions;
 use perpetuity::types::UserId;
 
 /// One request the upstream received.
@@ -147,13 +143,7 @@ pub struct Harness {
 impl Harness {
     pub async fn start(configure: impl FnOnce(&mut ProxyConfig)) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let memory = Memory::open(
-            dir.path(),
-            &default_dictionaries_root(),
-            DEFAULT_VERSION,
-            &StoreOptions::default(),
-        )
-        .unwrap();
+        let memory = super::memory(dir.path());
         let script = Arc::new(Script::default());
         let upstream = format!("http://{}", listen(Arc::clone(&script)).await);
         let mut config = ProxyConfig {
