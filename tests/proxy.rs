@@ -619,3 +619,105 @@ async fn a_responses_stream_passes_through_and_a_chained_response_keeps_its_inpu
     body_of(response).await;
     assert_eq!(h.received().pop().unwrap().json(), chained);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gemini_stream_passes_through_and_its_text_is_captured() {
+    let Some(lines) = fixture("gemini/vercel_text.jsonl") else {
+        return;
+    };
+    let text = String::from_utf8(lines).unwrap();
+    let stream: Vec<u8> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .flat_map(|l| format!("data: {l}\r\n\r\n").into_bytes())
+        .collect();
+    let expected: String = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["candidates"][0]["content"]["parts"][0]
+                ["text"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    let h = Harness::start(|_| {}).await;
+    h.answer(Answer::Whole(200, "text/event-stream", stream.clone()));
+    let body = json!({
+        "systemInstruction": {"parts": [{"text": "Be brief."}]},
+        "contents": [
+            {"role": "user", "parts": [{"text": "RESENT-HISTORY"}]},
+            {"role": "model", "parts": [{"text": "ok"}]},
+            {"role": "user", "parts": [{"text": "How many r's are in strawberry?"}]}
+        ]
+    });
+    let path = "/v1beta/models/gemini-3-pro-preview:streamGenerateContent?alt=sse";
+    let response = h
+        .send(
+            "POST",
+            path,
+            &[("x-goog-api-key", "g-carol")],
+            body.to_string().as_bytes(),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(header(&response, "x-perpetuity-memory"), "ok");
+    assert_eq!(
+        body_of(response).await,
+        stream,
+        "CRLF events pass unchanged"
+    );
+    let sent = h.received().pop().unwrap();
+    assert_eq!(sent.path, path);
+    assert_eq!(sent.headers["x-goog-api-key"], "g-carol");
+    let upstream = sent.json();
+    assert_eq!(upstream["systemInstruction"], body["systemInstruction"]);
+    assert!(!sent.text().contains("RESENT-HISTORY"));
+    let last = upstream["contents"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["role"], "user");
+    assert!(
+        last["parts"][0]["text"]
+            .as_str()
+            .unwrap()
+            .ends_with("How many r's are in strawberry?")
+    );
+    let rows = h.rows_of("g-carol", 2);
+    assert_eq!(rows[1].text, expected);
+    assert_eq!(rows[1].name.as_deref(), Some("gemini-3-pro-preview"));
+
+    // The key may come in the query instead; without any, the error is Gemini's.
+    let response = h
+        .send(
+            "POST",
+            "/v1beta/models/gemini-3-pro-preview:generateContent",
+            &[],
+            body.to_string().as_bytes(),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let error: Value = serde_json::from_slice(&body_of(response).await).unwrap();
+    assert_eq!(error["error"]["status"], "UNAUTHENTICATED");
+    let Some(whole) = fixture("gemini/vercel_text.response.json") else {
+        return;
+    };
+    h.answer(Answer::Whole(200, "application/json", whole.clone()));
+    let response = h
+        .send(
+            "POST",
+            "/v1beta/models/gemini-3-pro-preview:generateContent?key=g-carol",
+            &[],
+            body.to_string().as_bytes(),
+        )
+        .await;
+    assert_eq!(body_of(response).await, whole);
+    assert_eq!(
+        h.rows_of("g-carol", 4).len(),
+        4,
+        "same credential, same memory"
+    );
+}

@@ -240,6 +240,9 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
             )
             .await
         }
+        (&Method::POST, path) if gemini_model(path).is_some() => {
+            piped(req, state, wire::Format::Gemini, ops::Route::GeminiGenerate).await
+        }
         _ => {
             state
                 .metrics
@@ -247,6 +250,13 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
             counted(&state, pass_through(req, Arc::clone(&state)).await)
         }
     })
+}
+
+/// The model of a Gemini `generateContent` / `streamGenerateContent` path.
+fn gemini_model(path: &str) -> Option<&str> {
+    let (model, method) = path.strip_prefix("/v1beta/models/")?.split_once(':')?;
+    (matches!(method, "generateContent" | "streamGenerateContent") && !model.is_empty())
+        .then_some(model)
 }
 
 /// A chat request through the pipeline, counted.
@@ -398,11 +408,21 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     };
     let started = std::time::Instant::now();
     let (parts, body) = req.into_parts();
-    let Some(credential) = provider.credential(&parts.headers) else {
+    let query_key = parts.uri.query().and_then(|q| {
+        q.split('&')
+            .find_map(|pair| pair.strip_prefix("key="))
+            .filter(|k| !k.is_empty())
+            .map(str::to_owned)
+    });
+    let credential = provider.credential(&parts.headers).or(match provider {
+        Provider::Gemini => query_key,
+        Provider::OpenAi | Provider::Anthropic => None,
+    });
+    let Some(credential) = credential else {
         return failure(
             provider,
             Failure::Authentication,
-            "no API key: send the provider's credential header (Authorization: Bearer, or x-api-key for Anthropic)",
+            "no API key: send the provider's credential (Authorization: Bearer; x-api-key for Anthropic; x-goog-api-key or ?key= for Gemini)",
         );
     };
     if provider == Provider::Anthropic && !parts.headers.contains_key("anthropic-version") {
@@ -416,7 +436,8 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         Ok(bytes) => bytes,
         Err(failed) => return failure(provider, failed.0, &failed.1),
     };
-    let request = match wire::parse(format, &bytes) {
+    let path_model = gemini_model(parts.uri.path()).map(str::to_owned);
+    let request = match wire::parse(format, &bytes, path_model.as_deref()) {
         Ok(request) => request,
         Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
     };

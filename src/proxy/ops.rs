@@ -22,14 +22,16 @@ pub enum Route {
     OpenAiChat,
     OpenAiResponses,
     AnthropicMessages,
+    GeminiGenerate,
     PassThrough,
 }
 
 impl Route {
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 5] = [
         Self::OpenAiChat,
         Self::OpenAiResponses,
         Self::AnthropicMessages,
+        Self::GeminiGenerate,
         Self::PassThrough,
     ];
 
@@ -38,6 +40,7 @@ impl Route {
             Self::OpenAiChat => "openai_chat",
             Self::OpenAiResponses => "openai_responses",
             Self::AnthropicMessages => "anthropic_messages",
+            Self::GeminiGenerate => "gemini_generate",
             Self::PassThrough => "pass_through",
         }
     }
@@ -46,7 +49,7 @@ impl Route {
 /// Counters and latency histograms of the serving process.
 #[derive(Debug)]
 pub struct Metrics {
-    requests: [AtomicU64; 4],
+    requests: [AtomicU64; 5],
     /// Requests the proxy refused itself (bad input, no credential, limits).
     refused: AtomicU64,
     /// Requests forwarded untouched because the memory failed.

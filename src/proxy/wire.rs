@@ -1,5 +1,5 @@
-//! The three chat wire formats the pipeline rewrites: OpenAI Chat Completions, OpenAI
-//! Responses and Anthropic Messages. Reading a request (its live question, its first message),
+//! The chat wire formats the pipeline rewrites: OpenAI Chat Completions, OpenAI Responses,
+//! Anthropic Messages and Gemini `generateContent`. Reading a request (its live question, its first message),
 //! replacing its messages with the frame, and reading the reply's text out of a JSON body or an
 //! SSE stream.
 
@@ -18,6 +18,9 @@ pub enum Format {
     Responses,
     /// Anthropic Messages: `messages`, `system` apart, `max_tokens` required.
     Messages,
+    /// Gemini: `contents` of `{role: user|model, parts}`, `systemInstruction` apart, the model
+    /// in the path.
+    Gemini,
 }
 
 impl Format {
@@ -26,6 +29,7 @@ impl Format {
         match self {
             Self::Chat | Self::Responses => Provider::OpenAi,
             Self::Messages => Provider::Anthropic,
+            Self::Gemini => Provider::Gemini,
         }
     }
 
@@ -34,6 +38,7 @@ impl Format {
         match self {
             Self::Chat | Self::Messages => "messages",
             Self::Responses => "input",
+            Self::Gemini => "contents",
         }
     }
 }
@@ -75,11 +80,10 @@ pub fn text_of(content: &Value) -> Option<String> {
         Value::Array(parts) => {
             let texts: Vec<&str> = parts
                 .iter()
-                .filter(|p| {
-                    matches!(
-                        p.get("type").and_then(Value::as_str),
-                        Some("text" | "input_text" | "output_text")
-                    )
+                .filter(|p| match p.get("type").and_then(Value::as_str) {
+                    Some(kind) => matches!(kind, "text" | "input_text" | "output_text"),
+                    // Gemini parts carry no type: a text part is `{"text": ...}` (thoughts aside).
+                    None => p.get("thought").is_none_or(|t| t != true),
                 })
                 .filter_map(|p| p.get("text").and_then(Value::as_str))
                 .filter(|t| !t.is_empty())
@@ -90,6 +94,14 @@ pub fn text_of(content: &Value) -> Option<String> {
     }
 }
 
+/// The text of a message in any format: its `content`, or Gemini's `parts`.
+fn message_text(message: &Value) -> Option<String> {
+    message
+        .get("content")
+        .or_else(|| message.get("parts"))
+        .and_then(text_of)
+}
+
 /// Whether an OpenAI message is part of the system prompt (kept in front of the frame).
 fn is_system(message: &Value) -> bool {
     matches!(
@@ -98,19 +110,23 @@ fn is_system(message: &Value) -> bool {
     )
 }
 
-/// Parse a chat request body in `format`; the message says what is wrong.
-pub fn parse(format: Format, bytes: &[u8]) -> Result<Request, String> {
+/// Parse a chat request body in `format` (`path_model`: the model named by the path, Gemini's
+/// way); the message says what is wrong.
+pub fn parse(format: Format, bytes: &[u8], path_model: Option<&str>) -> Result<Request, String> {
     let value: Value =
         serde_json::from_slice(bytes).map_err(|e| format!("the body is not valid JSON: {e}"))?;
     let Value::Object(body) = value else {
         return Err("the body must be a JSON object".into());
     };
-    let model = body
-        .get("model")
-        .and_then(Value::as_str)
-        .filter(|m| !m.is_empty())
-        .ok_or("`model` must be a non-empty string")?
-        .to_owned();
+    let model = match path_model {
+        Some(model) => model.to_owned(),
+        None => body
+            .get("model")
+            .and_then(Value::as_str)
+            .filter(|m| !m.is_empty())
+            .ok_or("`model` must be a non-empty string")?
+            .to_owned(),
+    };
     let list = format.list();
     let messages = match body.get(list) {
         Some(Value::Array(items)) => items.clone(),
@@ -127,21 +143,27 @@ pub fn parse(format: Format, bytes: &[u8]) -> Result<Request, String> {
     }
     for (i, message) in messages.iter().enumerate() {
         // Responses items other than messages (function calls, their outputs) have no role.
-        let needs_role = format != Format::Responses || message.get("type").is_none();
+        let needs_role = match format {
+            Format::Responses => message.get("type").is_none(),
+            // Gemini's role may be left out on a single-turn request (it means the user).
+            Format::Gemini => false,
+            Format::Chat | Format::Messages => true,
+        };
         if needs_role && message.get("role").and_then(Value::as_str).is_none() {
             return Err(format!("{list}[{i}] has no `role` string"));
         }
     }
     let is_user_text = |m: &Value| {
-        m.get("role").and_then(Value::as_str) == Some("user")
-            && m.get("content").and_then(text_of).is_some()
+        let role = m.get("role").and_then(Value::as_str);
+        let user = role == Some("user") || (format == Format::Gemini && role.is_none());
+        user && message_text(m).is_some()
     };
     let question_at = messages.iter().rposition(is_user_text);
-    let question = question_at.and_then(|i| messages[i].get("content").and_then(text_of));
+    let question = question_at.and_then(|i| message_text(&messages[i]));
     let first = messages
         .iter()
         .find(|m| !is_system(m))
-        .and_then(|m| m.get("content").and_then(text_of));
+        .and_then(message_text);
     let server_history = format == Format::Responses
         && body
             .get("previous_response_id")
@@ -173,14 +195,21 @@ pub fn with_frame(request: &Request, frame: &Frame) -> Vec<u8> {
                 .cloned(),
         );
     }
-    out.extend(frame.messages.iter().map(|m| {
-        json!({
+    out.extend(frame.messages.iter().map(|m| match request.format {
+        Format::Gemini => json!({
+            "role": match m.role {
+                Side::User => "user",
+                Side::Assistant => "model",
+            },
+            "parts": [{"text": m.content}],
+        }),
+        Format::Chat | Format::Responses | Format::Messages => json!({
             "role": match m.role {
                 Side::User => "user",
                 Side::Assistant => "assistant",
             },
             "content": m.content,
-        })
+        }),
     }));
     if let Some(at) = request.question_at {
         out.extend(request.messages.iter().skip(at + 1).cloned());
@@ -198,6 +227,7 @@ pub fn reply_text(format: Format, body: &[u8]) -> Option<String> {
             .as_str()
             .map(str::to_owned),
         Format::Messages => text_of(&value["content"]),
+        Format::Gemini => text_of(&value["candidates"][0]["content"]["parts"]),
         Format::Responses => {
             let texts: Vec<String> = value["output"]
                 .as_array()
@@ -303,6 +333,15 @@ impl StreamReader {
                 Some("message_stop") => self.complete = true,
                 _ => {}
             },
+            Format::Gemini => {
+                let candidate = &value["candidates"][0];
+                if let Some(piece) = text_of(&candidate["content"]["parts"]) {
+                    self.text.push_str(&piece);
+                }
+                if candidate["finishReason"].is_string() {
+                    self.complete = true;
+                }
+            }
             Format::Responses => match value["type"].as_str() {
                 Some("response.output_item.added")
                     if value["item"]["type"] == "message" && !self.text.is_empty() =>
@@ -374,7 +413,7 @@ mod tests {
                 {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
             ]
         });
-        let request = parse(Format::Chat, body.to_string().as_bytes()).unwrap();
+        let request = parse(Format::Chat, body.to_string().as_bytes(), None).unwrap();
         assert_eq!(request.question.as_deref(), Some("what is the weather?"));
         assert_eq!(request.first.as_deref(), Some("first question"));
         assert!(!request.question_is_new());
@@ -405,7 +444,7 @@ mod tests {
             "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
             "messages": [{"role": "user", "content": "hello"}]
         });
-        let request = parse(Format::Messages, body.to_string().as_bytes()).unwrap();
+        let request = parse(Format::Messages, body.to_string().as_bytes(), None).unwrap();
         assert!(request.question_is_new());
         let out: Value =
             serde_json::from_slice(&with_frame(&request, &frame(&[(Side::User, "hello")])))
@@ -417,7 +456,7 @@ mod tests {
         );
         let missing = json!({"model": "claude-haiku-4-5", "messages": []});
         assert!(
-            parse(Format::Messages, missing.to_string().as_bytes())
+            parse(Format::Messages, missing.to_string().as_bytes(), None)
                 .unwrap_err()
                 .contains("max_tokens")
         );
@@ -426,7 +465,7 @@ mod tests {
     #[test]
     fn responses_take_a_string_or_items_and_keep_instructions_and_the_tool_round() {
         let text = json!({"model": "gpt-5", "instructions": "Be brief.", "input": "hello"});
-        let request = parse(Format::Responses, text.to_string().as_bytes()).unwrap();
+        let request = parse(Format::Responses, text.to_string().as_bytes(), None).unwrap();
         assert_eq!(request.question.as_deref(), Some("hello"));
         assert!(request.question_is_new() && !request.server_history);
         let out: Value = serde_json::from_slice(&with_frame(
@@ -450,7 +489,7 @@ mod tests {
             ],
             "previous_response_id": null
         });
-        let request = parse(Format::Responses, items.to_string().as_bytes()).unwrap();
+        let request = parse(Format::Responses, items.to_string().as_bytes(), None).unwrap();
         assert_eq!(request.question.as_deref(), Some("weather?"));
         assert!(!request.question_is_new());
         let out: Value = serde_json::from_slice(&with_frame(
@@ -478,11 +517,18 @@ mod tests {
         let chained =
             json!({"model": "gpt-5", "input": "and then?", "previous_response_id": "resp_1"});
         assert!(
-            parse(Format::Responses, chained.to_string().as_bytes())
+            parse(Format::Responses, chained.to_string().as_bytes(), None)
                 .unwrap()
                 .server_history
         );
-        assert!(parse(Format::Responses, br#"{"model": "gpt-5", "input": 3}"#).is_err());
+        assert!(
+            parse(
+                Format::Responses,
+                br#"{"model": "gpt-5", "input": 3}"#,
+                None
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -504,6 +550,61 @@ mod tests {
     }
 
     #[test]
+    fn gemini_takes_its_model_from_the_path_and_speaks_parts() {
+        let body = json!({
+            "systemInstruction": {"parts": [{"text": "Be brief."}]},
+            "contents": [
+                {"role": "user", "parts": [{"text": "old"}]},
+                {"role": "model", "parts": [{"text": "RESENT", "thoughtSignature": "x"}]},
+                {"role": "user", "parts": [{"text": "How many r's in strawberry?"}]}
+            ]
+        });
+        let request = parse(
+            Format::Gemini,
+            body.to_string().as_bytes(),
+            Some("gemini-3-pro-preview"),
+        )
+        .unwrap();
+        assert_eq!(request.model, "gemini-3-pro-preview");
+        assert_eq!(
+            request.question.as_deref(),
+            Some("How many r's in strawberry?")
+        );
+        assert!(request.question_is_new());
+        let out: Value = serde_json::from_slice(&with_frame(
+            &request,
+            &frame(&[
+                (Side::User, "[frame]"),
+                (Side::Assistant, "earlier"),
+                (Side::User, "q"),
+            ]),
+        ))
+        .unwrap();
+        assert_eq!(out["systemInstruction"], body["systemInstruction"]);
+        assert_eq!(
+            out["contents"],
+            json!([
+                {"role": "user", "parts": [{"text": "[frame]"}]},
+                {"role": "model", "parts": [{"text": "earlier"}]},
+                {"role": "user", "parts": [{"text": "q"}]}
+            ])
+        );
+        let reply = json!({"candidates": [{"content": {"role": "model", "parts": [
+            {"text": "thinking", "thought": true}, {"text": "Three."}
+        ]}, "finishReason": "STOP"}]});
+        assert_eq!(
+            reply_text(Format::Gemini, reply.to_string().as_bytes()).as_deref(),
+            Some("Three.")
+        );
+        let stream = "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"Thr\"}]}}]}\r\n\r\n\
+                      data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"ee.\"}]},\"finishReason\":\"STOP\"}]}\r\n\r\n";
+        let mut reader = StreamReader::new(Format::Gemini);
+        reader.feed(stream.as_bytes());
+        assert!(reader.terminated());
+        assert_eq!(reader.finish(), ("Three.".to_owned(), true));
+    }
+
+    #[test]
     fn malformed_bodies_are_refused_with_a_reason() {
         for (body, reason) in [
             ("{", "not valid JSON"),
@@ -515,7 +616,7 @@ mod tests {
                 "role",
             ),
         ] {
-            let err = parse(Format::Chat, body.as_bytes()).unwrap_err();
+            let err = parse(Format::Chat, body.as_bytes(), None).unwrap_err();
             assert!(err.contains(reason), "{body}: {err}");
         }
     }
