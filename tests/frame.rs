@@ -295,3 +295,65 @@ fn labels_use_the_name_bound_now_not_the_name_at_capture() {
     );
     assert!(!all.contains("Helper"), "{all}");
 }
+
+#[test]
+fn rows_that_cooled_leave_the_warm_index_and_their_activation_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = common::memory(dir.path());
+    seeded(&memory);
+    let alice = UserId::from_key("alice");
+    let first = run(
+        &memory,
+        &RecallConfig::default(),
+        &ask("chat", "ferry to Orkney", false),
+    );
+    assert!(first.reheated > 0);
+    let reheated: Vec<RowId> = memory.store.warm_of(alice).map(|e| e.unwrap().0).collect();
+    assert_eq!(reheated.len(), first.reheated);
+
+    // The agent processes far more than a reheat lasts: 250,000 tokens of clock.
+    let long = "The weather report goes on and on. ".repeat(30_000);
+    Capturer::new(&memory.dictionary)
+        .capture(
+            &memory.store,
+            &[turn("alice", "chat", Role::User, "Alice", 60, &long)],
+        )
+        .unwrap();
+    let clock = memory.store.clock(alice).unwrap();
+    let config = RecallConfig::default();
+    assert!(
+        reheated
+            .iter()
+            .all(|row| heat::warmth(&activations(&memory, alice)[row], clock) < config.warm_floor),
+        "the clock moved past every reheat"
+    );
+    run(
+        &memory,
+        &config,
+        &ask("chat", "what about the weather report", false),
+    );
+    let warm: HashMap<RowId, Activation> = memory
+        .store
+        .warm_of(alice)
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for (row, state) in &warm {
+        assert!(
+            heat::warmth(state, clock) >= config.warm_floor,
+            "{row:?} is cold but listed"
+        );
+    }
+    let after = activations(&memory, alice);
+    for row in reheated.iter().filter(|r| !warm.contains_key(r)) {
+        assert!(
+            after[row].peak > heat::BORN_PEAK,
+            "{row:?}: the activation keeps its reheat"
+        );
+    }
+    assert!(
+        reheated.iter().any(|r| !warm.contains_key(r)),
+        "some cold row left the index"
+    );
+    let report = perpetuity::integrity::check(&memory.store, &memory.dictionary).unwrap();
+    assert!(report.is_clean(), "{:?}", report.violations);
+}
