@@ -256,31 +256,28 @@ fn the_mandatory_set_survives_a_budget_too_small_for_it() {
 fn labels_use_the_name_bound_now_not_the_name_at_capture() {
     let dir = tempfile::tempdir().unwrap();
     let memory = common::memory(dir.path());
-    let capturer = Capturer::new(&memory.dictionary);
-    capturer
+    // Two messages of one slot, the name changing between them: the later binding wins.
+    Capturer::new(&memory.dictionary)
         .capture(
             &memory.store,
-            &[turn(
-                "alice",
-                "chat",
-                Role::Assistant,
-                "Helper",
-                0,
-                "I can look up ferry times.",
-            )],
-        )
-        .unwrap();
-    capturer
-        .capture(
-            &memory.store,
-            &[turn(
-                "alice",
-                "chat",
-                Role::Assistant,
-                "Ferrybot",
-                1,
-                "The ferry sails at noon.",
-            )],
+            &[
+                turn(
+                    "alice",
+                    "chat",
+                    Role::Assistant,
+                    "Helper",
+                    0,
+                    "I can look up ferry times.",
+                ),
+                turn(
+                    "alice",
+                    "chat",
+                    Role::Assistant,
+                    "Ferrybot",
+                    1,
+                    "The ferry sails at noon.",
+                ),
+            ],
         )
         .unwrap();
     let recall = run(

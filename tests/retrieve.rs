@@ -23,6 +23,20 @@ fn open(dir: &std::path::Path) -> Store {
     store
 }
 
+/// Capture `messages` into `store` and catch a fresh arena up: the rows' ids and the arena.
+fn captured(store: &Store, messages: &[Message]) -> (Vec<RowId>, Arena) {
+    let dict = common::dictionary();
+    let ids = Capturer::new(dict)
+        .capture(store, messages)
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut arena = Arena::new();
+    arena.catch_up(store, dict).unwrap();
+    (ids, arena)
+}
+
 fn say(user: &str, text: &str) -> Message {
     Message {
         user_key: user.into(),
@@ -42,8 +56,6 @@ fn say(user: &str, text: &str) -> Message {
 fn neighbours_stay_in_their_user_and_conversation() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let dict = common::dictionary();
-    let capturer = Capturer::new(dict);
     // ann: conversation "a" throughout; "b" interleaved every third message, then a run of
     // "b" longer than the walk bound, then "a" again. ben: conversation "a" too, interleaved.
     let mut messages = Vec::new();
@@ -65,14 +77,7 @@ fn neighbours_stay_in_their_user_and_conversation() {
         });
         conversation_of.push(("ben", "a"));
     }
-    let ids: Vec<RowId> = capturer
-        .capture(&store, &messages)
-        .unwrap()
-        .into_iter()
-        .flatten()
-        .collect();
-    let mut arena = Arena::new();
-    arena.catch_up(&store, dict).unwrap();
+    let (ids, arena) = captured(&store, &messages);
     let facts: HashMap<RowId, (&str, &str)> = ids
         .iter()
         .copied()
@@ -130,14 +135,7 @@ fn a_turn_is_read_in_its_conversation() {
         "My neighbour plays the trumpet badly.",
     ];
     let messages: Vec<Message> = turns.iter().map(|t| say("ann", t)).collect();
-    let ids: Vec<RowId> = Capturer::new(dict)
-        .capture(&store, &messages)
-        .unwrap()
-        .into_iter()
-        .flatten()
-        .collect();
-    let mut arena = Arena::new();
-    arena.catch_up(&store, dict).unwrap();
+    let (ids, arena) = captured(&store, &messages);
     let query = PreparedQuery::new(dict, &arena, "Which singer does she like best?");
     let kernels = Kernels::detect(false);
     let hits = search(
