@@ -26,3 +26,213 @@ pub struct ServeConfig {
     pub dictionaries_root: PathBuf,
     pub dictionary_version: String,
 }
+
+/// `perpetuity serve`'s settings file (TOML, `--config PATH` or `$PERPETUITY_CONFIG`). Every
+/// key is optional; a key the command line or the environment also sets is overridden by them
+/// (command line, then environment, then this file, then the built-in defaults). Unknown keys
+/// are refused, so a misspelt setting is an error instead of a silent default.
+/// README.md ("Configuration") lists every key.
+#[derive(Debug, Default, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<SocketAddr>,
+    pub data: Option<PathBuf>,
+    pub dictionaries: Option<PathBuf>,
+    pub dictionary_version: Option<String>,
+    pub sync_writes: Option<bool>,
+    pub scalar_kernels: Option<bool>,
+    pub admin_token: Option<String>,
+    pub max_concurrent: Option<usize>,
+    #[serde(default)]
+    pub upstreams: UpstreamsFile,
+    #[serde(default)]
+    pub limits: LimitsFile,
+    #[serde(default)]
+    pub recall: RecallFile,
+}
+
+/// `[upstreams]`: each provider's API base URL.
+#[derive(Debug, Default, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamsFile {
+    pub openai: Option<String>,
+    pub anthropic: Option<String>,
+    pub gemini: Option<String>,
+}
+
+/// `[limits]`: the limits of one request, in bytes and seconds.
+#[derive(Debug, Default, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsFile {
+    pub body_limit_bytes: Option<usize>,
+    pub upstream_timeout_s: Option<u64>,
+    pub stream_idle_timeout_s: Option<u64>,
+    pub connect_timeout_s: Option<u64>,
+    pub header_timeout_s: Option<u64>,
+}
+
+/// `[recall]`: how much memory each request recalls and renders.
+#[derive(Debug, Default, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecallFile {
+    pub budget_floor_tokens: Option<usize>,
+    pub budget_ceiling_tokens: Option<usize>,
+    pub depth: Option<usize>,
+    pub mandatory_hits: Option<usize>,
+    pub recent_tokens: Option<usize>,
+    pub warm_floor: Option<f32>,
+}
+
+impl FileConfig {
+    /// Read and check the file at `path`: a TOML error names the line, a value out of range
+    /// names the key.
+    pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("reading the config file {}: {e}", path.display()))?;
+        let config: Self = toml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
+        config
+            .check()
+            .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        for (name, url) in [
+            ("upstreams.openai", &self.upstreams.openai),
+            ("upstreams.anthropic", &self.upstreams.anthropic),
+            ("upstreams.gemini", &self.upstreams.gemini),
+        ] {
+            if let Some(url) = url {
+                check_upstream_url(url).map_err(|e| format!("{name}: {e}"))?;
+            }
+        }
+        let positive = [
+            ("max_concurrent", self.max_concurrent.map(|n| n as u64)),
+            (
+                "limits.body_limit_bytes",
+                self.limits.body_limit_bytes.map(|n| n as u64),
+            ),
+            ("limits.upstream_timeout_s", self.limits.upstream_timeout_s),
+            (
+                "limits.stream_idle_timeout_s",
+                self.limits.stream_idle_timeout_s,
+            ),
+            ("limits.connect_timeout_s", self.limits.connect_timeout_s),
+            ("limits.header_timeout_s", self.limits.header_timeout_s),
+            ("recall.depth", self.recall.depth.map(|n| n as u64)),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, value)| *value == Some(0)) {
+            return Err(format!("{name} must be above 0"));
+        }
+        if let Some(floor) = self.recall.warm_floor
+            && !(0.0..=1.0).contains(&floor)
+        {
+            return Err(format!("recall.warm_floor must lie in 0..=1, not {floor}"));
+        }
+        Ok(())
+    }
+}
+
+/// An upstream base URL must be `http://` or `https://` (plain HTTP for local upstreams).
+pub fn check_upstream_url(url: &str) -> Result<(), String> {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        Ok(())
+    } else {
+        Err(format!("{url:?} is not an http:// or https:// URL"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::ProxyConfig;
+
+    #[test]
+    fn a_full_file_sets_every_key() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            listen = "127.0.0.1:9000"
+            data = "/srv/memory"
+            dictionaries = "/srv/dictionaries"
+            dictionary_version = "v1"
+            sync_writes = true
+            scalar_kernels = false
+            admin_token = "operator"
+            max_concurrent = 64
+
+            [upstreams]
+            openai = "http://127.0.0.1:1"
+            anthropic = "https://anthropic.internal"
+            gemini = "http://127.0.0.1:3"
+
+            [limits]
+            body_limit_bytes = 1048576
+            upstream_timeout_s = 60
+            stream_idle_timeout_s = 90
+            connect_timeout_s = 5
+            header_timeout_s = 7
+
+            [recall]
+            budget_floor_tokens = 1000
+            budget_ceiling_tokens = 4000
+            depth = 50
+            mandatory_hits = 2
+            recent_tokens = 500
+            warm_floor = 0.1
+            "#,
+        )
+        .unwrap();
+        file.check().unwrap();
+        let mut proxy = ProxyConfig::default();
+        proxy.overlay(&file).unwrap();
+        assert_eq!(file.listen, Some("127.0.0.1:9000".parse().unwrap()));
+        assert_eq!(file.max_concurrent, Some(64));
+        assert_eq!(proxy.openai, "http://127.0.0.1:1");
+        assert_eq!(proxy.anthropic, "https://anthropic.internal");
+        assert_eq!(proxy.gemini, "http://127.0.0.1:3");
+        assert_eq!(proxy.body_limit, 1_048_576);
+        assert_eq!(proxy.upstream_timeout.as_secs(), 60);
+        assert_eq!(proxy.stream_idle_timeout.as_secs(), 90);
+        assert_eq!(proxy.connect_timeout.as_secs(), 5);
+        assert_eq!(proxy.header_timeout.as_secs(), 7);
+        assert_eq!(proxy.recall.budget.floor, 1_000);
+        assert_eq!(proxy.recall.budget.ceiling, 4_000);
+        assert_eq!(proxy.recall.depth, 50);
+        assert_eq!(proxy.recall.mandatory_hits, 2);
+        assert_eq!(proxy.recall.recent_tokens, 500);
+        assert_eq!(proxy.recall.warm_floor, 0.1);
+    }
+
+    #[test]
+    fn an_empty_file_changes_nothing() {
+        let file: FileConfig = toml::from_str("").unwrap();
+        let mut proxy = ProxyConfig::default();
+        proxy.overlay(&file).unwrap();
+        let default = ProxyConfig::default();
+        assert_eq!(proxy.openai, default.openai);
+        assert_eq!(proxy.body_limit, default.body_limit);
+        assert_eq!(proxy.recall.budget, default.recall.budget);
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_the_key() {
+        let refused = |text: &str| {
+            toml::from_str::<FileConfig>(text)
+                .map_err(|e| e.to_string())
+                .and_then(|file| file.check().map(|()| file))
+                .and_then(|file| ProxyConfig::default().overlay(&file))
+                .expect_err(text)
+        };
+        assert!(refused("lisen = \"127.0.0.1:1\"").contains("lisen"));
+        assert!(refused("[recall]\ndepht = 3").contains("depht"));
+        assert!(refused("max_concurrent = \"many\"").contains("max_concurrent"));
+        assert!(refused("[upstreams]\nopenai = \"ftp://x\"").contains("upstreams.openai"));
+        assert!(refused("[limits]\nconnect_timeout_s = 0").contains("connect_timeout_s"));
+        assert!(refused("[recall]\nwarm_floor = 2.0").contains("warm_floor"));
+        assert!(
+            refused("[recall]\nbudget_floor_tokens = 9000\nbudget_ceiling_tokens = 100")
+                .contains("floor")
+        );
+    }
+}

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use perpetuity::arena::Arena;
 use perpetuity::bench;
@@ -53,6 +54,10 @@ enum Command {
         /// Chat requests served at once; more are refused with 503.
         #[arg(long, env = "PERPETUITY_MAX_CONCURRENT", default_value_t = 256)]
         max_concurrent: usize,
+        /// A TOML settings file (README.md, "Configuration"); the command line and the environment
+        /// override what it sets.
+        #[arg(long, env = "PERPETUITY_CONFIG")]
+        config: Option<PathBuf>,
         #[command(flatten)]
         data: DataArgs,
         #[command(flatten)]
@@ -336,16 +341,53 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    let matches = Cli::command().get_matches();
+    match Cli::from_arg_matches(&matches)?.command {
         Command::Serve {
-            listen,
-            scalar_kernels,
+            mut listen,
+            mut scalar_kernels,
             upstream,
-            admin_token,
-            max_concurrent,
-            data,
-            dictionary,
+            mut admin_token,
+            mut max_concurrent,
+            config,
+            mut data,
+            mut dictionary,
         } => {
+            let mut proxy_config = proxy::ProxyConfig::default();
+            if let Some(path) = config {
+                let file = config::FileConfig::load(&path)?;
+                let given = matches
+                    .subcommand_matches("serve")
+                    .expect("the serve command's own matches");
+                let given = |id: &str| given_explicitly(given, id);
+                overlay(&mut listen, file.listen, given("listen"));
+                overlay(
+                    &mut max_concurrent,
+                    file.max_concurrent,
+                    given("max_concurrent"),
+                );
+                overlay(
+                    &mut scalar_kernels,
+                    file.scalar_kernels,
+                    given("scalar_kernels"),
+                );
+                overlay(&mut data.dir, file.data.clone(), given("dir"));
+                overlay(
+                    &mut data.sync_writes,
+                    file.sync_writes,
+                    given("sync_writes"),
+                );
+                overlay(
+                    &mut dictionary.dictionary_version,
+                    file.dictionary_version.clone(),
+                    given("dictionary_version"),
+                );
+                dictionary.dictionaries = dictionary.dictionaries.or(file.dictionaries.clone());
+                admin_token = admin_token.or(file.admin_token.clone());
+                proxy_config
+                    .overlay(&file)
+                    .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
+            }
             let kernels = Kernels::detect(scalar_kernels);
             tracing::info!(kernels = %kernels.describe(), forced_scalar = scalar_kernels, "scan kernels chosen");
             let config = ServeConfig {
@@ -354,11 +396,8 @@ fn main() -> anyhow::Result<()> {
                 dictionaries_root: dictionary.root(),
                 dictionary_version: dictionary.dictionary_version.clone(),
             };
-            let mut proxy_config = proxy::ProxyConfig {
-                admin_token: admin_token.filter(|t| !t.is_empty()),
-                max_concurrent,
-                ..proxy::ProxyConfig::default()
-            };
+            proxy_config.admin_token = admin_token.filter(|t| !t.is_empty());
+            proxy_config.max_concurrent = max_concurrent;
             for (provider, url) in upstream {
                 proxy_config.set_upstream(provider, url);
             }
@@ -552,10 +591,24 @@ fn parse_upstream(text: &str) -> Result<(perpetuity::proxy::provider::Provider, 
     let provider = perpetuity::proxy::provider::Provider::from_name(name.trim())
         .ok_or_else(|| format!("unknown provider {name:?} (openai, anthropic or gemini)"))?;
     let url = url.trim();
-    if !(url.starts_with("http://") || url.starts_with("https://")) {
-        return Err(format!("{url:?} is not an http:// or https:// URL"));
-    }
+    config::check_upstream_url(url)?;
     Ok((provider, url.to_owned()))
+}
+
+/// Whether argument `id` was given on the command line or by the environment (not left at its
+/// default), so it wins over the config file.
+fn given_explicitly(matches: &ArgMatches, id: &str) -> bool {
+    matches!(
+        matches.value_source(id),
+        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+    )
+}
+
+/// Take the config file's `value` for `target` unless the argument was `given` explicitly.
+fn overlay<T>(target: &mut T, value: Option<T>, given: bool) {
+    if let (Some(value), false) = (value, given) {
+        *target = value;
+    }
 }
 
 fn serve(

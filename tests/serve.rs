@@ -23,14 +23,19 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// One HTTP/1.1 request; returns (status line, body).
+/// One HTTP/1.1 request without a body; returns (status line, body).
 fn request(port: u16, method: &str, path: &str) -> std::io::Result<(String, String)> {
+    send(
+        port,
+        &format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"),
+    )
+}
+
+/// Write `raw` (a whole HTTP/1.1 request) and read the answer; returns (status line, body).
+fn send(port: u16, raw: &str) -> std::io::Result<(String, String)> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )?;
+    stream.write_all(raw.as_bytes())?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
@@ -38,6 +43,20 @@ fn request(port: u16, method: &str, path: &str) -> std::io::Result<(String, Stri
         head.lines().next().unwrap_or("").to_owned(),
         body.to_owned(),
     ))
+}
+
+/// `GET /healthz` once the server answers (waiting up to 30 s for it to come up).
+fn health(port: u16) -> (String, String) {
+    let started = Instant::now();
+    loop {
+        match request(port, "GET", "/healthz") {
+            Ok(answer) => return answer,
+            Err(_) if started.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(err) => panic!("server did not come up: {err}"),
+        }
+    }
 }
 
 #[test]
@@ -53,16 +72,7 @@ fn serve_answers_health_and_refuses_a_route_without_a_provider() {
             .spawn()
             .unwrap(),
     );
-    let started = Instant::now();
-    let (status, body) = loop {
-        match request(port, "GET", "/healthz") {
-            Ok(answer) => break answer,
-            Err(_) if started.elapsed() < Duration::from_secs(30) => {
-                std::thread::sleep(Duration::from_millis(100))
-            }
-            Err(err) => panic!("server did not come up: {err}"),
-        }
-    };
+    let (status, body) = health(port);
     assert!(status.contains("200"), "{status}");
     let health: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(health["status"], "ok");
@@ -101,5 +111,124 @@ fn serve_answers_health_and_refuses_a_route_without_a_provider() {
             .unwrap()
             .contains("cannot tell which provider"),
         "{error}"
+    );
+}
+
+/// A one-request upstream on loopback: answers the first request with a fixed model list and
+/// hands back the request line it saw.
+fn one_shot_upstream() -> (u16, std::thread::JoinHandle<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let handle = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut buf).unwrap();
+            assert!(n > 0, "the proxy closed before sending its request");
+            seen.extend_from_slice(&buf[..n]);
+        }
+        let body = r#"{"object":"list","data":[{"id":"from-the-file-upstream"}]}"#;
+        write!(
+            stream,
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        String::from_utf8_lossy(&seen)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_owned()
+    });
+    (port, handle)
+}
+
+#[test]
+fn a_config_file_sets_what_the_command_line_leaves_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, seen) = one_shot_upstream();
+    let (file_port, port) = (free_port(), free_port());
+    let config = dir.path().join("perpetuity.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{file_port}\"\ndata = \"from-file-data\"\n\n\
+             [upstreams]\nopenai = \"http://127.0.0.1:{upstream}\"\n\n\
+             [limits]\nbody_limit_bytes = 1000\n"
+        ),
+    )
+    .unwrap();
+    // The command line's --listen wins over the file's; the data dir, the upstream and the
+    // body limit come from the file.
+    let server = Server(
+        Command::new(env!("CARGO_BIN_EXE_perpetuity"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .current_dir(dir.path())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let (status, _) = health(port);
+    assert!(status.contains("200"), "{status}");
+    assert!(
+        TcpStream::connect(("127.0.0.1", file_port)).is_err(),
+        "the file's listen address was overridden"
+    );
+    assert!(dir.path().join("from-file-data/CURRENT").is_file());
+    assert!(!dir.path().join("perpetuity-data").exists());
+
+    let (status, body) = send(
+        port,
+        "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer sk-test\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    assert!(status.contains("200"), "{status} {body}");
+    assert!(body.contains("from-the-file-upstream"), "{body}");
+    assert_eq!(seen.join().unwrap(), "GET /v1/models HTTP/1.1");
+
+    let question = format!(
+        r#"{{"model":"gpt-4o","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(2_000)
+    );
+    let (status, body) = send(
+        port,
+        &format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer sk-test\r\ncontent-type: application/json\r\ncontent-length: {}\r\nConnection: close\r\n\r\n{question}",
+            question.len()
+        ),
+    )
+    .unwrap();
+    assert!(
+        status.contains("413"),
+        "the file's body limit holds: {status} {body}"
+    );
+    drop(server);
+}
+
+#[test]
+fn a_bad_config_file_stops_serve_with_the_key_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("perpetuity.toml");
+    std::fs::write(&config, "[recall]\nwarm_flor = 0.2\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_perpetuity"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("warm_flor"), "{stderr}");
+    assert!(stderr.contains("perpetuity.toml"), "{stderr}");
+    assert!(
+        !dir.path().join("perpetuity-data").exists(),
+        "nothing is created before the file is read"
     );
 }

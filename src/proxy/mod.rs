@@ -34,6 +34,7 @@ use tokio::sync::mpsc;
 
 use crate::arena::Arena;
 use crate::capture::{Capturer, Message};
+use crate::config::FileConfig;
 use crate::error::Error;
 use crate::memory::Memory;
 use crate::recall::{Ask, Recall, RecallConfig, recall};
@@ -107,6 +108,64 @@ impl ProxyConfig {
             Provider::Anthropic => self.anthropic = url,
             Provider::Gemini => self.gemini = url,
         }
+    }
+
+    /// Lay a config file's `[upstreams]`, `[limits]` and `[recall]` over these settings. The command
+    /// line's and the environment's settings are applied after, so they win.
+    pub fn overlay(&mut self, file: &FileConfig) -> Result<(), String> {
+        for (provider, url) in [
+            (Provider::OpenAi, &file.upstreams.openai),
+            (Provider::Anthropic, &file.upstreams.anthropic),
+            (Provider::Gemini, &file.upstreams.gemini),
+        ] {
+            if let Some(url) = url {
+                self.set_upstream(provider, url.clone());
+            }
+        }
+        let limits = &file.limits;
+        let seconds = std::time::Duration::from_secs;
+        set(&mut self.body_limit, limits.body_limit_bytes);
+        set(
+            &mut self.upstream_timeout,
+            limits.upstream_timeout_s.map(seconds),
+        );
+        set(
+            &mut self.stream_idle_timeout,
+            limits.stream_idle_timeout_s.map(seconds),
+        );
+        set(
+            &mut self.connect_timeout,
+            limits.connect_timeout_s.map(seconds),
+        );
+        set(
+            &mut self.header_timeout,
+            limits.header_timeout_s.map(seconds),
+        );
+        let recall = &file.recall;
+        set(&mut self.recall.budget.floor, recall.budget_floor_tokens);
+        set(
+            &mut self.recall.budget.ceiling,
+            recall.budget_ceiling_tokens,
+        );
+        set(&mut self.recall.depth, recall.depth);
+        set(&mut self.recall.mandatory_hits, recall.mandatory_hits);
+        set(&mut self.recall.recent_tokens, recall.recent_tokens);
+        set(&mut self.recall.warm_floor, recall.warm_floor);
+        let budget = self.recall.budget;
+        if budget.floor > budget.ceiling {
+            return Err(format!(
+                "the recall budget's floor ({} tokens) is above its ceiling ({} tokens)",
+                budget.floor, budget.ceiling
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Take `value` for `target` where the file sets it.
+fn set<T>(target: &mut T, value: Option<T>) {
+    if let Some(value) = value {
+        *target = value;
     }
 }
 
