@@ -13,8 +13,8 @@ use crate::dictionary::Dictionary;
 use crate::latency;
 use crate::memory::Memory;
 use crate::retrieve::{
-    PreparedQuery, RESCORE_K, Retrieved, STAGE_ONE_WIDENING, brute_force_many, first_pass,
-    first_pass_k, refine, search,
+    PreparedQuery, RESCORE_K, Retrieved, brute_force_many, first_pass, first_pass_k, refine,
+    search, search_from,
 };
 use crate::scan::kernels::Kernels;
 use crate::types::{Role, UserId};
@@ -129,12 +129,19 @@ pub fn synthetic_queries(count: usize, users: usize) -> Vec<(UserId, String)> {
         .collect()
 }
 
+/// Fractions of [`first_pass_k`] the fidelity check also keeps in stage one: how much margin
+/// the rule leaves at this scope size.
+pub const SHALLOWER: [(usize, usize); 3] = [(1, 8), (1, 4), (1, 2)];
+
 /// How often the two-stage search's top 10 is the brute force's top 10 (as sets).
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Fidelity {
     pub queries: usize,
     pub agree: usize,
     pub share: f64,
+    /// The same count with stage one keeping only 1/8, 1/4 and 1/2 of [`first_pass_k`]
+    /// candidates ([`SHALLOWER`]).
+    pub agree_shallower: [usize; SHALLOWER.len()],
 }
 
 /// Ask every `(scope, text)` both ways and count the agreeing top-10 sets. Brute force runs
@@ -155,20 +162,33 @@ pub fn fidelity(
         rows
     };
     let mut agree = 0;
+    let mut agree_shallower = [0; SHALLOWER.len()];
     for (scope, texts) in by_scope {
         let queries: Vec<PreparedQuery> = texts
             .iter()
             .map(|text| PreparedQuery::new(dictionary, arena, text))
             .collect();
         let exact = brute_force_many(dictionary, arena, scope, &queries, 10);
+        let pages = arena.scope_pages(scope);
+        let k = first_pass_k(pages.iter().map(|p| p.rows as usize).sum());
         for (query, exact) in queries.iter().zip(&exact) {
             let fast = search(dictionary, arena, kernels, scope, query, 10);
             agree += usize::from(set(&fast) == set(exact));
+            // Stage one's best `k`, best first; each shallower depth keeps a prefix of them.
+            let mut best = first_pass(&pages, kernels, query, k);
+            best.sort_unstable_by(|a, b| b.score.total_cmp(&a.score).then(a.row.cmp(&b.row)));
+            for (count, (num, den)) in agree_shallower.iter_mut().zip(SHALLOWER) {
+                let mut kept = best[..(k * num / den).min(best.len())].to_vec();
+                kept.sort_unstable_by_key(|hit| hit.row);
+                let shallow = search_from(dictionary, arena, kernels, query, &kept, 10);
+                *count += usize::from(set(&shallow) == set(exact));
+            }
         }
     }
     Fidelity {
         queries: asked.len(),
         agree,
+        agree_shallower,
         share: if asked.is_empty() {
             f64::NAN
         } else {
@@ -253,7 +273,7 @@ pub fn scan(
         times.sort();
         times[2]
     };
-    let k = first_pass_k(scope_rows) * STAGE_ONE_WIDENING;
+    let k = first_pass_k(scope_rows);
     let first_pass_rows_per_s_per_core = scope_rows as f64
         / median_of_five(&|| {
             std::hint::black_box(first_pass(&pages, kernels, &query, k));

@@ -174,14 +174,25 @@ pub const DENSE_WEIGHT: f32 = 0.4;
 /// [`DENSE_WEIGHT`].
 pub const HYBRID_BM25: Bm25 = Bm25 { k1: 0.9, b: 0.3 };
 
-/// The share of a lexical-signature match that the first pass's estimate counts. A set bit
-/// holds the query term only part of the time (every term of the row sets a bit, so rows with
-/// many terms match terms they lack), and counting each match in full let those rows crowd
-/// out the right ones once the lexical part weighed 0.6: with a full count, stage one kept the
-/// brute-force top 10 for 0.935 of 200 queries on the synthetic 100,000-row pool; with half,
-/// 0.990, and 1.000 with [`crate::retrieve::STAGE_ONE_WIDENING`] at two
-/// (`docs/benchmarks.md`). It shapes stage one's ranking only, never a score.
-pub const SIGNATURE_MATCH_SHARE: f32 = 0.5;
+/// The share of a query term's IDF that the first pass's estimate counts when a row's lexical
+/// signature holds the term ([`crate::arena::signature`]). A match is right most of the time
+/// (about one false match in sixty on rows of thirty terms), but it says nothing of how often
+/// the term occurs. It shapes stage one's ranking only, never a score.
+pub const SIGNATURE_MATCH_SHARE: f32 = 1.0;
+
+/// The share of a query stop word's IDF that the first pass's estimate counts for every row:
+/// signatures leave stop words out, and a stop word is in about half of the rows.
+pub const STOP_WORD_SHARE: f32 = 0.5;
+
+/// The share of an IDF the first pass's estimate counts for a query term: [`STOP_WORD_SHARE`]
+/// for a stop word, else [`SIGNATURE_MATCH_SHARE`] where the signature holds the term.
+pub fn signature_share(stop_word: bool) -> f32 {
+    if stop_word {
+        STOP_WORD_SHARE
+    } else {
+        SIGNATURE_MATCH_SHARE
+    }
+}
 
 /// The exact score of a row on its own for one query (the final order reads it in context,
 /// [`in_context`]): `DENSE_WEIGHT · cosine + (1 − DENSE_WEIGHT) · BM25 / BM25_max`, where
@@ -229,13 +240,13 @@ impl HybridScorer {
     }
 
     /// A cheap estimate of [`HybridScorer::score`] for the first pass, from an estimated
-    /// `cosine` and `matched_idf`, the IDF sum of the query terms the row may hold, scored as
-    /// if each occurred once in a row of `row_len` terms (`idf · (k1 + 1) / (1 + k1 · (1 − b +
-    /// b · row_len / mean_len))`) and counted at [`SIGNATURE_MATCH_SHARE`].
+    /// `cosine` and `matched_idf`, the IDF sum of the query terms the row may hold, each at its
+    /// share ([`signature_share`]), scored as if each occurred once in a row of `row_len` terms
+    /// (`idf · (k1 + 1) / (1 + k1 · (1 − b + b · row_len / mean_len))`).
     pub fn estimate(&self, cosine: f32, matched_idf: f32, row_len: u32) -> f32 {
         let bm25 = HYBRID_BM25;
         let once = bm25.term_score(1.0, 1.0, bm25.norm(u64::from(row_len), self.mean_len));
-        self.dense_part(cosine) + SIGNATURE_MATCH_SHARE * self.lexical_factor() * matched_idf * once
+        self.dense_part(cosine) + self.lexical_factor() * matched_idf * once
     }
 
     /// The factor turning a BM25 sum into the lexical part of the score.

@@ -4,7 +4,7 @@
 //! The first pass reads every row of the scope in two steps. Stage one estimates the final score
 //! of each row from its 2-bit code (the arena's [`Codebook`]) and the query terms its lexical
 //! signature may hold (one page per task on the rayon pool, per-task top-k, deterministic merge)
-//! and keeps [`STAGE_ONE_WIDENING`] × [`first_pass_k`] rows; stage two scores those with the
+//! and keeps [`first_pass_k`] rows; stage two scores those with the
 //! exact lexical part and the int8 vectors' cosine and keeps [`RESCORE_K`] for the exact
 //! rescore. The exact rescore re-embeds each candidate from the tokens the arena holds under
 //! the current frequency statistic and scores it by [`HybridScorer`] (its own score); the final
@@ -17,11 +17,12 @@
 use rayon::prelude::*;
 
 use crate::arena::codebook::Codebook;
-use crate::arena::{Arena, DIMS, PAGE_ROWS, Page, Side, Slot, signature_bit};
+use crate::arena::signature::term_bits;
+use crate::arena::{Arena, DIMS, PAGE_ROWS, Page, Side, Slot};
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::Quantized;
 use crate::dictionary::derive::{RetrievalRow, derive, embed, embed_tokens};
-use crate::relevance::{CONTEXT_AFTER, CONTEXT_BEFORE, HybridScorer, in_context};
+use crate::relevance::{CONTEXT_AFTER, CONTEXT_BEFORE, HybridScorer, in_context, signature_share};
 use crate::scan::kernels::{
     BLOCK_ROWS, Kernels, LUT_ENTRY_MAX, PAIR_ENTRIES, SignatureTerm, TwoBitQuery, code_words,
 };
@@ -30,15 +31,7 @@ use crate::tokens::Tokenizer;
 use crate::types::{RowId, UserId};
 
 /// Candidates the first pass keeps, never fewer than this (or the whole scope).
-pub const FIRST_PASS_MIN_K: usize = 256;
-/// Stage one keeps this many times [`first_pass_k`]. With the 2-bit estimate and the equal
-/// dense/lexical weights of the first hybrid one sufficed; with the lexical part weighing 0.6
-/// ([`crate::relevance::DENSE_WEIGHT`]) the signature's coarse lexical estimate counts for
-/// more: with one (and the signature matches discounted,
-/// [`crate::relevance::SIGNATURE_MATCH_SHARE`]) the synthetic 100,000-row pool agreed on 0.990
-/// of queries, with two on 1.000 (`docs/benchmarks.md`). The 1-bit Hamming estimate needed
-/// four and still fell short at scale.
-pub const STAGE_ONE_WIDENING: usize = 2;
+pub const FIRST_PASS_MIN_K: usize = 512;
 /// Hits per stage-two task: enough work per task to outweigh scheduling, small enough that a
 /// few thousand hits still spread over every thread.
 const REFINE_CHUNK_HITS: usize = 1024;
@@ -51,7 +44,13 @@ const PREFETCH_ROWS_AHEAD: usize = 8;
 const PREFETCH_TERMS_AHEAD: usize = 4;
 /// Candidates of the int8 stage that the exact rescore scores.
 pub const RESCORE_K: usize = 256;
-/// Growth of the first pass with the scope: `FIRST_PASS_SQRT_FACTOR · √rows`.
+/// Growth of the first pass with the scope: `FIRST_PASS_SQRT_FACTOR · √rows`. How far down
+/// stage one's order the rows of the brute-force top 10 lie grows with the scope and with how
+/// coarse the estimate is. With one signature bit per term, stage one kept twice `16 · √rows`
+/// (at least 512) to hold the fidelity target; with three bits per term and no stop words
+/// ([`crate::arena::signature`]) once is enough: on a million synthetic rows 200 of 200
+/// queries agree with brute force, 197 with half as many candidates, 193 with a quarter
+/// (`perpetuity bench fidelity`, which reports those shallower counts; `docs/benchmarks.md`).
 pub const FIRST_PASS_SQRT_FACTOR: f64 = 16.0;
 
 /// Candidates kept by the first pass for a scope of `live_rows` rows: at least
@@ -152,7 +151,8 @@ impl PreparedQuery {
     }
 }
 
-/// The query terms as the signature kernel reads them, weighted by their IDF.
+/// The query terms as the signature kernel and stage two's bound read them: each term's bits
+/// ([`term_bits`]; none for a stop word, which every row is taken to hold) weighted by its IDF.
 fn signature_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
     query
         .scorer
@@ -160,10 +160,10 @@ fn signature_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
         .iter()
         .zip(query.scorer.idf())
         .map(|(&(term, _), &idf)| {
-            let bit = signature_bit(term);
+            let bits = term_bits(term);
             SignatureTerm {
-                word: bit / 64,
-                mask: 1 << (bit % 64),
+                word: bits.word,
+                mask: bits.mask,
                 weight: idf,
             }
         })
@@ -176,7 +176,14 @@ fn signature_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
 /// reads them back from the arena (a user's pages hold its rows in row id order, so the reads
 /// move forward through memory).
 pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: usize) -> Vec<Hit> {
-    let terms = signature_terms(query);
+    // The estimate counts a signature match, or a stop word, at its share of the IDF.
+    let terms: Vec<SignatureTerm> = signature_terms(query)
+        .into_iter()
+        .map(|term| SignatureTerm {
+            weight: term.weight * signature_share(term.mask == 0),
+            ..term
+        })
+        .collect();
     let top = parallel_top_k(pages.len(), k, |p, top: &mut TopK| {
         // The next page's columns are loaded a part at a time while this one is scored.
         let prefetch_next = |part| {
@@ -268,7 +275,7 @@ pub fn refine(
             if let Some(worst) = top.threshold() {
                 let may_hold: f32 = terms
                     .iter()
-                    .filter(|t| page.signature_word(i, t.word) & t.mask != 0)
+                    .filter(|t| page.signature_word(i, t.word) & t.mask == t.mask)
                     .map(|t| t.weight)
                     .sum();
                 let bound = query.scorer.dense_part(cosine) + ceiling * may_hold;
@@ -420,13 +427,21 @@ pub fn search(
 ) -> Vec<Retrieved> {
     let pages = arena.scope_pages(scope);
     let live: usize = pages.iter().map(|p| p.rows as usize).sum();
-    let wide = first_pass(
-        &pages,
-        kernels,
-        query,
-        first_pass_k(live).saturating_mul(STAGE_ONE_WIDENING),
-    );
-    let candidates = refine(arena, kernels, query, &wide, RESCORE_K.max(k));
+    let wide = first_pass(&pages, kernels, query, first_pass_k(live));
+    search_from(dictionary, arena, kernels, query, &wide, k)
+}
+
+/// [`search`] from stage one's `wide` hits (in row id order) on: stage two, the exact rescore
+/// and the score in context.
+pub fn search_from(
+    dictionary: &Dictionary,
+    arena: &Arena,
+    kernels: &Kernels,
+    query: &PreparedQuery,
+    wide: &[Hit],
+    k: usize,
+) -> Vec<Retrieved> {
+    let candidates = refine(arena, kernels, query, wide, RESCORE_K.max(k));
     let exact = |slot: Slot| {
         exact_scores(dictionary, arena, slot, [query])
             .next()

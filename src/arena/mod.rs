@@ -32,6 +32,7 @@
 pub mod codebook;
 pub mod file;
 pub mod page;
+pub mod signature;
 
 use std::collections::HashMap;
 use std::io;
@@ -52,9 +53,7 @@ use file::{
     Entry, FORMAT_VERSION, MappedFile, PAGES_HEADER_BYTES, PAGES_MAGIC, PAGES_OFFSET, PagesHeader,
     TERMS_HEADER_BYTES, TERMS_MAGIC, TermsHeader,
 };
-pub use page::{
-    CODE_BYTES, DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, blocked, code_byte, signature_bit,
-};
+pub use page::{CODE_BYTES, DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, blocked, code_byte};
 
 const PAGE_BYTES: usize = std::mem::size_of::<Page>();
 /// Rows of its user a walk to a row's conversation neighbour ([`Arena::neighbour`]) passes over
@@ -647,8 +646,8 @@ impl Arena {
         page.token_counts[i] = retrieval.tokens.len() as u32;
         page.set_code(i, &codebook.encode(&quantized.values, quantized.scale));
         for &(term, _) in &retrieval.terms {
-            let bit = signature_bit(term);
-            page.signatures[blocked(i, bit / 64)] |= 1 << (bit % 64);
+            let bits = signature::term_bits(term);
+            page.signatures[blocked(i, bits.word)] |= bits.mask;
         }
         page.vectors[i * DIMS..(i + 1) * DIMS].copy_from_slice(&quantized.values);
         page.rows += 1;

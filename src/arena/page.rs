@@ -5,7 +5,6 @@ use bytemuck::{Pod, Zeroable};
 
 use super::codebook::RowCode;
 use crate::scan::kernels::{BLOCK_ROWS, LUT_ROWS, prefetch};
-use crate::types::TermId;
 
 /// Rows per page: eight blocks of eight rows.
 pub const PAGE_ROWS: usize = 64;
@@ -56,8 +55,8 @@ pub struct Page {
     /// The 2-bit codes, byte-major: byte `b` of row `r` at `b · PAGE_ROWS + r` ([`code_byte`]).
     pub codes: [u8; PAGE_ROWS * CODE_BYTES],
     /// Lexical signatures, blocked: word `w` of row `r` at `(r / 8 · WORDS + w) · 8 + r % 8`.
-    /// Bit [`signature_bit`] of each of the row's terms is set, so the first pass can estimate
-    /// which query terms a row holds.
+    /// The bits of each of the row's terms are set ([`super::signature::term_bits`]), so the
+    /// first pass can estimate which query terms a row holds.
     pub signatures: [u64; PAGE_ROWS * WORDS],
     /// int8 vectors, row-major.
     pub vectors: [i8; PAGE_ROWS * DIMS],
@@ -68,11 +67,6 @@ const _: () = assert!(std::mem::size_of::<Page>().is_multiple_of(64));
 
 /// Bits in a row's lexical signature.
 pub const SIGNATURE_BITS: usize = WORDS * 64;
-
-/// The signature bit of a term: the top byte of a multiplicative hash of its id.
-pub fn signature_bit(term: TermId) -> usize {
-    (term.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize % SIGNATURE_BITS
-}
 
 /// The code byte of dimensions `4b .. 4b + 4` of a row whose 2-bit code has sign bits `signs`
 /// and magnitude bits `magnitudes`: pair `2b` (dimensions `4b`, `4b + 1`) in the low nibble,

@@ -9,8 +9,8 @@
 //!   the "fast scan" of faiss's 4-bit PQ, with 16-bit table entries.
 //! - `dot_i8`: int8 dot product into i32 (the rescore of quantised vectors).
 //! - `dot_f32`: f32 dot product (the exact dense rescore).
-//! - `signature`: for each row, the summed weights of the query terms whose bit its lexical
-//!   signature has (the first pass's lexical estimate). Signatures are stored in blocks of
+//! - `signature`: for each row, the summed weights of the query terms whose bits its lexical
+//!   signature all has (the first pass's lexical estimate). Signatures are stored in blocks of
 //!   [`BLOCK_ROWS`] rows, word-major inside a block (word `w` of row `r` of block `b` at
 //!   `(b · words + w) · BLOCK_ROWS + r`), so one 512-bit register holds the same word of eight
 //!   rows.
@@ -20,7 +20,7 @@
 //! - `wide`: 256-bit vectors through the `wide` crate, whose instructions are fixed at compile
 //!   time by the baseline in `.cargo/config.toml` (AVX2 and FMA).
 //! - `avx512`: `core::arch` AVX-512 BW table lookups (`VPSHUFB`) for the 2-bit sum, and a bit
-//!   test into a mask register with a masked add (AVX-512 F and VL) for the signature weights,
+//!   test (and, compare) into a mask register with a masked add (AVX-512 F and VL) for the signature weights,
 //!   each chosen only when the CPU reports the features at start-up. The lookups replaced a
 //!   bit-plane popcount kernel (VPOPCNTDQ, 27 popcounts per code word of eight rows, its cost
 //!   linear in the weights' bits); alone over contiguous codes both run at the memory's pace
@@ -197,7 +197,8 @@ impl TwoBitQuery {
 }
 
 /// A query term as the lexical-signature kernel reads it: which word of the signature holds
-/// its bit, the bit as a mask, and the weight it adds when set.
+/// its bits, the bits as a mask, and the weight it adds when every bit of the mask is set (the
+/// empty mask is always set).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SignatureTerm {
     pub word: usize,
@@ -206,7 +207,7 @@ pub struct SignatureTerm {
 }
 
 /// For each row of blocked `signatures` (same layout as the code bits, `words` u64 per row):
-/// `out[r]` = the sum of the weights of the `terms` whose bit row `r` has. Written block by
+/// `out[r]` = the sum of the weights of the `terms` whose bits row `r` all has. Written block by
 /// block, term by term, so the eight rows of a block are one vertical operation the compiler
 /// vectorises at the baseline; a single plain loop, so it is its own specification.
 pub fn signature_weights(
@@ -223,7 +224,11 @@ pub fn signature_weights(
         for term in terms {
             let lanes = &block[term.word * BLOCK_ROWS..(term.word + 1) * BLOCK_ROWS];
             for (a, &w) in acc.iter_mut().zip(lanes) {
-                *a += if w & term.mask != 0 { term.weight } else { 0.0 };
+                *a += if w & term.mask == term.mask {
+                    term.weight
+                } else {
+                    0.0
+                };
             }
         }
     }
@@ -420,7 +425,8 @@ pub mod avx512 {
                     // SAFETY: block `b` holds `words · 8` words inside `signatures` and
                     // `term.word < words`, so the 64-byte load is in bounds.
                     let lanes = unsafe { _mm512_loadu_si512(base.add(term.word * 8).cast()) };
-                    let set = _mm512_test_epi64_mask(lanes, _mm512_set1_epi64(term.mask as i64));
+                    let mask = _mm512_set1_epi64(term.mask as i64);
+                    let set = _mm512_cmpeq_epi64_mask(_mm512_and_si512(lanes, mask), mask);
                     acc = _mm256_mask_add_ps(acc, set, acc, _mm256_set1_ps(term.weight));
                 }
                 // SAFETY: `sums` is 8 f32 = 32 bytes, exactly what the store writes.
@@ -608,13 +614,16 @@ mod tests {
             blocks in 0usize..4,
             seed in proptest::collection::vec(
                 prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()], 5 * 3 * BLOCK_ROWS),
-            terms in proptest::collection::vec((0usize..64, 0usize..6, -4.0f32..4.0), 0..40),
+            terms in proptest::collection::vec(
+                (prop_oneof![Just(0u64), any::<u64>(), (0u32..64, 0u32..64, 0u32..64)
+                    .prop_map(|(a, b, c)| 1u64 << a | 1 << b | 1 << c)], 0usize..6, -4.0f32..4.0),
+                0..40),
         ) {
             let rows = blocks * BLOCK_ROWS;
             let signatures = &seed[..rows * words];
             let terms: Vec<SignatureTerm> = terms
                 .into_iter()
-                .map(|(bit, word, weight)| SignatureTerm { word: word % words, mask: 1 << bit, weight })
+                .map(|(mask, word, weight)| SignatureTerm { word: word % words, mask, weight })
                 .collect();
             let mut expected = vec![f32::NAN; rows];
             signature_weights(&terms, words, signatures, &mut expected);
