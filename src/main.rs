@@ -53,6 +53,13 @@ enum Command {
         /// Chat requests served at once; more are refused with 503.
         #[arg(long, env = "PERPETUITY_MAX_CONCURRENT", default_value_t = 256)]
         max_concurrent: usize,
+        /// Offer the memory tools with chat requests (`--memory-tools false` turns them off).
+        #[arg(long, env = "PERPETUITY_MEMORY_TOOLS", default_value_t = true, action = clap::ArgAction::Set)]
+        memory_tools: bool,
+        /// Upstream calls per reply when the model calls the memory tools; the last one has no
+        /// tools, so the model must answer.
+        #[arg(long, env = "PERPETUITY_TOOL_ROUNDS", default_value_t = proxy::rounds::DEFAULT_ROUNDS)]
+        tool_rounds: usize,
         #[command(flatten)]
         data: DataArgs,
         #[command(flatten)]
@@ -343,6 +350,8 @@ fn main() -> anyhow::Result<()> {
             upstream,
             admin_token,
             max_concurrent,
+            memory_tools,
+            tool_rounds,
             data,
             dictionary,
         } => {
@@ -357,6 +366,8 @@ fn main() -> anyhow::Result<()> {
             let mut proxy_config = proxy::ProxyConfig {
                 admin_token: admin_token.filter(|t| !t.is_empty()),
                 max_concurrent,
+                tools: memory_tools,
+                tool_rounds,
                 ..proxy::ProxyConfig::default()
             };
             for (provider, url) in upstream {
