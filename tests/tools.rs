@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use common::upstream::{Answer, Harness, body_of, fixture, header};
 use perpetuity::capture::{Capturer, Message};
+use perpetuity::tools::{Call, TurnState};
 use perpetuity::types::{Role, UserId};
 
 const OPENAI: [(&str, &str); 2] = [
@@ -81,7 +82,9 @@ fn remember_a_long_past(h: &Harness, credential: &str) {
 
 /// `data:` payloads of an SSE body with their `event:` names, and its comments.
 fn events(body: &[u8]) -> (Vec<(Option<String>, String)>, usize) {
-    let text = String::from_utf8(body.to_vec()).unwrap();
+    let text = String::from_utf8(body.to_vec())
+        .unwrap()
+        .replace("\r\n", "\n");
     let mut out = Vec::new();
     let mut comments = 0;
     for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
@@ -700,4 +703,354 @@ async fn with_the_tools_off_the_request_has_no_word_of_them() {
         .await;
     body_of(response).await;
     assert!(!h.received().pop().unwrap().text().contains("memory_"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdk_stream_helpers_see_one_valid_message_across_rounds() {
+    let (Some(python), Some(shared)) = (common::sdk_python(), common::shared_dir()) else {
+        return;
+    };
+    let (Some(chat_answer), Some(responses_answer), Some(anthropic_answer)) = (
+        fixture("openai-chat/oai-py_text_usage.sse"),
+        fixture("openai-responses/vercel_text_two_messages.jsonl"),
+        fixture("anthropic-messages/ant-py_text_basic.sse"),
+    ) else {
+        return;
+    };
+    let h = Harness::start(|_| {}).await;
+    h.answer(sse(chat_calls(&[(
+        "memory_search",
+        r#"{"query": "trip"}"#,
+    )])));
+    h.answer(sse(chat_answer));
+    h.answer(sse(chat_calls(&[
+        ("memory_search", r#"{"query": "trip"}"#),
+        ("get_stock_price", r#"{"ticker": "AAPL"}"#),
+    ])));
+    h.answer(sse(responses_call(
+        "memory_search",
+        r#"{"query": "names"}"#,
+    )));
+    h.answer(sse(common::upstream::jsonl_as_sse(&responses_answer)));
+    h.answer(sse(anthropic_calls(
+        "Let me look.",
+        &[("memory_reopen", "toolu_1", "")],
+    )));
+    h.answer(sse(anthropic_answer));
+    h.answer(sse(anthropic_calls(
+        "Checking.",
+        &[
+            (
+                "memory_count",
+                "toolu_2",
+                r#"{"query": "hobby", "by": "month"}"#,
+            ),
+            ("get_weather", "toolu_3", r#"{"city": "Paris"}"#),
+        ],
+    )));
+    let proxy = format!("http://{}", h.proxy);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/tool_rounds.py");
+    let fixtures = shared.join("fixtures/providers");
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .env("PROXY", proxy)
+            .env("FIXTURES", fixtures)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "SDK checks failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("all tool round checks passed"), "{stdout}");
+    assert_eq!(
+        h.received().len(),
+        8,
+        "two rounds for each loop, one for each mix"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gemini_stream_runs_our_call_and_keeps_its_thought_signature_for_the_next_round() {
+    let Some(lines) = fixture("gemini/vercel_text.jsonl") else {
+        return;
+    };
+    let recorded: Vec<Value> = String::from_utf8(lines)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let answer: Vec<u8> = recorded
+        .iter()
+        .flat_map(|chunk| format!("data: {chunk}\r\n\r\n").into_bytes())
+        .collect();
+    let call = json!({"candidates": [{"content": {"role": "model", "parts": [
+            {"functionCall": {"name": "memory_search", "args": {"query": "strawberry"}}, "thoughtSignature": "sig-1"}
+        ]}, "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 40, "candidatesTokenCount": 5, "totalTokenCount": 45},
+        "responseId": "resp-first"});
+    let h = Harness::start(|_| {}).await;
+    h.answer(sse(format!("data: {call}\r\n\r\n").into_bytes()));
+    h.answer(sse(answer));
+    let request = json!({"contents": [{"role": "user", "parts": [{"text": "How many r's are in strawberry?"}]}],
+        "tools": [{"functionDeclarations": [{"name": "lookup", "parameters": {"type": "object"}}]}]});
+    let response = h
+        .send(
+            "POST",
+            "/v1beta/models/gemini-3-pro-preview:streamGenerateContent?alt=sse",
+            &[("x-goog-api-key", "g-tools")],
+            request.to_string().as_bytes(),
+        )
+        .await;
+    let body = body_of(response).await;
+    assert!(!String::from_utf8_lossy(&body).contains("memory_search"));
+    let chunks: Vec<Value> = events(&body)
+        .0
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(
+        chunks.len(),
+        recorded.len(),
+        "the answer's chunks, and only those"
+    );
+    assert!(chunks.iter().all(|c| c["responseId"] == "resp-first"));
+    let text = |chunks: &[Value]| -> String {
+        chunks
+            .iter()
+            .filter_map(|c| c["candidates"][0]["content"]["parts"][0]["text"].as_str())
+            .collect()
+    };
+    assert_eq!(text(&chunks), text(&recorded));
+    let last = &chunks.last().unwrap()["usageMetadata"];
+    let recorded_last = &recorded.last().unwrap()["usageMetadata"];
+    assert_eq!(
+        last["promptTokenCount"].as_u64().unwrap(),
+        40 + recorded_last["promptTokenCount"].as_u64().unwrap()
+    );
+    assert_eq!(
+        last["totalTokenCount"].as_u64().unwrap(),
+        45 + recorded_last["totalTokenCount"].as_u64().unwrap()
+    );
+
+    let sent = h.received();
+    assert_eq!(sent.len(), 2);
+    let first = sent[0].json();
+    assert_eq!(
+        first["tools"][0]["functionDeclarations"][0]["name"],
+        "lookup"
+    );
+    assert_eq!(
+        first["tools"][1]["functionDeclarations"][0]["name"],
+        "memory_search"
+    );
+    let contents = sent[1].json()["contents"].as_array().unwrap().clone();
+    let asked = &contents[contents.len() - 2];
+    assert_eq!(asked["role"], "model");
+    assert_eq!(asked["parts"][0]["thoughtSignature"], "sig-1");
+    let answered = &contents[contents.len() - 1]["parts"][0]["functionResponse"];
+    assert_eq!(answered["name"], "memory_search");
+    assert!(
+        answered["response"]["result"]
+            .as_str()
+            .unwrap()
+            .starts_with("memory_search: "),
+        "{answered}"
+    );
+}
+
+/// A Responses stream that calls one of our tools (`name`, `arguments`), framed as the API does.
+fn responses_call(name: &str, arguments: &str) -> Vec<u8> {
+    let item = json!({"id": "fc_1", "type": "function_call", "status": "completed", "call_id": "call_r1",
+        "name": name, "arguments": arguments});
+    let events = [
+        json!({"type": "response.created", "response": {"id": "resp_first", "object": "response", "status": "in_progress", "output": [], "usage": null}, "sequence_number": 0}),
+        json!({"type": "response.in_progress", "response": {"id": "resp_first", "object": "response", "status": "in_progress", "output": [], "usage": null}, "sequence_number": 1}),
+        json!({"type": "response.output_item.added", "output_index": 0, "item": {"id": "fc_1", "type": "function_call", "status": "in_progress", "call_id": "call_r1", "name": name, "arguments": ""}, "sequence_number": 2}),
+        json!({"type": "response.function_call_arguments.delta", "output_index": 0, "item_id": "fc_1", "delta": arguments, "sequence_number": 3}),
+        json!({"type": "response.function_call_arguments.done", "output_index": 0, "item_id": "fc_1", "arguments": arguments, "sequence_number": 4}),
+        json!({"type": "response.output_item.done", "output_index": 0, "item": item, "sequence_number": 5}),
+        json!({"type": "response.completed", "response": {"id": "resp_first", "object": "response", "status": "completed", "output": [item],
+            "usage": {"input_tokens": 60, "output_tokens": 9, "total_tokens": 69}}, "sequence_number": 6}),
+    ];
+    let lines: String = events.iter().map(|e| format!("{e}\n")).collect();
+    common::upstream::jsonl_as_sse(lines.as_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_stream_continues_one_response_with_increasing_sequence_numbers() {
+    let Some(lines) = fixture("openai-responses/vercel_text_two_messages.jsonl") else {
+        return;
+    };
+    let recorded: Vec<Value> = String::from_utf8(lines.clone())
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let h = Harness::start(|_| {}).await;
+    h.answer(sse(responses_call(
+        "memory_search",
+        r#"{"query": "names"}"#,
+    )));
+    h.answer(sse(common::upstream::jsonl_as_sse(&lines)));
+    let request = json!({"model": "gpt-5.3-codex", "instructions": "Be brief.", "input": "Suggest names.", "stream": true});
+    let response = h
+        .send(
+            "POST",
+            "/v1/responses",
+            &OPENAI,
+            request.to_string().as_bytes(),
+        )
+        .await;
+    let body = body_of(response).await;
+    assert!(!String::from_utf8_lossy(&body).contains("memory_search"));
+    let got: Vec<Value> = events(&body)
+        .0
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    let kinds: Vec<&str> = got.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "response.created").count(),
+        1
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "response.completed").count(),
+        1
+    );
+    let sequence: Vec<u64> = got
+        .iter()
+        .map(|e| e["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        sequence[..3],
+        [0, 1, 2],
+        "the answer's numbers follow the client's last"
+    );
+    assert!(
+        sequence.windows(2).all(|w| w[0] < w[1]),
+        "sequence numbers keep increasing: {sequence:?}"
+    );
+    let added: Vec<u64> = got
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.added")
+        .map(|e| e["output_index"].as_u64().unwrap())
+        .collect();
+    let recorded_added: Vec<u64> = recorded
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.added")
+        .map(|e| e["output_index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        added, recorded_added,
+        "output indices continue from the client's last: ours left none behind"
+    );
+    let recorded_done = recorded.last().unwrap();
+    let done = got.last().unwrap();
+    assert_eq!(done["type"], "response.completed");
+    assert_eq!(done["response"]["id"], "resp_first", "one response id");
+    assert_eq!(
+        done["response"]["usage"]["total_tokens"].as_u64().unwrap(),
+        69 + recorded_done["response"]["usage"]["total_tokens"]
+            .as_u64()
+            .unwrap()
+    );
+    assert_eq!(
+        done["response"]["output"], recorded_done["response"]["output"],
+        "the visible output, without our call"
+    );
+
+    let sent = h.received();
+    assert_eq!(sent.len(), 2);
+    let first = sent[0].json();
+    assert!(
+        first["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["type"] == "function" && t["name"] == "memory_search")
+    );
+    let input = sent[1].json()["input"].as_array().unwrap().clone();
+    let call = &input[input.len() - 2];
+    assert_eq!(call["type"], "function_call");
+    assert_eq!(call["call_id"], "call_r1");
+    let output = &input[input.len() - 1];
+    assert_eq!(output["type"], "function_call_output");
+    assert!(
+        output["output"]
+            .as_str()
+            .unwrap()
+            .starts_with("memory_search: ")
+    );
+    assert_eq!(sent[1].json()["instructions"], "Be brief.");
+}
+
+#[test]
+fn a_chain_follows_the_message_and_its_neighbours_and_never_another_users_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = common::memory(dir.path());
+    let say = |user: &str, conversation: &str, text: String| Message {
+        user_key: user.into(),
+        conversation: conversation.into(),
+        role: Role::User,
+        name: None,
+        timestamp_ms: None,
+        source_turn: None,
+        text,
+    };
+    let mut messages: Vec<Message> = (0..10)
+        .map(|i| say("u1", "c", format!("Turn {i} of the talk about gardens.")))
+        .collect();
+    messages[5].text = (0..120)
+        .map(|i| format!("Sentence {i} of a long story."))
+        .collect::<Vec<_>>()
+        .join(" ");
+    messages.insert(
+        3,
+        say("u1", "elsewhere", "Another conversation in between.".into()),
+    );
+    messages.push(say("u2", "c", "Someone else's turn.".into()));
+    let ids = Capturer::new(&memory.dictionary)
+        .capture(&memory.store, &messages)
+        .unwrap();
+    let mut arena = perpetuity::arena::Arena::new();
+    arena.catch_up(&memory.store, &memory.dictionary).unwrap();
+    let kernels = perpetuity::scan::kernels::Kernels::detect(false);
+    // ids: [0..3) turns 0-2, [3] elsewhere, [4..] turns 3-9, then u2's.
+    let turn = |i: usize| &ids[if i < 3 { i } else { i + 1 }];
+    let long = turn(5).clone();
+    assert!(long.len() > 1, "the long turn is chunked");
+    let user = UserId::from_key("u1");
+    let mut state = TurnState::new(user, None, Vec::new(), turn(4));
+    let outcome = state
+        .run(&memory, &arena, &kernels, &Call::Chain { item: long[1] })
+        .unwrap();
+    let mut expected: Vec<_> = [2, 3, 5, 6, 7, 8]
+        .into_iter()
+        .flat_map(|i| turn(i).clone())
+        .collect();
+    expected.sort();
+    assert_eq!(outcome.rows, expected, "{}", outcome.text);
+    assert!(!outcome.text.contains("Another conversation"));
+    let again = state
+        .run(&memory, &arena, &kernels, &Call::Chain { item: long[0] })
+        .unwrap();
+    assert!(again.rows.is_empty(), "{}", again.text);
+    let foreign = ids.last().unwrap()[0];
+    let refused = state
+        .run(&memory, &arena, &kernels, &Call::Chain { item: foreign })
+        .unwrap();
+    assert!(refused.rows.is_empty());
+    assert!(
+        refused.text.contains("there is no item"),
+        "{}",
+        refused.text
+    );
 }

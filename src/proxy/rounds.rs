@@ -16,7 +16,8 @@
 //! returns the harness's calls as usual; ours still run and are captured with the turn, so the
 //! conversation's recent stretch carries their results into the frame of the next request.
 //!
-//! Chat Completions and Messages carry the tools, streamed and whole.
+//! Every chat format carries the tools (Chat Completions, Responses, Messages, Gemini), streamed
+//! and whole.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -51,7 +52,10 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
 
 /// Whether the memory tools can ride along with requests in `format`.
 pub fn supports(format: Format) -> bool {
-    matches!(format, Format::Chat | Format::Messages)
+    matches!(
+        format,
+        Format::Chat | Format::Responses | Format::Messages | Format::Gemini
+    )
 }
 
 /// A tool as `format` declares it.
@@ -62,7 +66,18 @@ fn declared(format: Format, spec: &tools::Spec) -> Value {
             "description": spec.description,
             "input_schema": spec.parameters,
         }),
-        Format::Chat | Format::Responses | Format::Gemini => json!({
+        Format::Gemini => json!({
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": spec.parameters,
+        }),
+        Format::Responses => json!({
+            "type": "function",
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": spec.parameters,
+        }),
+        Format::Chat => json!({
             "type": "function",
             "function": {
                 "name": spec.name,
@@ -73,21 +88,30 @@ fn declared(format: Format, spec: &tools::Spec) -> Value {
     }
 }
 
-/// The name of a declared tool in `format`.
-fn declared_name(format: Format, tool: &Value) -> Option<&str> {
+/// Whether an entry of a body's `tools` is one of ours (Gemini: the entry declaring ours).
+fn is_ours(format: Format, tool: &Value) -> bool {
+    let named = |name: &Value| name.as_str().is_some_and(tools::is_memory_tool);
     match format {
-        Format::Messages => tool["name"].as_str(),
-        Format::Chat | Format::Responses | Format::Gemini => tool["function"]["name"].as_str(),
+        Format::Messages | Format::Responses => named(&tool["name"]),
+        Format::Chat => named(&tool["function"]["name"]),
+        Format::Gemini => tool["functionDeclarations"]
+            .as_array()
+            .is_some_and(|d| !d.is_empty() && d.iter().all(|f| named(&f["name"]))),
     }
 }
 
-/// Add the memory tools after the harness's own tools.
+/// Add the memory tools after the harness's own tools (Gemini: one more `functionDeclarations`
+/// entry).
 pub fn offer(format: Format, body: &mut Map<String, Value>) {
     let declared: Vec<Value> = tools::specs().iter().map(|s| declared(format, s)).collect();
+    let added = match format {
+        Format::Gemini => vec![json!({"functionDeclarations": declared})],
+        Format::Chat | Format::Responses | Format::Messages => declared,
+    };
     match body.get_mut("tools") {
-        Some(Value::Array(list)) => list.extend(declared),
+        Some(Value::Array(list)) => list.extend(added),
         _ => {
-            body.insert("tools".into(), Value::Array(declared));
+            body.insert("tools".into(), Value::Array(added));
         }
     }
 }
@@ -95,7 +119,7 @@ pub fn offer(format: Format, body: &mut Map<String, Value>) {
 /// Remove the memory tools (and the list, when nothing of the harness's is left).
 fn withdraw(format: Format, body: &mut Map<String, Value>) {
     if let Some(Value::Array(list)) = body.get_mut("tools") {
-        list.retain(|tool| !declared_name(format, tool).is_some_and(tools::is_memory_tool));
+        list.retain(|tool| !is_ours(format, tool));
         if list.is_empty() {
             body.remove("tools");
         }
@@ -109,6 +133,8 @@ struct Pending {
     name: String,
     /// The arguments' JSON text, as streamed.
     arguments: String,
+    /// Gemini: the call's part as it came (its thought signature must go back with it).
+    part: Value,
 }
 
 /// One finished round of ours: what the model said besides the calls, the calls, their results.
@@ -127,13 +153,19 @@ impl Round {
     fn messages(&self, format: Format, structured: bool) -> [Value; 2] {
         if !structured {
             let mut said = match format {
-                Format::Messages => self
+                Format::Messages | Format::Gemini => self
                     .blocks
                     .iter()
+                    .filter(|b| b["thought"] != true)
                     .filter_map(|b| b["text"].as_str())
+                    .collect::<String>(),
+                Format::Responses => self
+                    .blocks
+                    .iter()
+                    .filter_map(|item| wire::text_of(&item["content"]))
                     .collect::<Vec<_>>()
                     .join("\n\n"),
-                Format::Chat | Format::Responses | Format::Gemini => self.text.clone(),
+                Format::Chat => self.text.clone(),
             };
             let mut results = String::new();
             for (call, result) in &self.calls {
@@ -146,12 +178,45 @@ impl Round {
                 }
                 results.push_str(result);
             }
-            return [
-                json!({"role": "assistant", "content": said}),
-                json!({"role": "user", "content": results}),
-            ];
+            return match format {
+                Format::Gemini => [
+                    json!({"role": "model", "parts": [{"text": said}]}),
+                    json!({"role": "user", "parts": [{"text": results}]}),
+                ],
+                Format::Chat | Format::Responses | Format::Messages => [
+                    json!({"role": "assistant", "content": said}),
+                    json!({"role": "user", "content": results}),
+                ],
+            };
         }
         match format {
+            Format::Responses => {
+                let mut items = self.blocks.clone();
+                for (call, _) in &self.calls {
+                    items.push(json!({"type": "function_call", "call_id": call.id, "name": call.name, "arguments": call.arguments}));
+                }
+                let outputs = self.calls.iter().map(|(call, result)| {
+                    json!({"type": "function_call_output", "call_id": call.id, "output": result})
+                });
+                items.extend(outputs);
+                [Value::Array(items), Value::Array(Vec::new())]
+            }
+            Format::Gemini => {
+                let mut parts = self.blocks.clone();
+                let mut answers = Vec::new();
+                for (call, result) in &self.calls {
+                    parts.push(call.part.clone());
+                    let mut answer = json!({"name": call.name, "response": {"result": result}});
+                    if !call.id.is_empty() {
+                        answer["id"] = json!(call.id);
+                    }
+                    answers.push(json!({"functionResponse": answer}));
+                }
+                [
+                    json!({"role": "model", "parts": parts}),
+                    json!({"role": "user", "parts": answers}),
+                ]
+            }
             Format::Messages => {
                 // Providers refuse empty text blocks; a block that only opened says nothing.
                 let mut content: Vec<Value> = self
@@ -176,7 +241,7 @@ impl Round {
                     json!({"role": "user", "content": results}),
                 ]
             }
-            Format::Chat | Format::Responses | Format::Gemini => {
+            Format::Chat => {
                 let calls: Vec<Value> = self
                     .calls
                     .iter()
@@ -209,7 +274,7 @@ fn body_for(format: Format, base: &Map<String, Value>, rounds: &[Round], last: b
     if last {
         withdraw(format, &mut body);
     }
-    if let Some(Value::Array(messages)) = body.get_mut("messages") {
+    if let Some(Value::Array(messages)) = body.get_mut(format.list()) {
         for round in rounds {
             for message in round.messages(format, !last) {
                 match message {
@@ -284,8 +349,10 @@ struct Splice {
     intercept: bool,
     /// Rounds finished before this one.
     finished: usize,
-    /// The next index the client will see (Chat tool calls; Messages content blocks).
+    /// The next index the client will see (Chat tool calls, Responses output items, Messages
+    /// content blocks), and where this round's indices start.
     next_index: u64,
+    base_index: u64,
     /// This round's upstream index → the client's index, `None` for our calls.
     map: HashMap<u64, Option<u64>>,
     /// This round's upstream block index → its place in `round.blocks` (Messages).
@@ -302,6 +369,14 @@ struct Splice {
     id: Option<Value>,
     /// This round ends in our calls only: its remaining events are held back.
     holding: bool,
+    /// Responses sequence numbers: what is added to the upstream's (events held back, earlier
+    /// rounds), the last one the client got, and whether this round has set the shift yet.
+    sequence_shift: i64,
+    last_sequence: Option<u64>,
+    sequenced: bool,
+    /// Every output item the client has seen, all rounds (Responses: the closing response
+    /// lists them).
+    output: Vec<Value>,
 }
 
 impl Splice {
@@ -311,6 +386,7 @@ impl Splice {
             intercept: true,
             finished: 0,
             next_index: 0,
+            base_index: 0,
             map: HashMap::new(),
             block_at: HashMap::new(),
             ours_at: HashMap::new(),
@@ -321,6 +397,10 @@ impl Splice {
             round_usage: Value::Null,
             id: None,
             holding: false,
+            sequence_shift: 0,
+            last_sequence: None,
+            sequenced: false,
+            output: Vec::new(),
         }
     }
 
@@ -332,6 +412,8 @@ impl Splice {
         };
         add_usage(&mut self.usage, &std::mem::take(&mut self.round_usage));
         self.finished += 1;
+        self.base_index = self.next_index;
+        self.sequenced = false;
         self.map.clear();
         self.block_at.clear();
         self.ours_at.clear();
@@ -352,7 +434,10 @@ impl Splice {
     fn ends_in_ours(&self, reason: &str) -> bool {
         !self.ours.is_empty()
             && self.harness_calls == 0
-            && !matches!(reason, "length" | "max_tokens" | "content_filter")
+            && !matches!(
+                reason,
+                "length" | "max_tokens" | "content_filter" | "MAX_TOKENS" | "SAFETY"
+            )
     }
 
     /// The index the client sees for upstream index `at`, first seen as a call of `name`
@@ -367,7 +452,7 @@ impl Splice {
                 self.ours.push(Pending {
                     id: id.to_owned(),
                     name: name.to_owned(),
-                    arguments: String::new(),
+                    ..Pending::default()
                 });
                 None
             }
@@ -375,8 +460,12 @@ impl Splice {
                 if call.is_some() {
                     self.harness_calls += 1;
                 }
-                self.next_index += 1;
-                Some(self.next_index - 1)
+                // The upstream's own numbering, shifted past the earlier rounds and closed over
+                // the gaps our calls left; a round without ours keeps its numbers.
+                let below = self.ours_at.keys().filter(|&&ours| ours < at).count() as u64;
+                let out = self.base_index + at - below;
+                self.next_index = self.next_index.max(out + 1);
+                Some(out)
             }
         };
         self.map.insert(at, slot);
@@ -392,10 +481,12 @@ impl Splice {
     /// What of one upstream event (`raw`, its blank line included) reaches the client.
     fn event(&mut self, raw: &[u8]) -> Option<Vec<u8>> {
         let out = match serde_json::from_str::<Value>(&wire::event_data(raw)) {
-            Ok(Value::Object(event)) if self.format == Format::Messages => {
-                self.messages_event(event)
-            }
-            Ok(Value::Object(chunk)) => self.chat_event(chunk),
+            Ok(Value::Object(event)) => match self.format {
+                Format::Messages => self.messages_event(event),
+                Format::Gemini => self.gemini_event(event),
+                Format::Responses => self.responses_event(event),
+                Format::Chat => self.chat_event(event),
+            },
             // `[DONE]`, comments, anything else: as it came, unless the round is held back.
             _ => (!self.holding).then_some(None),
         }?;
@@ -494,6 +585,205 @@ impl Splice {
         ))
     }
 
+    /// Take our calls out of a Gemini response (a streamed chunk or a whole body), recording
+    /// the round's other parts: whether anything was taken, the finish reason, whether parts
+    /// are left.
+    fn gemini_parts(&mut self, response: &mut Map<String, Value>) -> (bool, Option<String>, bool) {
+        let Some(candidate) = response.get_mut("candidates").and_then(|c| c.get_mut(0)) else {
+            return (false, None, false);
+        };
+        let finish = candidate["finishReason"].as_str().map(str::to_owned);
+        let mut taken = false;
+        let mut left = false;
+        if let Some(Value::Array(parts)) = candidate
+            .get_mut("content")
+            .and_then(|c| c.get_mut("parts"))
+        {
+            let mut kept = Vec::new();
+            for part in std::mem::take(parts) {
+                if let Some(call) = part.get("functionCall") {
+                    let name = call["name"].as_str().unwrap_or("");
+                    if self.intercept && tools::is_memory_tool(name) {
+                        self.ours.push(Pending {
+                            id: call["id"].as_str().unwrap_or("").to_owned(),
+                            name: name.to_owned(),
+                            arguments: if call["args"].is_object() {
+                                call["args"].to_string()
+                            } else {
+                                String::new()
+                            },
+                            part: part.clone(),
+                        });
+                        taken = true;
+                        continue;
+                    }
+                    self.harness_calls += 1;
+                }
+                self.round.blocks.push(part.clone());
+                kept.push(part);
+            }
+            left = !kept.is_empty();
+            *parts = kept;
+        }
+        (taken, finish, left)
+    }
+
+    /// A Gemini chunk (a whole `GenerateContentResponse`), answered as
+    /// [`Splice::chat_event`] answers.
+    fn gemini_event(&mut self, mut chunk: Map<String, Value>) -> Option<Option<Vec<u8>>> {
+        if let Some(usage) = chunk
+            .get("usageMetadata")
+            .filter(|u| u.is_object())
+            .cloned()
+        {
+            override_usage(&mut self.round_usage, &usage);
+        }
+        if self.holding {
+            return None;
+        }
+        let mut changed = false;
+        match (&self.id, chunk.get("responseId")) {
+            (None, Some(id)) => self.id = Some(id.clone()),
+            (Some(first), Some(id)) if first != id => {
+                chunk.insert("responseId".into(), first.clone());
+                changed = true;
+            }
+            _ => {}
+        }
+        let (taken, finish, left) = self.gemini_parts(&mut chunk);
+        changed |= taken;
+        if let Some(reason) = &finish
+            && self.ends_in_ours(reason)
+        {
+            self.holding = true;
+            return None;
+        }
+        let usage = chunk.contains_key("usageMetadata");
+        if self.finished > 0 && usage {
+            chunk.insert("usageMetadata".into(), self.total_usage());
+            changed = true;
+        }
+        if !changed {
+            return Some(None);
+        }
+        if !left && finish.is_none() && !usage {
+            return None;
+        }
+        Some(Some(
+            format!("data: {}\r\n\r\n", Value::Object(chunk)).into_bytes(),
+        ))
+    }
+
+    /// An OpenAI Responses event, answered as [`Splice::chat_event`] answers. Output indices
+    /// continue across rounds, sequence numbers keep increasing over the events the client
+    /// gets, and the closing `response.completed` carries the first round's id, every round's
+    /// visible output and the summed usage.
+    fn responses_event(&mut self, mut event: Map<String, Value>) -> Option<Option<Vec<u8>>> {
+        let kind = field(&event, "type").as_str().unwrap_or("").to_owned();
+        let sequence = field(&event, "sequence_number").as_u64();
+        if let Some(seq) = sequence
+            && !self.sequenced
+        {
+            self.sequenced = true;
+            if let Some(last) = self.last_sequence {
+                self.sequence_shift = last as i64 + 1 - seq as i64;
+            }
+        }
+        let Some(mut changed) = self.responses_pass(&kind, &mut event) else {
+            if sequence.is_some() {
+                self.sequence_shift -= 1;
+            }
+            return None;
+        };
+        if let Some(seq) = sequence {
+            let out = u64::try_from(seq as i64 + self.sequence_shift).unwrap_or(0);
+            if out != seq {
+                event.insert("sequence_number".into(), json!(out));
+                changed = true;
+            }
+            self.last_sequence = Some(out);
+        }
+        Some(
+            changed
+                .then(|| format!("event: {kind}\ndata: {}\n\n", Value::Object(event)).into_bytes()),
+        )
+    }
+
+    /// Whether a Responses event passes (`None`: held back) and whether it was rewritten.
+    fn responses_pass(&mut self, kind: &str, event: &mut Map<String, Value>) -> Option<bool> {
+        let mut changed = false;
+        match kind {
+            "response.created" | "response.in_progress" => {
+                if self.id.is_none() {
+                    self.id = field(event, "response").get("id").cloned();
+                }
+                if self.finished > 0 {
+                    return None;
+                }
+            }
+            "response.output_item.added" => {
+                let item = field(event, "item");
+                let call = (item["type"] == "function_call").then(|| {
+                    (
+                        item["name"].as_str().unwrap_or("").to_owned(),
+                        item["call_id"].as_str().unwrap_or("").to_owned(),
+                    )
+                });
+                let at = field(event, "output_index").as_u64().unwrap_or(0);
+                self.slot(at, call.as_ref().map(|(n, i)| (n.as_str(), i.as_str())));
+            }
+            "response.output_item.done" => {
+                let at = field(event, "output_index").as_u64().unwrap_or(0);
+                let item = field(event, "item").clone();
+                match self.ours_at.get(&at) {
+                    Some(&i) => {
+                        self.ours[i].arguments =
+                            item["arguments"].as_str().unwrap_or("").to_owned();
+                    }
+                    None => {
+                        self.output.push(item.clone());
+                        self.round.blocks.push(item);
+                    }
+                }
+            }
+            "response.completed" | "response.incomplete" => {
+                let response = field(event, "response").clone();
+                override_usage(&mut self.round_usage, &response["usage"]);
+                let status = response["status"].as_str().unwrap_or("");
+                if self.ends_in_ours(if status == "completed" {
+                    "stop"
+                } else {
+                    "length"
+                }) {
+                    self.holding = true;
+                    return None;
+                }
+                if self.finished > 0 || !self.ours.is_empty() {
+                    let mut response = response;
+                    if let Some(id) = &self.id {
+                        response["id"] = id.clone();
+                    }
+                    response["output"] = Value::Array(self.output.clone());
+                    response["usage"] = self.total_usage();
+                    event.insert("response".into(), response);
+                    changed = true;
+                }
+            }
+            _ => {}
+        }
+        if self.holding {
+            return None;
+        }
+        if let Some(at) = field(event, "output_index").as_u64() {
+            let out = (*self.map.get(&at)?)?;
+            if out != at {
+                event.insert("output_index".into(), json!(out));
+                changed = true;
+            }
+        }
+        Some(changed)
+    }
+
     /// An Anthropic Messages event, answered as [`Splice::chat_event`] answers.
     fn messages_event(&mut self, mut event: Map<String, Value>) -> Option<Option<Vec<u8>>> {
         let kind = event
@@ -588,6 +878,13 @@ impl Splice {
     /// One whole (non-streamed) reply body: our calls taken out and the round recorded.
     fn whole(&mut self, body: &Value) -> Ended {
         match self.format {
+            Format::Gemini => {
+                if let Value::Object(mut response) = body.clone() {
+                    let (_, finish, _) = self.gemini_parts(&mut response);
+                    override_usage(&mut self.round_usage, &body["usageMetadata"]);
+                    self.holding = finish.is_some_and(|r| self.ends_in_ours(&r));
+                }
+            }
             Format::Messages => {
                 for (at, block) in body["content"].as_array().into_iter().flatten().enumerate() {
                     let call = (block["type"] == "tool_use").then(|| {
@@ -612,7 +909,35 @@ impl Splice {
                 let reason = body["stop_reason"].as_str().unwrap_or("");
                 self.holding = self.ends_in_ours(reason);
             }
-            Format::Chat | Format::Responses | Format::Gemini => {
+            Format::Responses => {
+                for (at, item) in body["output"].as_array().into_iter().flatten().enumerate() {
+                    let call = (item["type"] == "function_call").then(|| {
+                        (
+                            item["name"].as_str().unwrap_or("").to_owned(),
+                            item["call_id"].as_str().unwrap_or("").to_owned(),
+                        )
+                    });
+                    if self
+                        .slot(
+                            at as u64,
+                            call.as_ref().map(|(n, i)| (n.as_str(), i.as_str())),
+                        )
+                        .is_none()
+                    {
+                        self.argument(at as u64, item["arguments"].as_str().unwrap_or(""));
+                    } else {
+                        self.round.blocks.push(item.clone());
+                    }
+                }
+                override_usage(&mut self.round_usage, &body["usage"]);
+                let status = body["status"].as_str().unwrap_or("");
+                self.holding = self.ends_in_ours(if status == "completed" {
+                    "stop"
+                } else {
+                    "length"
+                });
+            }
+            Format::Chat => {
                 let choice = &body["choices"][0];
                 let message = &choice["message"];
                 if let Some(text) = message["content"].as_str() {
@@ -646,7 +971,29 @@ impl Splice {
     /// The last whole body as the client gets it: our calls out, the earlier rounds' text in
     /// front, usage summed over every round.
     fn merged(&self, mut body: Value, earlier: &[Round]) -> Value {
+        let mut usage_key = "usage";
         match self.format {
+            Format::Gemini => {
+                usage_key = "usageMetadata";
+                let mut parts: Vec<Value> = earlier
+                    .iter()
+                    .flat_map(|r| r.blocks.iter().cloned())
+                    .collect();
+                let content = &mut body["candidates"][0]["content"];
+                parts.extend(
+                    content["parts"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter(|p| {
+                            !p["functionCall"]["name"]
+                                .as_str()
+                                .is_some_and(tools::is_memory_tool)
+                        })
+                        .cloned(),
+                );
+                content["parts"] = Value::Array(parts);
+            }
             Format::Messages => {
                 let mut content: Vec<Value> = earlier
                     .iter()
@@ -665,7 +1012,25 @@ impl Splice {
                 );
                 body["content"] = Value::Array(content);
             }
-            Format::Chat | Format::Responses | Format::Gemini => {
+            Format::Responses => {
+                let mut output: Vec<Value> = earlier
+                    .iter()
+                    .flat_map(|r| r.blocks.iter().cloned())
+                    .collect();
+                output.extend(
+                    body["output"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter(|item| {
+                            !(item["type"] == "function_call"
+                                && item["name"].as_str().is_some_and(tools::is_memory_tool))
+                        })
+                        .cloned(),
+                );
+                body["output"] = Value::Array(output);
+            }
+            Format::Chat => {
                 let message = &mut body["choices"][0]["message"];
                 let mut text: String = earlier.iter().map(|r| r.text.as_str()).collect();
                 if let Some(last) = message["content"].as_str() {
@@ -689,7 +1054,7 @@ impl Splice {
             }
         }
         if !self.usage.is_null() {
-            body["usage"] = self.usage.clone();
+            body[usage_key] = self.usage.clone();
         }
         body
     }
@@ -1004,6 +1369,7 @@ async fn whole(
             return Response::from_parts(parts, Full::new(bytes).boxed());
         };
         let ended = splice.whole(&value);
+        let round_had_ours = !ended.ours.is_empty();
         let round = std::mem::take(&mut splice.round);
         if !ended.ours.is_empty() {
             let (back, results) = run_calls(lp, ended.ours.clone()).await;
@@ -1033,8 +1399,15 @@ async fn whole(
                 }
             }
         }
-        let merged = splice.merged(value, &rounds);
-        let bytes = serde_json::to_vec(&merged).expect("a JSON value serialises");
+        // A reply that never called ours reaches the client as it came.
+        let bytes = if rounds.is_empty() && splice.finished == 1 && !round_had_ours {
+            bytes
+        } else {
+            Bytes::from(
+                serde_json::to_vec(&splice.merged(value, &rounds))
+                    .expect("a JSON value serialises"),
+            )
+        };
         let Loop {
             reply,
             permit,
@@ -1048,7 +1421,7 @@ async fn whole(
         }
         drop(permit);
         parts.status = StatusCode::OK;
-        return Response::from_parts(parts, Full::new(Bytes::from(bytes)).boxed());
+        return Response::from_parts(parts, Full::new(bytes).boxed());
     }
 }
 
@@ -1087,22 +1460,13 @@ mod tests {
             let mut body = Map::new();
             body.insert("tools".into(), json!([harness.clone()]));
             offer(format, &mut body);
-            let names: Vec<&str> = body["tools"]
+            let ours: Vec<bool> = body["tools"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .filter_map(|t| declared_name(format, t))
+                .map(|t| is_ours(format, t))
                 .collect();
-            assert_eq!(
-                names,
-                [
-                    "weather",
-                    "memory_search",
-                    "memory_reopen",
-                    "memory_chain",
-                    "memory_count"
-                ]
-            );
+            assert_eq!(ours, [false, true, true, true, true]);
             withdraw(format, &mut body);
             assert_eq!(body["tools"], json!([harness]));
             let mut bare = Map::new();

@@ -34,7 +34,7 @@ impl Format {
     }
 
     /// The body field holding the conversation.
-    fn list(self) -> &'static str {
+    pub fn list(self) -> &'static str {
         match self {
             Self::Chat | Self::Messages => "messages",
             Self::Responses => "input",
