@@ -148,9 +148,9 @@ struct Round {
 }
 
 impl Round {
-    /// The round in the context, as `format`'s messages: structured tool calls and results, or
-    /// plain text once the tools are withdrawn.
-    fn messages(&self, format: Format, structured: bool) -> [Value; 2] {
+    /// The round in the context, as `format`'s messages (Responses: input items): structured
+    /// tool calls and results, or plain text once the tools are withdrawn.
+    fn messages(&self, format: Format, structured: bool) -> Vec<Value> {
         if !structured {
             let mut said = match format {
                 Format::Messages | Format::Gemini => self
@@ -179,11 +179,11 @@ impl Round {
                 results.push_str(result);
             }
             return match format {
-                Format::Gemini => [
+                Format::Gemini => vec![
                     json!({"role": "model", "parts": [{"text": said}]}),
                     json!({"role": "user", "parts": [{"text": results}]}),
                 ],
-                Format::Chat | Format::Responses | Format::Messages => [
+                Format::Chat | Format::Responses | Format::Messages => vec![
                     json!({"role": "assistant", "content": said}),
                     json!({"role": "user", "content": results}),
                 ],
@@ -199,7 +199,7 @@ impl Round {
                     json!({"type": "function_call_output", "call_id": call.id, "output": result})
                 });
                 items.extend(outputs);
-                [Value::Array(items), Value::Array(Vec::new())]
+                items
             }
             Format::Gemini => {
                 let mut parts = self.blocks.clone();
@@ -212,7 +212,7 @@ impl Round {
                     }
                     answers.push(json!({"functionResponse": answer}));
                 }
-                [
+                vec![
                     json!({"role": "model", "parts": parts}),
                     json!({"role": "user", "parts": answers}),
                 ]
@@ -236,7 +236,7 @@ impl Round {
                         json!({"type": "tool_result", "tool_use_id": call.id, "content": result}),
                     );
                 }
-                [
+                vec![
                     json!({"role": "assistant", "content": content}),
                     json!({"role": "user", "content": results}),
                 ]
@@ -252,16 +252,13 @@ impl Round {
                 } else {
                     Value::String(self.text.clone())
                 };
-                // Chat takes one `tool` message per call; they are joined after the assistant's.
-                let results: Vec<Value> = self
-                    .calls
-                    .iter()
-                    .map(|(call, result)| json!({"role": "tool", "tool_call_id": call.id, "content": result}))
-                    .collect();
-                [
-                    json!({"role": "assistant", "content": content, "tool_calls": calls}),
-                    Value::Array(results),
-                ]
+                // Chat takes one `tool` message per call, after the assistant's.
+                let mut messages =
+                    vec![json!({"role": "assistant", "content": content, "tool_calls": calls})];
+                messages.extend(self.calls.iter().map(|(call, result)| {
+                    json!({"role": "tool", "tool_call_id": call.id, "content": result})
+                }));
+                messages
             }
         }
     }
@@ -276,12 +273,7 @@ fn body_for(format: Format, base: &Map<String, Value>, rounds: &[Round], last: b
     }
     if let Some(Value::Array(messages)) = body.get_mut(format.list()) {
         for round in rounds {
-            for message in round.messages(format, !last) {
-                match message {
-                    Value::Array(many) => messages.extend(many),
-                    one => messages.push(one),
-                }
-            }
+            messages.extend(round.messages(format, !last));
         }
     }
     serde_json::to_vec(&Value::Object(body)).expect("a JSON value serialises")
