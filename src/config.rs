@@ -43,6 +43,8 @@ pub struct FileConfig {
     pub scalar_kernels: Option<bool>,
     pub admin_token: Option<String>,
     pub max_concurrent: Option<usize>,
+    pub memory_tools: Option<bool>,
+    pub tool_rounds: Option<usize>,
     #[serde(default)]
     pub upstreams: UpstreamsFile,
     #[serde(default)]
@@ -109,6 +111,7 @@ impl FileConfig {
         }
         let positive = [
             ("max_concurrent", self.max_concurrent.map(|n| n as u64)),
+            ("tool_rounds", self.tool_rounds.map(|n| n as u64)),
             (
                 "limits.body_limit_bytes",
                 self.limits.body_limit_bytes.map(|n| n as u64),
@@ -160,6 +163,8 @@ mod tests {
             scalar_kernels = false
             admin_token = "operator"
             max_concurrent = 64
+            memory_tools = false
+            tool_rounds = 3
 
             [upstreams]
             openai = "http://127.0.0.1:1"
@@ -188,6 +193,8 @@ mod tests {
         proxy.overlay(&file).unwrap();
         assert_eq!(file.listen, Some("127.0.0.1:9000".parse().unwrap()));
         assert_eq!(file.max_concurrent, Some(64));
+        assert_eq!(file.memory_tools, Some(false));
+        assert_eq!(file.tool_rounds, Some(3));
         assert_eq!(proxy.openai, "http://127.0.0.1:1");
         assert_eq!(proxy.anthropic, "https://anthropic.internal");
         assert_eq!(proxy.gemini, "http://127.0.0.1:3");

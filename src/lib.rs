@@ -29,4 +29,5 @@ pub mod retrieve;
 pub mod scan;
 pub mod store;
 pub mod tokens;
+pub mod tools;
 pub mod types;

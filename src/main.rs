@@ -58,6 +58,13 @@ enum Command {
         /// override what it sets.
         #[arg(long, env = "PERPETUITY_CONFIG")]
         config: Option<PathBuf>,
+        /// Offer the memory tools with chat requests (`--memory-tools false` turns them off).
+        #[arg(long, env = "PERPETUITY_MEMORY_TOOLS", default_value_t = true, action = clap::ArgAction::Set)]
+        memory_tools: bool,
+        /// Upstream calls per reply when the model calls the memory tools; the last one has no
+        /// tools, so the model must answer.
+        #[arg(long, env = "PERPETUITY_TOOL_ROUNDS", default_value_t = proxy::rounds::DEFAULT_ROUNDS)]
+        tool_rounds: usize,
         #[command(flatten)]
         data: DataArgs,
         #[command(flatten)]
@@ -349,6 +356,8 @@ fn main() -> anyhow::Result<()> {
             upstream,
             mut admin_token,
             mut max_concurrent,
+            mut memory_tools,
+            mut tool_rounds,
             config,
             mut data,
             mut dictionary,
@@ -383,6 +392,8 @@ fn main() -> anyhow::Result<()> {
                     given("dictionary_version"),
                 );
                 dictionary.dictionaries = dictionary.dictionaries.or(file.dictionaries.clone());
+                overlay(&mut memory_tools, file.memory_tools, given("memory_tools"));
+                overlay(&mut tool_rounds, file.tool_rounds, given("tool_rounds"));
                 admin_token = admin_token.or(file.admin_token.clone());
                 proxy_config
                     .overlay(&file)
@@ -398,6 +409,8 @@ fn main() -> anyhow::Result<()> {
             };
             proxy_config.admin_token = admin_token.filter(|t| !t.is_empty());
             proxy_config.max_concurrent = max_concurrent;
+            proxy_config.tools = memory_tools;
+            proxy_config.tool_rounds = tool_rounds;
             for (provider, url) in upstream {
                 proxy_config.set_upstream(provider, url);
             }

@@ -113,7 +113,8 @@ pub fn recall(
         .sum();
     let clock = store.clock(ask.user)?;
     let mut states = warm_states(store, arena, ask, clock, config.warm_floor, &hits)?;
-    let updates = reheat(ask.user, &hits, &mut states, clock);
+    let ranked: Vec<RowId> = hits.iter().map(|h| h.row).collect();
+    let updates = reheat(ask.user, &ranked, &mut states, clock);
     if !ask.probe {
         store.patch_activation(&updates)?;
     }
@@ -264,36 +265,65 @@ fn born_state(arena: &Arena, slot: crate::arena::Slot) -> Activation {
     heat::born(page.birth_clocks[i], page.decays[i])
 }
 
-/// Reheat the retrieved rows in `states` (rank order) at clock `now`; returns the raised
-/// trajectories as the store's patch list.
+/// Reheat `rows` (rank order) in `states` at clock `now`; returns the raised trajectories as
+/// the store's patch list.
 fn reheat(
     user: UserId,
-    hits: &[Retrieved],
+    rows: &[RowId],
     states: &mut HashMap<RowId, Activation>,
     now: u64,
 ) -> Vec<(UserId, RowId, u64, f32)> {
     let mut updates = Vec::new();
-    for (rank, hit) in hits.iter().enumerate() {
-        let Some(state) = states.get_mut(&hit.row) else {
+    for (rank, &row) in rows.iter().enumerate() {
+        let Some(state) = states.get_mut(&row) else {
             continue;
         };
         if let Some(next) = heat::reheat(state, now, rank) {
             *state = next;
-            updates.push((user, hit.row, next.last_clock, next.peak));
+            updates.push((user, row, next.last_clock, next.peak));
         }
     }
     updates
 }
 
+/// Reheat rows a memory tool returned (rank order) as retrieval does, at the user's clock now:
+/// each row's current state is its warm index entry, else its birth state. Returns how many
+/// trajectories were raised (and written).
+pub fn reheat_returned(
+    memory: &Memory,
+    arena: &Arena,
+    user: UserId,
+    rows: &[RowId],
+) -> Result<usize, StoreError> {
+    let store = &memory.store;
+    let clock = store.clock(user)?;
+    let wanted: HashSet<RowId> = rows.iter().copied().collect();
+    let mut states = HashMap::new();
+    for entry in store.warm_of(user) {
+        let (row, state) = entry?;
+        if wanted.contains(&row) {
+            states.insert(row, state);
+        }
+    }
+    for &row in rows {
+        if let Some(slot) = arena.slot(row) {
+            states.entry(row).or_insert_with(|| born_state(arena, slot));
+        }
+    }
+    let updates = reheat(user, rows, &mut states, clock);
+    store.patch_activation(&updates)?;
+    Ok(updates.len())
+}
+
 /// Speaker names resolved through the binding log, once per conversation and role.
 #[derive(Default)]
-struct Names {
+pub struct Names {
     bound: HashMap<(String, Role), Option<String>>,
 }
 
 impl Names {
     /// The stored row `id` as a frame turn, its speaker resolved now; `None` if it is gone.
-    fn turn(
+    pub fn turn(
         &mut self,
         memory: &Memory,
         user: UserId,

@@ -8,23 +8,8 @@ mod common;
 
 use std::path::PathBuf;
 
+use common::sdk_python;
 use common::upstream::{Answer, Harness, fixture, jsonl_as_sse};
-
-/// The SDK environment's Python: `$PERPETUITY_SDK_PYTHON`, else the one install-deps makes.
-fn sdk_python() -> Option<PathBuf> {
-    let python = std::env::var_os("PERPETUITY_SDK_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/tmp/perpetuity-sdk-venv/bin/python"));
-    if python.is_file() {
-        Some(python)
-    } else {
-        eprintln!(
-            "SKIP official SDK tests: {} is absent (tools/install-deps.sh makes it)",
-            python.display()
-        );
-        None
-    }
-}
 
 fn error(status: u16, body: serde_json::Value) -> Answer {
     Answer::Whole(status, "application/json", body.to_string().into_bytes())

@@ -11,6 +11,7 @@ pub mod bench;
 pub mod identity;
 pub mod ops;
 pub mod provider;
+pub mod rounds;
 pub mod wire;
 
 use std::convert::Infallible;
@@ -39,7 +40,7 @@ use crate::error::Error;
 use crate::memory::Memory;
 use crate::recall::{Ask, Recall, RecallConfig, recall};
 use crate::scan::kernels::Kernels;
-use crate::types::{Role, UserId};
+use crate::types::{Role, RowId, UserId};
 
 use identity::{CONVERSATION_HEADER, Secret, USER_HEADER};
 use provider::{Failure, Provider};
@@ -71,6 +72,11 @@ pub struct ProxyConfig {
     /// The token the admin endpoints require; without one they are disabled.
     pub admin_token: Option<String>,
     pub recall: RecallConfig,
+    /// Whether the memory tools ride along with chat requests (a request's
+    /// `x-perpetuity-tools: off` turns them off for it).
+    pub tools: bool,
+    /// Upstream calls per reply when the model calls the memory tools; the last one has no tools.
+    pub tool_rounds: usize,
 }
 
 impl Default for ProxyConfig {
@@ -87,6 +93,8 @@ impl Default for ProxyConfig {
             max_concurrent: 256,
             admin_token: None,
             recall: RecallConfig::default(),
+            tools: true,
+            tool_rounds: rounds::DEFAULT_ROUNDS,
         }
     }
 }
@@ -418,6 +426,7 @@ struct Switches {
     capture: bool,
     recall: bool,
     probe: bool,
+    tools: bool,
 }
 
 impl Switches {
@@ -436,12 +445,18 @@ impl Switches {
             capture: switch("x-perpetuity-capture", true),
             recall: switch("x-perpetuity-recall", true),
             probe: switch("x-perpetuity-probe", false),
+            tools: switch("x-perpetuity-tools", true),
         }
     }
 
     /// Whether anything of this request is written (capture, reheat, the reply).
     fn writes(self) -> bool {
         self.capture && !self.probe
+    }
+
+    /// Whether the memory tools ride along with a request in `format` (with its frame).
+    fn tools(self, config: &ProxyConfig, format: wire::Format) -> bool {
+        self.tools && config.tools && config.tool_rounds > 1 && rounds::supports(format)
     }
 }
 
@@ -517,7 +532,19 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         tokio::task::spawn_blocking(move || remember(&state, &request, &identity, switches)).await
     };
     state.metrics.memory_time(started.elapsed());
+    let tools = switches.tools(&state.config, format);
+    let mut tool_base = None;
     let (outbound, memory_status, recall) = match remembered {
+        Ok(Ok(Some(recall))) if tools => {
+            state
+                .metrics
+                .scanned(recall.scanned_rows, Duration::from_micros(recall.scan_us));
+            let mut body = wire::framed(&request, &recall.frame);
+            rounds::offer(format, &mut body);
+            let bytes = serde_json::to_vec(&body).expect("a JSON value serialises");
+            tool_base = Some(body);
+            (bytes, "ok", Some(recall))
+        }
         Ok(Ok(Some(recall))) => {
             state
                 .metrics
@@ -566,9 +593,27 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     let reply = (memory_status != "unavailable" && switches.writes()).then(|| Reply {
         state: Arc::clone(&state),
         format,
-        identity,
+        identity: identity.clone(),
         model: request.model.clone(),
     });
+    if let (Some(base), Some(recall)) = (tool_base, &recall) {
+        let turn = crate::tools::TurnState::new(
+            UserId::from_key(&identity.user_key),
+            Some(now_ms()),
+            recall.retrieved.iter().map(|r| RowId(r.row)).collect(),
+            &recall.frame.rows,
+        );
+        let tool_loop = rounds::Loop {
+            state: Arc::clone(&state),
+            parts,
+            format,
+            base,
+            turn,
+            reply,
+            permit,
+        };
+        return rounds::respond(tool_loop, upstream, report).await;
+    }
     respond(
         upstream,
         report,
@@ -621,6 +666,10 @@ fn remember(
         .expect("arena lock")
         .catch_up(&memory.store, &memory.dictionary)?;
     let arena = state.arena.read().expect("arena lock");
+    let config = RecallConfig {
+        tools: switches.tools(&state.config, request.format),
+        ..state.config.recall
+    };
     let ask = Ask {
         user: UserId::from_key(&identity.user_key),
         conversation: Some(&identity.conversation),
@@ -628,13 +677,7 @@ fn remember(
         probe: !stored || !switches.writes(),
         now_ms: Some(now_ms()),
     };
-    Ok(Some(recall(
-        memory,
-        &arena,
-        &state.kernels,
-        &state.config.recall,
-        &ask,
-    )?))
+    Ok(Some(recall(memory, &arena, &state.kernels, &config, &ask)?))
 }
 
 /// Where a finished reply is captured.

@@ -34,7 +34,7 @@ impl Format {
     }
 
     /// The body field holding the conversation.
-    fn list(self) -> &'static str {
+    pub fn list(self) -> &'static str {
         match self {
             Self::Chat | Self::Messages => "messages",
             Self::Responses => "input",
@@ -185,6 +185,11 @@ pub fn parse(format: Format, bytes: &[u8], path_model: Option<&str>) -> Result<R
 /// (which ends with the live question); then whatever followed the live question (an ongoing
 /// tool round), verbatim.
 pub fn with_frame(request: &Request, frame: &Frame) -> Vec<u8> {
+    serde_json::to_vec(&Value::Object(framed(request, frame))).expect("a JSON value serialises")
+}
+
+/// The body [`with_frame`] sends, before it is serialised.
+pub fn framed(request: &Request, frame: &Frame) -> Map<String, Value> {
     let mut out: Vec<Value> = Vec::new();
     if request.format != Format::Messages {
         out.extend(
@@ -216,7 +221,7 @@ pub fn with_frame(request: &Request, frame: &Frame) -> Vec<u8> {
     }
     let mut body = request.body.clone();
     body.insert(request.format.list().into(), Value::Array(out));
-    serde_json::to_vec(&Value::Object(body)).expect("a JSON value serialises")
+    body
 }
 
 /// The assistant text of a non-streamed reply body.
@@ -293,16 +298,7 @@ impl StreamReader {
     }
 
     fn event(&mut self, event: &[u8]) {
-        let text = String::from_utf8_lossy(event);
-        let mut data = String::new();
-        for line in text.lines() {
-            if let Some(value) = line.strip_prefix("data:") {
-                if !data.is_empty() {
-                    data.push('\n');
-                }
-                data.push_str(value.strip_prefix(' ').unwrap_or(value));
-            }
-        }
+        let data = event_data(event);
         if data.trim() == "[DONE]" {
             self.complete = true;
             return;
@@ -360,8 +356,23 @@ impl StreamReader {
     }
 }
 
+/// The `data:` of one SSE event (without its blank line), its lines joined by newlines.
+pub fn event_data(event: &[u8]) -> String {
+    let text = String::from_utf8_lossy(event);
+    let mut data = String::new();
+    for line in text.lines() {
+        if let Some(value) = line.strip_prefix("data:") {
+            if !data.is_empty() {
+                data.push('\n');
+            }
+            data.push_str(value.strip_prefix(' ').unwrap_or(value));
+        }
+    }
+    data
+}
+
 /// The end of the first complete event in `bytes` and the length of the blank line after it.
-fn event_end(bytes: &[u8]) -> Option<(usize, usize)> {
+pub fn event_end(bytes: &[u8]) -> Option<(usize, usize)> {
     let mut i = 0;
     while i < bytes.len() {
         for gap in [&b"\r\n\r\n"[..], b"\n\n", b"\r\r"] {

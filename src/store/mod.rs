@@ -484,6 +484,57 @@ impl Store {
             })
     }
 
+    /// The rows of `row`'s conversation around it, in capture order: up to `reach` before it,
+    /// the row itself, and up to `reach` after it (from its chain).
+    pub fn conversation_rows_around(
+        &self,
+        user: UserId,
+        conversation: &str,
+        row: RowId,
+        reach: usize,
+    ) -> Result<Vec<RowId>, StoreError> {
+        let conversation = ConversationId::from_key(conversation);
+        let prefix = keys::chain_prefix(user, conversation);
+        let walk = |from: [u8; 24], direction: Direction, take: usize| {
+            let mut read = ReadOptions::default();
+            read.set_iterate_lower_bound(prefix.to_vec());
+            read.set_iterate_upper_bound(keys::chain(user, conversation, RowId(u64::MAX)).to_vec());
+            self.db
+                .iterator_cf_opt(
+                    &self.cf(Cf::Chain),
+                    read,
+                    IteratorMode::From(&from, direction),
+                )
+                .take(take)
+                .map(|item| {
+                    let (key, _) = item.map_err(|e| self.rocks(e))?;
+                    keys::parse_chain(&key)
+                        .map(|(_, _, row)| row)
+                        .ok_or_else(|| StoreError::Corrupt {
+                            cf: Cf::Chain.name(),
+                            key: hex_key(&key),
+                            source: CodecError {
+                                what: "chain key",
+                                reason: "not user ++ conversation ++ row".into(),
+                            },
+                        })
+                })
+                .collect::<Result<Vec<RowId>, StoreError>>()
+        };
+        let mut rows = walk(
+            keys::chain(user, conversation, row),
+            Direction::Reverse,
+            reach + 1,
+        )?;
+        rows.reverse();
+        rows.extend(walk(
+            keys::chain(user, conversation, RowId(row.0.saturating_add(1))),
+            Direction::Forward,
+            reach,
+        )?);
+        Ok(rows)
+    }
+
     /// Store messages: each message's rows, retrieval rows, born-hot activation, chain links,
     /// name binding, frequency-count increments, clock advance and the new `next_row`, all in
     /// ONE write batch, so either everything about every message is stored or nothing is.

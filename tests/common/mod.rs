@@ -60,3 +60,20 @@ pub fn shared_dir() -> Option<PathBuf> {
         None
     }
 }
+
+/// The official SDKs' Python: `$PERPETUITY_SDK_PYTHON`, else the virtual environment
+/// `tools/install-deps.sh` makes; `None` with a SKIP line when it is absent.
+pub fn sdk_python() -> Option<PathBuf> {
+    let python = std::env::var_os("PERPETUITY_SDK_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/perpetuity-sdk-venv/bin/python"));
+    if python.is_file() {
+        Some(python)
+    } else {
+        eprintln!(
+            "SKIP official SDK tests: {} is absent (tools/install-deps.sh makes it)",
+            python.display()
+        );
+        None
+    }
+}
