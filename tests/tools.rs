@@ -647,6 +647,166 @@ async fn whole_replies_loop_too_and_come_back_merged() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_anthropic_reply_loops_and_comes_back_as_one_message() {
+    let Some(answer) = fixture("anthropic-messages/vercel_text.response.json") else {
+        return;
+    };
+    let h = Harness::start(|_| {}).await;
+    let first = json!({"id": "msg_first", "type": "message", "role": "assistant", "model": "claude-haiku-4-5",
+        "content": [{"type": "tool_use", "id": "toolu_7", "name": "memory_search", "input": {"query": "weather"}}],
+        "stop_reason": "tool_use", "stop_sequence": null,
+        "usage": {"input_tokens": 30, "output_tokens": 4}});
+    h.answer(Answer::Whole(
+        200,
+        "application/json",
+        first.to_string().into_bytes(),
+    ));
+    h.answer(Answer::Whole(200, "application/json", answer.clone()));
+    let request = json!({"model": "claude-haiku-4-5", "max_tokens": 256,
+        "messages": [{"role": "user", "content": "What did we say about the weather?"}]});
+    let response = h
+        .send(
+            "POST",
+            "/v1/messages",
+            &ANTHROPIC,
+            request.to_string().as_bytes(),
+        )
+        .await;
+    let got: Value = serde_json::from_slice(&body_of(response).await).unwrap();
+    let expected: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(got["type"], "message");
+    assert_eq!(
+        got["content"], expected["content"],
+        "only the answer's blocks"
+    );
+    assert_eq!(got["stop_reason"], expected["stop_reason"]);
+    assert_eq!(
+        got["usage"]["input_tokens"].as_u64().unwrap(),
+        30 + expected["usage"]["input_tokens"].as_u64().unwrap()
+    );
+    assert_eq!(
+        got["usage"]["output_tokens"].as_u64().unwrap(),
+        4 + expected["usage"]["output_tokens"].as_u64().unwrap()
+    );
+    let sent = h.received();
+    assert_eq!(sent.len(), 2);
+    let messages = sent[1].json()["messages"].as_array().unwrap().clone();
+    let asked = &messages[messages.len() - 2];
+    assert_eq!(asked["role"], "assistant");
+    assert_eq!(asked["content"][0]["id"], "toolu_7");
+    let answered = &messages[messages.len() - 1]["content"][0];
+    assert_eq!(answered["type"], "tool_result");
+    assert_eq!(answered["tool_use_id"], "toolu_7");
+    assert!(
+        answered["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("memory_search: "),
+        "{answered}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_gemini_reply_loops_and_comes_back_as_one_answer() {
+    let Some(answer) = fixture("gemini/vercel_text.response.json") else {
+        return;
+    };
+    let h = Harness::start(|_| {}).await;
+    let first = json!({"candidates": [{"content": {"role": "model", "parts": [
+            {"functionCall": {"name": "memory_count", "args": {"query": "strawberry", "by": "month"}}}
+        ]}, "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 40, "candidatesTokenCount": 5, "totalTokenCount": 45}});
+    h.answer(Answer::Whole(
+        200,
+        "application/json",
+        first.to_string().into_bytes(),
+    ));
+    h.answer(Answer::Whole(200, "application/json", answer.clone()));
+    let request = json!({"contents": [{"role": "user", "parts": [{"text": "How many r's are in strawberry?"}]}]});
+    let response = h
+        .send(
+            "POST",
+            "/v1beta/models/gemini-3-pro-preview:generateContent",
+            &[("x-goog-api-key", "g-tools")],
+            request.to_string().as_bytes(),
+        )
+        .await;
+    let got: Value = serde_json::from_slice(&body_of(response).await).unwrap();
+    let expected: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(
+        got["candidates"][0]["content"]["parts"], expected["candidates"][0]["content"]["parts"],
+        "only the answer's parts"
+    );
+    assert_eq!(
+        got["usageMetadata"]["promptTokenCount"].as_u64().unwrap(),
+        40 + expected["usageMetadata"]["promptTokenCount"]
+            .as_u64()
+            .unwrap()
+    );
+    let sent = h.received();
+    assert_eq!(sent.len(), 2);
+    let contents = sent[1].json()["contents"].as_array().unwrap().clone();
+    let answered = &contents[contents.len() - 1]["parts"][0]["functionResponse"];
+    assert_eq!(answered["name"], "memory_count");
+    assert!(
+        answered["response"]["result"]
+            .as_str()
+            .unwrap()
+            .starts_with("memory_count: "),
+        "{answered}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_responses_reply_loops_and_comes_back_as_one_response() {
+    let h = Harness::start(|_| {}).await;
+    let first = json!({"id": "resp_1", "object": "response", "status": "completed", "model": "gpt-4o",
+        "output": [{"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "memory_search",
+            "arguments": "{\"query\": \"weather\"}", "status": "completed"}],
+        "usage": {"input_tokens": 30, "output_tokens": 4, "total_tokens": 34}});
+    let answer = json!({"id": "resp_2", "object": "response", "status": "completed", "model": "gpt-4o",
+        "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": "It rained all week.", "annotations": []}]}],
+        "usage": {"input_tokens": 50, "output_tokens": 3, "total_tokens": 53}});
+    h.answer(Answer::Whole(
+        200,
+        "application/json",
+        first.to_string().into_bytes(),
+    ));
+    h.answer(Answer::Whole(
+        200,
+        "application/json",
+        answer.to_string().into_bytes(),
+    ));
+    let request = json!({"model": "gpt-4o", "input": "What did we say about the weather?"});
+    let response = h
+        .send(
+            "POST",
+            "/v1/responses",
+            &OPENAI,
+            request.to_string().as_bytes(),
+        )
+        .await;
+    let got: Value = serde_json::from_slice(&body_of(response).await).unwrap();
+    assert_eq!(got["output"], answer["output"], "only the answer's items");
+    assert_eq!(got["usage"]["input_tokens"], 80);
+    assert_eq!(got["usage"]["total_tokens"], 87);
+    let sent = h.received();
+    assert_eq!(sent.len(), 2);
+    let input = sent[1].json()["input"].as_array().unwrap().clone();
+    let answered = input.last().unwrap();
+    assert_eq!(answered["type"], "function_call_output");
+    assert_eq!(answered["call_id"], "call_1");
+    assert!(
+        answered["output"]
+            .as_str()
+            .unwrap()
+            .starts_with("memory_search: "),
+        "{answered}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_tools_off_the_request_has_no_word_of_them() {
     let Some(stream) = fixture("openai-chat/oai-py_text_usage.sse") else {
         return;
