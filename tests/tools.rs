@@ -492,6 +492,88 @@ async fn an_anthropic_stream_splices_its_rounds_with_gap_free_blocks_and_summed_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_thinking_block_goes_back_with_its_signature_in_the_next_round() {
+    let Some(answer) = fixture("anthropic-messages/ant-py_text_basic.sse") else {
+        return;
+    };
+    let mut round = String::new();
+    let mut event = |kind: &str, data: Value| round += &format!("event: {kind}\ndata: {data}\n\n");
+    event(
+        "message_start",
+        json!({"type": "message_start", "message": {"id": "msg_think", "type": "message", "role": "assistant",
+            "model": "claude-sonnet-4-5", "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": 60, "output_tokens": 1}}}),
+    );
+    event(
+        "content_block_start",
+        json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+    );
+    for piece in ["I should look ", "in the memory ÷ first."] {
+        event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "thinking_delta", "thinking": piece}}),
+        );
+    }
+    event(
+        "content_block_delta",
+        json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "signature_delta", "signature": "sig-think-1"}}),
+    );
+    event(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    );
+    event(
+        "content_block_start",
+        json!({"type": "content_block_start", "index": 1,
+            "content_block": {"type": "tool_use", "id": "toolu_t", "name": "memory_search", "input": {}}}),
+    );
+    event(
+        "content_block_delta",
+        json!({"type": "content_block_delta", "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": "{\"query\": \"hobby\"}"}}),
+    );
+    event(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 1}),
+    );
+    event(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null},
+            "usage": {"output_tokens": 30}}),
+    );
+    event("message_stop", json!({"type": "message_stop"}));
+    let h = Harness::start(|_| {}).await;
+    h.answer(sse(round.into_bytes()));
+    h.answer(sse(answer));
+    let response = h
+        .send(
+            "POST",
+            "/v1/messages",
+            &ANTHROPIC,
+            &anthropic_request("Which hobby came up most in my notes?"),
+        )
+        .await;
+    let body = body_of(response).await;
+    assert!(!String::from_utf8_lossy(&body).contains("memory_search"));
+    let sent = h.received();
+    assert_eq!(sent.len(), 2);
+    let messages = sent[1].json()["messages"].as_array().unwrap().clone();
+    let asked = &messages[messages.len() - 2];
+    assert_eq!(asked["role"], "assistant");
+    assert_eq!(
+        asked["content"][0],
+        json!({"type": "thinking", "thinking": "I should look in the memory ÷ first.", "signature": "sig-think-1"}),
+        "the thinking block goes back whole, first, with its signature"
+    );
+    assert_eq!(asked["content"][1]["type"], "tool_use");
+    assert_eq!(asked["content"][1]["id"], "toolu_t");
+    assert_eq!(asked["content"][1]["input"], json!({"query": "hobby"}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_mixing_our_call_and_the_harness_call_returns_the_harness_call_as_usual() {
     let h = Harness::start(|_| {}).await;
     h.answer(sse(anthropic_calls(
