@@ -1,70 +1,17 @@
 //! `perpetuity serve` on embedded defaults answers over real HTTP on loopback.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-/// Kills the server when the test ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// One HTTP/1.1 request; returns (status line, body).
-fn request(port: u16, method: &str, path: &str) -> std::io::Result<(String, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    Ok((
-        head.lines().next().unwrap_or("").to_owned(),
-        body.to_owned(),
-    ))
-}
+use common::server::Server;
 
 #[test]
 fn serve_answers_health_and_refuses_a_route_without_a_provider() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut server = Server(
-        Command::new(env!("CARGO_BIN_EXE_perpetuity"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .current_dir(dir.path())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let started = Instant::now();
-    let (status, body) = loop {
-        match request(port, "GET", "/healthz") {
-            Ok(answer) => break answer,
-            Err(_) if started.elapsed() < Duration::from_secs(30) => {
-                std::thread::sleep(Duration::from_millis(100))
-            }
-            Err(err) => panic!("server did not come up: {err}"),
-        }
-    };
-    assert!(status.contains("200"), "{status}");
-    let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let (mut server, health) = Server::start(|command| {
+        command.current_dir(dir.path()).env("RUST_LOG", "warn");
+    });
+    assert_eq!(health.status, 200, "{}", health.text());
+    let health = health.json();
     assert_eq!(health["status"], "ok");
     assert_eq!(health["dictionary"], "v1");
     assert!(
@@ -73,7 +20,7 @@ fn serve_answers_health_and_refuses_a_route_without_a_provider() {
     );
 
     assert!(
-        server.0.try_wait().unwrap().is_none(),
+        server.running(),
         "the answer came from this test's server (another process may hold the port)"
     );
     let secret = dir.path().join("perpetuity-data/secret");
@@ -91,9 +38,9 @@ fn serve_answers_health_and_refuses_a_route_without_a_provider() {
 
     // Another path is passed through to the provider its credential names; without one there
     // is nobody to pass it to.
-    let (status, body) = request(port, "POST", "/v1/unknown").unwrap();
-    assert!(status.contains("400"), "{status}");
-    let error: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let answer = server.request("POST", "/v1/unknown", &[], b"").unwrap();
+    assert_eq!(answer.status, 400, "{}", answer.text());
+    let error = answer.json();
     assert_eq!(error["error"]["type"], "invalid_request_error");
     assert!(
         error["error"]["message"]

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)] // each test binary uses its own subset of these helpers
 
+pub mod server;
 pub mod upstream;
 
 use std::path::{Path, PathBuf};
@@ -59,4 +60,21 @@ pub fn shared_dir() -> Option<PathBuf> {
         eprintln!("SKIP: the shared data folder {} is absent", dir.display());
         None
     }
+}
+
+/// The files under `dir` (recursively) whose bytes contain `needle`.
+pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<String> {
+    let mut hits = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            hits.extend(files_containing(&path, needle));
+        } else if path.is_file() {
+            let bytes = std::fs::read(&path).unwrap();
+            if bytes.windows(needle.len()).any(|w| w == needle) {
+                hits.push(path.display().to_string());
+            }
+        }
+    }
+    hits
 }
