@@ -414,3 +414,33 @@ async fn no_header_reaches_another_credentials_memory() {
     assert_eq!(h.rows_of(&alice.credential, alice_rows).len(), alice_rows);
     assert_eq!(h.received().len(), received);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_name_outside_ascii_narrows_like_any_other() {
+    let h = Harness::start(|_| {}).await;
+    let team = |narrow| Tenant {
+        credential: "sk-shared-team-key".into(),
+        narrow,
+    };
+    let (jose, zoe, base) = (team(Some("José")), team(Some("Zoë")), team(None));
+    let [vault, _] = canaries(40);
+    ask(
+        &h,
+        &jose,
+        &format!("Remember: the vault code of the project is {vault}."),
+        "Noted.",
+    )
+    .await;
+    assert!(
+        ask(&h, &jose, QUESTION, "Let me look.")
+            .await
+            .contains(&vault)
+    );
+    for other in [&zoe, &base] {
+        let sent = ask(&h, other, QUESTION, "Let me look.").await;
+        assert!(
+            !sent.contains(&vault),
+            "{other:?} sees José's memory: {sent}"
+        );
+    }
+}

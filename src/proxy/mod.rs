@@ -442,13 +442,18 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
     };
     let switches = Switches::from(&parts.headers);
-    let narrow = parts.headers.get(USER_HEADER).and_then(|v| v.to_str().ok());
+    let (narrow, conversation) = match (
+        utf8_header(&parts.headers, USER_HEADER),
+        utf8_header(&parts.headers, CONVERSATION_HEADER),
+    ) {
+        (Ok(narrow), Ok(conversation)) => (narrow, conversation),
+        (Err(reason), _) | (_, Err(reason)) => {
+            return failure(provider, Failure::InvalidRequest, &reason);
+        }
+    };
     let identity = Identity {
         user_key: state.secret.user_key(&credential, narrow),
-        conversation: parts
-            .headers
-            .get(CONVERSATION_HEADER)
-            .and_then(|v| v.to_str().ok())
+        conversation: conversation
             .map(str::to_owned)
             .unwrap_or_else(|| identity::conversation_key(request.first.as_deref().unwrap_or(""))),
     };
@@ -520,6 +525,19 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         Some(permit),
     )
     .await
+}
+
+/// A header's value as text, `Ok(None)` when absent. Any UTF-8 is taken (a user's name may be
+/// "José"; `HeaderValue::to_str` takes visible ASCII only, and dropping the rest would put such a
+/// user in the credential's shared memory); other bytes are refused.
+fn utf8_header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, String> {
+    headers
+        .get(name)
+        .map(|value| {
+            std::str::from_utf8(value.as_bytes())
+                .map_err(|_| format!("the {name} header is not UTF-8 text"))
+        })
+        .transpose()
 }
 
 /// Capture the new user turn and recall for the live question, as the switches allow.
