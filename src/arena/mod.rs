@@ -577,6 +577,7 @@ impl Arena {
         for ((row, retrieval), embedding) in batch.iter().zip(&embeddings) {
             self.append(row, retrieval, embedding)?;
             self.header.watermark = row.id.0 + 1;
+            crate::failpoint::hit("arena.mid_append");
         }
         if self.header.rows >= CODEBOOK_GROWTH * self.codebook.rows {
             self.recompute_codebook();
@@ -694,6 +695,7 @@ impl Arena {
             .copy_from_slice(bytemuck::bytes_of(&codebook));
         self.header.codebook_checksum = codebook.checksum;
         self.header.checksum = self.header.compute_checksum();
+        crate::failpoint::hit("arena.mid_commit");
         let header = self.header;
         self.pages.bytes_mut()[..PAGES_HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&header));
         self.terms

@@ -617,6 +617,7 @@ impl Store {
         self.db
             .write_opt(batch, &self.write_options)
             .map_err(|e| self.rocks(e))?;
+        crate::failpoint::hit("store.after_commit");
         writer.next_row = next_row;
         Ok(ids)
     }
@@ -757,6 +758,7 @@ impl Store {
             self.db
                 .write_opt(batch, &self.write_options)
                 .map_err(|e| self.rocks(e))?;
+            crate::failpoint::hit("purge.after_batch");
             (-rows) as u64
         };
         self.compact_user(user)?;
@@ -771,6 +773,7 @@ impl Store {
         self.db
             .flush_cfs_opt(&refs, &rocksdb::FlushOptions::default())
             .map_err(|e| self.rocks(e))?;
+        crate::failpoint::hit("purge.mid_compaction");
         for cf in Cf::PER_USER {
             self.db.compact_range_cf(
                 &self.cf(cf),
