@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -134,39 +134,6 @@ fn client_loop(
     }
 }
 
-/// Every stored message of `client`, reassembled from its rows: role and text, in row order.
-/// Panics on a message stored in part.
-fn stored_messages(store: &Store, secret: &Secret, client: usize) -> Vec<(Role, String)> {
-    let user = UserId::from_key(&secret.user_key(&credential(client), None));
-    let mut messages: BTreeMap<u64, (Role, u16, Vec<String>)> = BTreeMap::new();
-    for row in store.rows_of(user) {
-        let row = row.unwrap();
-        let entry = messages
-            .entry(row.message.0)
-            .or_insert_with(|| (row.role, row.chunks, Vec::new()));
-        assert_eq!(
-            row.chunk as usize,
-            entry.2.len(),
-            "message {}: chunk {} out of order",
-            row.message.0,
-            row.chunk
-        );
-        entry.2.push(row.text);
-    }
-    messages
-        .into_iter()
-        .map(|(id, (role, chunks, parts))| {
-            assert_eq!(
-                parts.len(),
-                chunks as usize,
-                "message {id} is stored in part: {} of {chunks} chunks",
-                parts.len()
-            );
-            (role, parts.concat())
-        })
-        .collect()
-}
-
 /// The checks after a kill, on the store the dead server left. Returns the stored messages.
 fn check_after_kill(data: &Path, ledger: &Ledger, round: usize) -> usize {
     let store = Store::open(data, &StoreOptions::default()).unwrap();
@@ -175,7 +142,8 @@ fn check_after_kill(data: &Path, ledger: &Ledger, round: usize) -> usize {
     assert!(report.is_clean(), "round {round}: {:#?}", report.violations);
     let mut total = 0;
     for client in 0..CLIENTS {
-        let stored = stored_messages(&store, &secret, client);
+        let user = UserId::from_key(&secret.user_key(&credential(client), None));
+        let stored = common::stored_messages(&store, user);
         total += stored.len();
         let mut seen: HashMap<&str, usize> = HashMap::new();
         for (role, text) in &stored {

@@ -11,7 +11,8 @@ use std::sync::OnceLock;
 use perpetuity::config::default_dictionaries_root;
 use perpetuity::dictionary::{DEFAULT_VERSION, Dictionary};
 use perpetuity::memory::Memory;
-use perpetuity::store::StoreOptions;
+use perpetuity::store::{Store, StoreOptions};
+use perpetuity::types::{Role, UserId};
 
 /// The shipped default dictionary, loaded once per test binary.
 pub fn dictionary() -> &'static Dictionary {
@@ -77,4 +78,37 @@ pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<String> {
         }
     }
     hits
+}
+
+/// Every stored message of `user`, reassembled from its rows: role and text, in row order.
+/// Panics on a message stored in part or with its chunks out of order.
+pub fn stored_messages(store: &Store, user: UserId) -> Vec<(Role, String)> {
+    let mut messages: std::collections::BTreeMap<u64, (Role, u16, Vec<String>)> =
+        Default::default();
+    for row in store.rows_of(user) {
+        let row = row.unwrap();
+        let entry = messages
+            .entry(row.message.0)
+            .or_insert_with(|| (row.role, row.chunks, Vec::new()));
+        assert_eq!(
+            row.chunk as usize,
+            entry.2.len(),
+            "message {}: chunk {} out of order",
+            row.message.0,
+            row.chunk
+        );
+        entry.2.push(row.text);
+    }
+    messages
+        .into_iter()
+        .map(|(id, (role, chunks, parts))| {
+            assert_eq!(
+                parts.len(),
+                chunks as usize,
+                "message {id} is stored in part: {} of {chunks} chunks",
+                parts.len()
+            );
+            (role, parts.concat())
+        })
+        .collect()
 }
