@@ -40,6 +40,7 @@ pub struct FileConfig {
     pub dictionaries: Option<PathBuf>,
     pub dictionary_version: Option<String>,
     pub sync_writes: Option<bool>,
+    pub uncompressed: Option<bool>,
     pub scalar_kernels: Option<bool>,
     pub admin_token: Option<String>,
     pub max_concurrent: Option<usize>,
@@ -160,6 +161,7 @@ mod tests {
             dictionaries = "/srv/dictionaries"
             dictionary_version = "v1"
             sync_writes = true
+            uncompressed = true
             scalar_kernels = false
             admin_token = "operator"
             max_concurrent = 64
@@ -193,6 +195,7 @@ mod tests {
         proxy.overlay(&file).unwrap();
         assert_eq!(file.listen, Some("127.0.0.1:9000".parse().unwrap()));
         assert_eq!(file.max_concurrent, Some(64));
+        assert_eq!(file.uncompressed, Some(true));
         assert_eq!(file.memory_tools, Some(false));
         assert_eq!(file.tool_rounds, Some(3));
         assert_eq!(proxy.openai, "http://127.0.0.1:1");

@@ -16,6 +16,7 @@ pub mod datasets;
 pub mod dictionary;
 pub mod error;
 pub mod eval;
+pub mod failpoint;
 pub mod frame;
 pub mod heat;
 pub mod ingest;

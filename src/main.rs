@@ -271,13 +271,17 @@ struct DataArgs {
     /// fsync the write-ahead log on every write (survives power loss, slower).
     #[arg(long, env = "PERPETUITY_SYNC_WRITES")]
     sync_writes: bool,
+    /// Store blocks uncompressed, so a search of the data directory's bytes finds stored text
+    /// (the purge and secrets tests).
+    #[arg(long, env = "PERPETUITY_UNCOMPRESSED")]
+    uncompressed: bool,
 }
 
 impl DataArgs {
     fn options(&self) -> StoreOptions {
         StoreOptions {
             sync_writes: self.sync_writes,
-            ..StoreOptions::default()
+            compression: !self.uncompressed,
         }
     }
 
@@ -387,6 +391,11 @@ fn main() -> anyhow::Result<()> {
                     given("sync_writes"),
                 );
                 overlay(
+                    &mut data.uncompressed,
+                    file.uncompressed,
+                    given("uncompressed"),
+                );
+                overlay(
                     &mut dictionary.dictionary_version,
                     file.dictionary_version.clone(),
                     given("dictionary_version"),
@@ -434,6 +443,7 @@ fn main() -> anyhow::Result<()> {
             let memory = dictionary.open(&DataArgs {
                 dir,
                 sync_writes: false,
+                uncompressed: false,
             })?;
             let report = perpetuity::eval::run(&memory, args.format, &args.file, &args.ks, |p| {
                 eprintln!("eval: {p}")
@@ -924,6 +934,7 @@ fn bench_ingest(
     let data = DataArgs {
         dir: place.dir.clone(),
         sync_writes: sync,
+        uncompressed: false,
     };
     let memory = dictionary.open(&data)?;
     let input = bench::synthetic_messages(messages, users, bench::MESSAGE_SEED);
@@ -960,6 +971,7 @@ fn synthetic_memory(
     let memory = dictionary.open(&DataArgs {
         dir: place.dir.clone(),
         sync_writes: false,
+        uncompressed: false,
     })?;
     if memory.store.rows_since(RowId(0)).next().is_none() {
         let input = bench::synthetic_messages(settings.rows, settings.users, bench::MESSAGE_SEED);
@@ -996,6 +1008,7 @@ fn bench_proxy(
     let memory = dictionary.open(&DataArgs {
         dir: place.dir.clone(),
         sync_writes: false,
+        uncompressed: false,
     })?;
     let secret = proxy::identity::Secret::load_or_create(&place.dir)?;
     let user_key = secret.user_key(proxy::bench::CREDENTIAL, None);
@@ -1104,6 +1117,7 @@ fn bench_fidelity(
         let memory = dictionary.open(&DataArgs {
             dir: scratch.dir.clone(),
             sync_writes: false,
+            uncompressed: false,
         })?;
         ingest::ingest(
             &memory.store,

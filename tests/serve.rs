@@ -1,80 +1,21 @@
 //! `perpetuity serve` on embedded defaults answers over real HTTP on loopback.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Kills the server when the test ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// One HTTP/1.1 request without a body; returns (status line, body).
-fn request(port: u16, method: &str, path: &str) -> std::io::Result<(String, String)> {
-    send(
-        port,
-        &format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"),
-    )
-}
-
-/// Write `raw` (a whole HTTP/1.1 request) and read the answer; returns (status line, body).
-fn send(port: u16, raw: &str) -> std::io::Result<(String, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    stream.write_all(raw.as_bytes())?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    Ok((
-        head.lines().next().unwrap_or("").to_owned(),
-        body.to_owned(),
-    ))
-}
-
-/// `GET /healthz` once the server answers (waiting up to 30 s for it to come up).
-fn health(port: u16) -> (String, String) {
-    let started = Instant::now();
-    loop {
-        match request(port, "GET", "/healthz") {
-            Ok(answer) => return answer,
-            Err(_) if started.elapsed() < Duration::from_secs(30) => {
-                std::thread::sleep(Duration::from_millis(100))
-            }
-            Err(err) => panic!("server did not come up: {err}"),
-        }
-    }
-}
+use common::server::{Server, free_port};
 
 #[test]
 fn serve_answers_health_and_refuses_a_route_without_a_provider() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut server = Server(
-        Command::new(env!("CARGO_BIN_EXE_perpetuity"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .current_dir(dir.path())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let (status, body) = health(port);
-    assert!(status.contains("200"), "{status}");
-    let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let (mut server, health) = Server::start(|command| {
+        command.current_dir(dir.path()).env("RUST_LOG", "warn");
+    });
+    assert_eq!(health.status, 200, "{}", health.text());
+    let health = health.json();
     assert_eq!(health["status"], "ok");
     assert_eq!(health["dictionary"], "v1");
     assert!(
@@ -83,7 +24,7 @@ fn serve_answers_health_and_refuses_a_route_without_a_provider() {
     );
 
     assert!(
-        server.0.try_wait().unwrap().is_none(),
+        server.running(),
         "the answer came from this test's server (another process may hold the port)"
     );
     let secret = dir.path().join("perpetuity-data/secret");
@@ -101,9 +42,9 @@ fn serve_answers_health_and_refuses_a_route_without_a_provider() {
 
     // Another path is passed through to the provider its credential names; without one there
     // is nobody to pass it to.
-    let (status, body) = request(port, "POST", "/v1/unknown").unwrap();
-    assert!(status.contains("400"), "{status}");
-    let error: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let answer = server.request("POST", "/v1/unknown", &[], b"").unwrap();
+    assert_eq!(answer.status, 400, "{}", answer.text());
+    let error = answer.json();
     assert_eq!(error["error"]["type"], "invalid_request_error");
     assert!(
         error["error"]["message"]
@@ -151,7 +92,7 @@ fn one_shot_upstream() -> (u16, std::thread::JoinHandle<String>) {
 fn a_config_file_sets_what_the_command_line_leaves_open() {
     let dir = tempfile::tempdir().unwrap();
     let (upstream, seen) = one_shot_upstream();
-    let (file_port, port) = (free_port(), free_port());
+    let file_port = free_port();
     let config = dir.path().join("perpetuity.toml");
     std::fs::write(
         &config,
@@ -162,21 +103,16 @@ fn a_config_file_sets_what_the_command_line_leaves_open() {
         ),
     )
     .unwrap();
-    // The command line's --listen wins over the file's; the data dir, the upstream and the
-    // body limit come from the file.
-    let server = Server(
-        Command::new(env!("CARGO_BIN_EXE_perpetuity"))
-            .args(["serve", "--config"])
+    // The command line's --listen (the server helper gives one) wins over the file's; the data
+    // dir, the upstream and the body limit come from the file.
+    let (server, health) = Server::start(|command| {
+        command
+            .arg("--config")
             .arg(&config)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
             .current_dir(dir.path())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let (status, _) = health(port);
-    assert!(status.contains("200"), "{status}");
+            .env("RUST_LOG", "warn");
+    });
+    assert_eq!(health.status, 200, "{}", health.text());
     assert!(
         TcpStream::connect(("127.0.0.1", file_port)).is_err(),
         "the file's listen address was overridden"
@@ -184,32 +120,30 @@ fn a_config_file_sets_what_the_command_line_leaves_open() {
     assert!(dir.path().join("from-file-data/CURRENT").is_file());
     assert!(!dir.path().join("perpetuity-data").exists());
 
-    let (status, body) = send(
-        port,
-        "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer sk-test\r\nConnection: close\r\n\r\n",
-    )
-    .unwrap();
-    assert!(status.contains("200"), "{status} {body}");
-    assert!(body.contains("from-the-file-upstream"), "{body}");
+    let openai = [("authorization", "Bearer sk-test")];
+    let answer = server.request("GET", "/v1/models", &openai, b"").unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert!(answer.text().contains("from-the-file-upstream"));
     assert_eq!(seen.join().unwrap(), "GET /v1/models HTTP/1.1");
 
     let question = format!(
         r#"{{"model":"gpt-4o","messages":[{{"role":"user","content":"{}"}}]}}"#,
         "x".repeat(2_000)
     );
-    let (status, body) = send(
-        port,
-        &format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer sk-test\r\ncontent-type: application/json\r\ncontent-length: {}\r\nConnection: close\r\n\r\n{question}",
-            question.len()
-        ),
-    )
-    .unwrap();
-    assert!(
-        status.contains("413"),
-        "the file's body limit holds: {status} {body}"
+    let answer = server
+        .request(
+            "POST",
+            "/v1/chat/completions",
+            &[openai[0], ("content-type", "application/json")],
+            question.as_bytes(),
+        )
+        .unwrap();
+    assert_eq!(
+        answer.status,
+        413,
+        "the file's body limit holds: {}",
+        answer.text()
     );
-    drop(server);
 }
 
 #[test]
@@ -217,7 +151,7 @@ fn a_bad_config_file_stops_serve_with_the_key_named() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("perpetuity.toml");
     std::fs::write(&config, "[recall]\nwarm_flor = 0.2\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_perpetuity"))
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_perpetuity"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
         .arg(&config)
         .current_dir(dir.path())

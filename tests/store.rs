@@ -300,21 +300,6 @@ fn integrity_finds_a_wrong_clock_and_an_unlogged_row() {
     assert!(found.contains(&"row is logged"), "{found:?}");
 }
 
-/// Every file under `dir`, read whole.
-fn files_contain(dir: &Path, needle: &[u8]) -> Vec<String> {
-    let mut hits = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_file() {
-            let bytes = std::fs::read(&path).unwrap();
-            if bytes.windows(needle.len()).any(|w| w == needle) {
-                hits.push(path.display().to_string());
-            }
-        }
-    }
-    hits
-}
-
 #[test]
 fn purge_removes_one_user_whole_and_leaves_others_identical() {
     let dir = tempfile::tempdir().unwrap();
@@ -341,7 +326,7 @@ fn purge_removes_one_user_whole_and_leaves_others_identical() {
     // Flush to SST files as a long-running store would have.
     drop(store);
     let store = open(dir.path(), false);
-    assert!(!files_contain(dir.path(), b"Xylophone-quartz-7731").is_empty());
+    assert!(!common::files_containing(dir.path(), b"Xylophone-quartz-7731").is_empty());
 
     let dave_before = exported(&store, "dave");
     let dave = UserId::from_key("dave");
@@ -354,7 +339,7 @@ fn purge_removes_one_user_whole_and_leaves_others_identical() {
     assert_eq!(store.clock(dave).unwrap(), dave_clock);
     assert_eq!(store.user_key(UserId::from_key("carol")).unwrap(), None);
     assert_clean(&store);
-    let hits = files_contain(dir.path(), b"Xylophone-quartz-7731");
+    let hits = common::files_containing(dir.path(), b"Xylophone-quartz-7731");
     assert!(hits.is_empty(), "purged text still in {hits:?}");
 
     // Row ids keep growing after a purge.

@@ -420,6 +420,9 @@ impl Arena {
             let entries: &[Entry] = bytemuck::cast_slice(
                 &terms.bytes()[TERMS_HEADER_BYTES..][..header.terms as usize * ENTRY_BYTES],
             );
+            let written = (terms.bytes().len() - TERMS_HEADER_BYTES) / ENTRY_BYTES;
+            let all_entries: &[Entry] =
+                bytemuck::cast_slice(&terms.bytes()[TERMS_HEADER_BYTES..][..written * ENTRY_BYTES]);
             for (p, page) in committed.iter_mut().enumerate() {
                 let bad = |what| Unusable::Page {
                     page: p as u64,
@@ -436,7 +439,20 @@ impl Arena {
                 if page.row_ids[..kept].windows(2).any(|w| w[0] >= w[1]) {
                     return Err(bad("row ids out of order"));
                 }
+                // A commit stopped between sealing this page and writing the header leaves the
+                // page sealed over rows the header does not count yet; that newer checksum
+                // vouches for the counted rows too, so the page is cut and sealed again.
+                let torn_commit = kept < held
+                    && page.rows as usize == held
+                    && (0..held).all(|i| {
+                        page.term_offsets[i].saturating_add(page.entries_of(i) as u64)
+                            <= written as u64
+                    })
+                    && page.checksum == page_checksum(page, all_entries);
                 page.truncate(kept);
+                if torn_commit {
+                    page.checksum = page_checksum(page, entries);
+                }
                 for i in 0..kept {
                     let end = page.term_offsets[i].saturating_add(page.entries_of(i) as u64);
                     if end > header.terms {
@@ -576,6 +592,7 @@ impl Arena {
         for ((row, retrieval), embedding) in batch.iter().zip(&embeddings) {
             self.append(row, retrieval, embedding)?;
             self.header.watermark = row.id.0 + 1;
+            crate::failpoint::hit("arena.mid_append");
         }
         if self.header.rows >= CODEBOOK_GROWTH * self.codebook.rows {
             self.recompute_codebook();
@@ -693,6 +710,7 @@ impl Arena {
             .copy_from_slice(bytemuck::bytes_of(&codebook));
         self.header.codebook_checksum = codebook.checksum;
         self.header.checksum = self.header.compute_checksum();
+        crate::failpoint::hit("arena.mid_commit");
         let header = self.header;
         self.pages.bytes_mut()[..PAGES_HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&header));
         self.terms

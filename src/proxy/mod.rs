@@ -61,11 +61,12 @@ pub struct ProxyConfig {
     pub body_limit: usize,
     /// How long the upstream may take to send its response headers.
     pub upstream_timeout: Duration,
-    /// How long a streamed reply may stay silent before the relay gives up on it.
+    /// How long a reply may stay silent (streamed, or read whole) before it is given up.
     pub stream_idle_timeout: Duration,
     /// How long connecting to the upstream may take.
     pub connect_timeout: Duration,
-    /// How long a client may take to send a request's headers (also the keep-alive idle time).
+    /// How long a client may take to send a request's headers (also the keep-alive idle time,
+    /// and the longest silence inside a request body).
     pub header_timeout: Duration,
     /// Chat requests served at once; more are refused with 503 in the provider's shape.
     pub max_concurrent: usize,
@@ -506,7 +507,14 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             "the anthropic-version header is required",
         );
     }
-    let bytes = match read_body(body, state.config.body_limit).await {
+    let bytes = match read_body(
+        body,
+        state.config.body_limit,
+        state.config.header_timeout,
+        Failure::InvalidRequest,
+    )
+    .await
+    {
         Ok(bytes) => bytes,
         Err(failed) => return failure(provider, failed.0, &failed.1),
     };
@@ -516,13 +524,18 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
     };
     let switches = Switches::from(&parts.headers);
-    let narrow = parts.headers.get(USER_HEADER).and_then(|v| v.to_str().ok());
+    let (narrow, conversation) = match (
+        utf8_header(&parts.headers, USER_HEADER),
+        utf8_header(&parts.headers, CONVERSATION_HEADER),
+    ) {
+        (Ok(narrow), Ok(conversation)) => (narrow, conversation),
+        (Err(reason), _) | (_, Err(reason)) => {
+            return failure(provider, Failure::InvalidRequest, &reason);
+        }
+    };
     let identity = Identity {
         user_key: state.secret.user_key(&credential, narrow),
-        conversation: parts
-            .headers
-            .get(CONVERSATION_HEADER)
-            .and_then(|v| v.to_str().ok())
+        conversation: conversation
             .map(str::to_owned)
             .unwrap_or_else(|| identity::conversation_key(request.first.as_deref().unwrap_or(""))),
     };
@@ -624,6 +637,19 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         Some(permit),
     )
     .await
+}
+
+/// A header's value as text, `Ok(None)` when absent. Any UTF-8 is taken (a user's name may be
+/// "José"; `HeaderValue::to_str` takes visible ASCII only, and dropping the rest would put such a
+/// user in the credential's shared memory); other bytes are refused.
+fn utf8_header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, String> {
+    headers
+        .get(name)
+        .map(|value| {
+            std::str::from_utf8(value.as_bytes())
+                .map_err(|_| format!("the {name} header is not UTF-8 text"))
+        })
+        .transpose()
 }
 
 /// Capture the new user turn and recall for the live question, as the switches allow.
@@ -761,7 +787,7 @@ async fn respond(
         });
         return Response::from_parts(parts, Channel(rx).boxed());
     }
-    match read_body(body, limit).await {
+    match read_body(body, limit, idle, Failure::Timeout).await {
         Ok(bytes) => {
             if let (Some(reply), true) = (reply, success)
                 && let Some(text) = format.and_then(|f| wire::reply_text(f, &bytes))
@@ -770,6 +796,7 @@ async fn respond(
             }
             Response::from_parts(parts, Full::new(bytes).boxed())
         }
+        Err((Failure::Timeout, message)) => failure(provider, Failure::Timeout, &message),
         Err((_, message)) => failure(provider, Failure::Upstream, &message),
     }
 }
@@ -848,7 +875,14 @@ async fn pass_through(req: Request<Incoming>, state: Arc<State>) -> Response<Bod
             ),
         );
     };
-    let bytes = match read_body(body, state.config.body_limit).await {
+    let bytes = match read_body(
+        body,
+        state.config.body_limit,
+        state.config.header_timeout,
+        Failure::InvalidRequest,
+    )
+    .await
+    {
         Ok(bytes) => bytes,
         Err(failed) => return failure(provider, failed.0, &failed.1),
     };
@@ -931,22 +965,48 @@ async fn forward(
     }
 }
 
-/// Read a whole body, refusing more than `limit` bytes.
-async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, (Failure, String)>
+/// Read a whole body, refusing more than `limit` bytes, and giving up when nothing arrives for
+/// `idle` (`stalled` is the failure then: the client's or the upstream's), so a sender that
+/// stops midway holds no connection, permit or buffer for longer than that.
+async fn read_body<B>(
+    body: B,
+    limit: usize,
+    idle: Duration,
+    stalled: Failure,
+) -> Result<Bytes, (Failure, String)>
 where
-    B: hyper::body::Body<Data = Bytes>,
+    B: hyper::body::Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(err) if err.is::<http_body_util::LengthLimitError>() => Err((
-            Failure::TooLarge,
-            format!("the body is larger than the limit of {limit} bytes"),
-        )),
-        Err(err) => Err((
-            Failure::InvalidRequest,
-            format!("the body could not be read: {err}"),
-        )),
+    let mut body = Limited::new(body, limit);
+    let mut bytes = Vec::new();
+    loop {
+        match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => {
+                return Err((
+                    stalled,
+                    format!("the body stalled: nothing arrived for {idle:?}"),
+                ));
+            }
+            Ok(None) => return Ok(Bytes::from(bytes)),
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    bytes.extend_from_slice(&data);
+                }
+            }
+            Ok(Some(Err(err))) if err.is::<http_body_util::LengthLimitError>() => {
+                return Err((
+                    Failure::TooLarge,
+                    format!("the body is larger than the limit of {limit} bytes"),
+                ));
+            }
+            Ok(Some(Err(err))) => {
+                return Err((
+                    Failure::InvalidRequest,
+                    format!("the body could not be read: {err}"),
+                ));
+            }
+        }
     }
 }
 

@@ -1179,9 +1179,15 @@ async fn next_round(lp: &Loop, rounds: &[Round]) -> Result<Response<Incoming>, S
         return Ok(response);
     }
     let status = response.status();
-    let body = read_body(response.into_body(), lp.state.config.body_limit)
-        .await
-        .map_err(|(_, message)| message)?;
+    let config = &lp.state.config;
+    let body = read_body(
+        response.into_body(),
+        config.body_limit,
+        config.stream_idle_timeout,
+        Failure::Timeout,
+    )
+    .await
+    .map_err(|(_, message)| message)?;
     Err(format!(
         "the upstream refused a memory tool round with {status}: {}",
         String::from_utf8_lossy(&body)
@@ -1349,12 +1355,16 @@ async fn whole(
 ) -> Response<Body> {
     let provider = lp.format.provider();
     let limit = lp.state.config.body_limit;
+    let idle = lp.state.config.stream_idle_timeout;
     let mut splice = Splice::new(lp.format);
     let mut rounds: Vec<Round> = Vec::new();
     loop {
         splice.intercept = rounds.len() + 1 < lp.rounds();
-        let bytes = match read_body(body, limit).await {
+        let bytes = match read_body(body, limit, idle, Failure::Timeout).await {
             Ok(bytes) => bytes,
+            Err((Failure::Timeout, message)) => {
+                return failure(provider, Failure::Timeout, &message);
+            }
             Err((_, message)) => return failure(provider, Failure::Upstream, &message),
         };
         let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)] // each test binary uses its own subset of these helpers
 
+pub mod server;
 pub mod upstream;
 
 use std::path::{Path, PathBuf};
@@ -10,7 +11,8 @@ use std::sync::OnceLock;
 use perpetuity::config::default_dictionaries_root;
 use perpetuity::dictionary::{DEFAULT_VERSION, Dictionary};
 use perpetuity::memory::Memory;
-use perpetuity::store::StoreOptions;
+use perpetuity::store::{Store, StoreOptions};
+use perpetuity::types::{Role, UserId};
 
 /// The shipped default dictionary, loaded once per test binary.
 pub fn dictionary() -> &'static Dictionary {
@@ -76,4 +78,54 @@ pub fn sdk_python() -> Option<PathBuf> {
         );
         None
     }
+}
+
+/// The files under `dir` (recursively) whose bytes contain `needle`.
+pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<String> {
+    let mut hits = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            hits.extend(files_containing(&path, needle));
+        } else if path.is_file() {
+            let bytes = std::fs::read(&path).unwrap();
+            if bytes.windows(needle.len()).any(|w| w == needle) {
+                hits.push(path.display().to_string());
+            }
+        }
+    }
+    hits
+}
+
+/// Every stored message of `user`, reassembled from its rows: role and text, in row order.
+/// Panics on a message stored in part or with its chunks out of order.
+pub fn stored_messages(store: &Store, user: UserId) -> Vec<(Role, String)> {
+    let mut messages: std::collections::BTreeMap<u64, (Role, u16, Vec<String>)> =
+        Default::default();
+    for row in store.rows_of(user) {
+        let row = row.unwrap();
+        let entry = messages
+            .entry(row.message.0)
+            .or_insert_with(|| (row.role, row.chunks, Vec::new()));
+        assert_eq!(
+            row.chunk as usize,
+            entry.2.len(),
+            "message {}: chunk {} out of order",
+            row.message.0,
+            row.chunk
+        );
+        entry.2.push(row.text);
+    }
+    messages
+        .into_iter()
+        .map(|(id, (role, chunks, parts))| {
+            assert_eq!(
+                parts.len(),
+                chunks as usize,
+                "message {id} is stored in part: {} of {chunks} chunks",
+                parts.len()
+            );
+            (role, parts.concat())
+        })
+        .collect()
 }

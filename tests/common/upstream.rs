@@ -113,22 +113,48 @@ impl hyper::body::Body for Held {
     }
 }
 
-async fn listen(script: Arc<Script>) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let script = Arc::clone(&script);
-            tokio::spawn(async move {
-                let service = service_fn(move |req| upstream_answer(req, Arc::clone(&script)));
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
+/// The scripted upstream, listening on loopback until its runtime ends.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    script: Arc<Script>,
+}
+
+impl Upstream {
+    /// Listen on a free loopback port (inside a tokio runtime).
+    pub async fn start() -> Self {
+        let script = Arc::new(Script::default());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let served = Arc::clone(&script);
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let script = Arc::clone(&served);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| upstream_answer(req, Arc::clone(&script)));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self { addr, script }
+    }
+
+    /// `http://ADDR`, the base URL a proxy forwards to.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Queue the answer to the next request that has none yet.
+    pub fn answer(&self, answer: Answer) {
+        self.script.answers.lock().unwrap().push_back(answer);
+    }
+
+    /// Every request received so far, in arrival order.
+    pub fn received(&self) -> Vec<Received> {
+        self.script.received.lock().unwrap().clone()
+    }
 }
 
 /// The proxy and its scripted upstream.
@@ -136,7 +162,7 @@ pub struct Harness {
     _dir: tempfile::TempDir,
     pub state: Arc<State>,
     pub proxy: SocketAddr,
-    script: Arc<Script>,
+    upstream: Upstream,
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
@@ -144,8 +170,8 @@ impl Harness {
     pub async fn start(configure: impl FnOnce(&mut ProxyConfig)) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let memory = super::memory(dir.path());
-        let script = Arc::new(Script::default());
-        let upstream = format!("http://{}", listen(Arc::clone(&script)).await);
+        let scripted = Upstream::start().await;
+        let upstream = scripted.url();
         let mut config = ProxyConfig {
             openai: upstream.clone(),
             anthropic: upstream.clone(),
@@ -167,22 +193,22 @@ impl Harness {
             _dir: dir,
             state,
             proxy,
-            script,
+            upstream: scripted,
             client: Client::builder(TokioExecutor::new()).build_http(),
         }
     }
 
     pub fn answer(&self, answer: Answer) {
-        self.script.answers.lock().unwrap().push_back(answer);
+        self.upstream.answer(answer);
     }
 
     /// Take back the next scripted answer (one the proxy never asked for).
     pub fn script_pop(&self) {
-        self.script.answers.lock().unwrap().pop_front();
+        self.upstream.script.answers.lock().unwrap().pop_front();
     }
 
     pub fn received(&self) -> Vec<Received> {
-        self.script.received.lock().unwrap().clone()
+        self.upstream.received()
     }
 
     pub async fn send(

@@ -1,0 +1,33 @@
+//! Crash points for the reliability tests (the `failpoints` cargo feature). A named point
+//! aborts the process, as a crash there would (no destructor runs, nothing is flushed), when
+//! `PERPETUITY_FAILPOINT` names it: `NAME` the first time it is passed, `NAME:N` the Nth time.
+//! Without the feature every point compiles to nothing.
+//!
+//! Points: `store.after_commit` (a capture batch is in the store, its caller not yet told),
+//! `arena.mid_append` (a row appended to the arena's mapping, the batch not committed),
+//! `arena.mid_commit` (page checksums and codebook written, the header not), `purge.after_batch`
+//! (a purge's deletions committed, nothing compacted), `purge.mid_compaction` (flushed, not
+//! compacted).
+
+/// Abort here if `PERPETUITY_FAILPOINT` names this point and its count is reached.
+#[cfg(feature = "failpoints")]
+pub fn hit(name: &str) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PASSED: AtomicU64 = AtomicU64::new(0);
+    let Ok(spec) = std::env::var("PERPETUITY_FAILPOINT") else {
+        return;
+    };
+    let (point, nth) = match spec.split_once(':') {
+        Some((point, n)) => (point, n.parse().unwrap_or(1)),
+        None => (spec.as_str(), 1),
+    };
+    if point == name && PASSED.fetch_add(1, Ordering::SeqCst) + 1 >= nth {
+        eprintln!("failpoint {name}: aborting");
+        std::process::abort();
+    }
+}
+
+/// Without the `failpoints` feature: nothing.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit(_name: &str) {}

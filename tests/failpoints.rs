@@ -1,0 +1,223 @@
+//! Crash points inside our own code (the `failpoints` feature): `perpetuity serve` aborts
+//! between a capture's commit and its acknowledgement (before the arena appends it), mid arena
+//! append, mid arena commit, after a purge's batch and mid purge compaction. After each crash
+//! the restarted server finds its arena undamaged, its arena equals the store, integrity is
+//! clean, every acknowledged turn is stored once and whole, and a purge is whole or absent and
+//! completes when asked again. Its own test binary because its server aborts.
+//!
+//! `cargo test --release --features failpoints --test failpoints`.
+
+#![cfg(feature = "failpoints")]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::server::Server;
+use common::upstream::{Answer, Upstream};
+use perpetuity::proxy::identity::Secret;
+use perpetuity::store::{Store, StoreOptions};
+use perpetuity::types::{Role, UserId};
+
+const ADMIN: (&str, &str) = ("x-perpetuity-admin-token", "failpoints-admin");
+
+fn spawn(data: &Path, upstream: &Upstream, log: &Path, failpoint: Option<&str>) -> Server {
+    let log = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let mut server = Server::spawn(|command| {
+        command
+            .args(["--data", data.to_str().unwrap(), "--uncompressed"])
+            .args(["--admin-token", ADMIN.1])
+            .args(["--upstream", &format!("openai={}", upstream.url())])
+            .env("RUST_LOG", "info")
+            .env_remove("PERPETUITY_FAILPOINT")
+            .stderr(log);
+        if let Some(point) = failpoint {
+            command.env("PERPETUITY_FAILPOINT", point);
+        }
+    });
+    server.wait_ready();
+    server
+}
+
+/// Ask `text` as `credential`; `Some(reply)` when the answer came back whole (the reply is
+/// read from it: a request that died before the upstream leaves its scripted answer queued).
+fn ask(server: &Server, upstream: &Upstream, credential: &str, text: &str) -> Option<String> {
+    let reply = format!("Noted: {text}");
+    upstream.answer(Answer::Whole(
+        200,
+        "application/json",
+        serde_json::json!({"choices": [{"message": {"content": reply}}]})
+            .to_string()
+            .into_bytes(),
+    ));
+    let body = serde_json::json!({"model": "gpt-4o",
+        "messages": [{"role": "user", "content": text}]});
+    let answer = server
+        .request(
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", &format!("Bearer {credential}"))],
+            body.to_string().as_bytes(),
+        )
+        .ok()?;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    Some(
+        answer.json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+    )
+}
+
+/// Wait for the aborted server to be gone.
+fn wait_dead(server: &mut Server, point: &str) {
+    let started = Instant::now();
+    while server.running() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{point}: the server never reached its crash point"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// After a crash: restart, check the arena and integrity through the server, stop it.
+fn restart_and_check(data: &Path, upstream: &Upstream, log: &Path, point: &str) {
+    let server = spawn(data, upstream, log, None);
+    let report = server
+        .request("GET", "/admin/integrity", &[ADMIN], b"")
+        .unwrap();
+    assert_eq!(report.status, 200, "{point}: {}", report.text());
+    drop(server);
+    let text = std::fs::read_to_string(log).unwrap();
+    assert!(
+        text.contains(&format!(
+            "failpoint {}: aborting",
+            point.split(':').next().unwrap()
+        )),
+        "{point}: the crash point was never reached"
+    );
+    assert!(!text.contains("arena damaged"), "{point}: {text}");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_perpetuity"))
+        .args(["integrity", "--data", data.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .status()
+        .unwrap();
+    assert!(status.success(), "{point}: perpetuity integrity {status}");
+}
+
+fn user_of(data: &Path, credential: &str) -> UserId {
+    UserId::from_key(
+        &Secret::load_or_create(data)
+            .unwrap()
+            .user_key(credential, None),
+    )
+}
+
+#[test]
+fn a_crash_at_each_point_of_a_capture_recovers_clean() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = runtime.block_on(Upstream::start());
+    // `arena.mid_append:2`: the first append of the second request's catch-up (the first
+    // reply), before the question after it and before the commit.
+    for point in [
+        "store.after_commit:3",
+        "arena.mid_append:2",
+        "arena.mid_commit:2",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (data, log) = (dir.path().join("data"), dir.path().join("serve.log"));
+        let mut server = spawn(&data, &upstream, &log, Some(point));
+        let mut acknowledged = Vec::new();
+        for i in 0.. {
+            let text = format!("Turn {i} before the crash at {point}.");
+            match ask(&server, &upstream, "sk-failpoints", &text) {
+                Some(reply) => acknowledged.extend([text, reply]),
+                None => break,
+            }
+            assert!(i < 50, "{point}: never reached");
+        }
+        wait_dead(&mut server, point);
+        restart_and_check(&data, &upstream, &log, point);
+
+        let store = Store::open(&data, &StoreOptions::default()).unwrap();
+        let stored = common::stored_messages(&store, user_of(&data, "sk-failpoints"));
+        for text in &acknowledged {
+            let copies = stored.iter().filter(|(_, t)| t == text).count();
+            assert_eq!(copies, 1, "{point}: {text:?} stored {copies} times");
+        }
+        assert!(
+            stored
+                .iter()
+                .all(|(role, text)| matches!(role, Role::User | Role::Assistant)
+                    && text.contains("before the crash at")),
+            "{point}: {stored:?}"
+        );
+        println!(
+            "{point}: crashed after {} acknowledged turns; {} messages stored, none lost, \
+             integrity clean",
+            acknowledged.len(),
+            stored.len()
+        );
+    }
+}
+
+#[test]
+fn a_crash_inside_a_purge_leaves_it_whole_or_absent_and_it_completes_when_asked_again() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = runtime.block_on(Upstream::start());
+    for point in ["purge.after_batch", "purge.mid_compaction"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (data, log) = (dir.path().join("data"), dir.path().join("serve.log"));
+        let server = spawn(&data, &upstream, &log, None);
+        for (credential, canary) in [("sk-purged", "Vqz7Heron"), ("sk-kept", "Vqz8Osprey")] {
+            for i in 0..5 {
+                ask(
+                    &server,
+                    &upstream,
+                    credential,
+                    &format!("Keep {canary}{i} safe."),
+                )
+                .unwrap();
+            }
+        }
+        drop(server);
+        let (purged, kept) = (user_of(&data, "sk-purged"), user_of(&data, "sk-kept"));
+        let kept_before =
+            common::stored_messages(&Store::open(&data, &StoreOptions::default()).unwrap(), kept);
+        let key = Secret::load_or_create(&data)
+            .unwrap()
+            .user_key("sk-purged", None);
+        let purge = format!("/admin/purge?user={key}");
+
+        let mut server = spawn(&data, &upstream, &log, Some(point));
+        assert!(server.request("POST", &purge, &[ADMIN], b"").is_err());
+        wait_dead(&mut server, point);
+        restart_and_check(&data, &upstream, &log, point);
+        {
+            let store = Store::open(&data, &StoreOptions::default()).unwrap();
+            let left = common::stored_messages(&store, purged).len();
+            assert!(
+                left == 0 || left == 10,
+                "{point}: {left} of 10 messages left"
+            );
+            assert_eq!(common::stored_messages(&store, kept), kept_before);
+            println!("{point}: after the crash the purged user holds {left} of 10 messages");
+        }
+
+        let server = spawn(&data, &upstream, &log, None);
+        let answer = server.request("POST", &purge, &[ADMIN], b"").unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        drop(server);
+        for i in 0..5 {
+            let hits = common::files_containing(&data, format!("Vqz7Heron{i}").as_bytes());
+            assert!(hits.is_empty(), "{point}: purged text in {hits:?}");
+        }
+        assert!(!common::files_containing(&data, b"Vqz8Osprey0").is_empty());
+    }
+}

@@ -1,0 +1,446 @@
+//! Isolation in one pooled memory: many users store unique canaries through the proxy, and no
+//! retrieval, frame or upstream request of one user holds another's (0 of N); identical texts of
+//! two users stay two rows; and no header (another user's key or name, another conversation, a
+//! missing or conflicting credential) and no admin call without the token reaches another
+//! credential's memory.
+
+mod common;
+
+use hyper::StatusCode;
+use serde_json::{Value, json};
+
+use common::upstream::{Answer, Harness, body_of, header};
+use perpetuity::recall::{Ask, RecallConfig, recall};
+use perpetuity::types::{RowId, UserId};
+
+/// Users in the pool: credentials, and on the last credential narrowed users.
+const CREDENTIALS: usize = 12;
+const NARROWED: [&str; 3] = ["ann", "ben", "cat"];
+/// Said by every user, word for word.
+const SHARED: &str = "We agreed to meet at the old harbour at noon on Friday.";
+const QUESTION: &str = "What is the vault code of the project, and where do we meet?";
+
+/// One user of the pool: the credential and, for narrowed users, the `x-perpetuity-user` name.
+#[derive(Debug, Clone)]
+struct Tenant {
+    credential: String,
+    narrow: Option<&'static str>,
+}
+
+impl Tenant {
+    fn headers(&self) -> Vec<(&str, &str)> {
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(name) = self.narrow {
+            headers.push(("x-perpetuity-user", name));
+        }
+        headers
+    }
+
+    fn key(&self, h: &Harness) -> String {
+        h.state.secret.user_key(&self.credential, self.narrow)
+    }
+}
+
+fn tenants() -> Vec<Tenant> {
+    let mut tenants: Vec<Tenant> = (0..CREDENTIALS)
+        .map(|i| Tenant {
+            credential: format!("sk-tenant-{i:02}"),
+            narrow: None,
+        })
+        .collect();
+    tenants.extend(NARROWED.iter().map(|name| Tenant {
+        credential: "sk-shared-team-key".into(),
+        narrow: Some(*name),
+    }));
+    tenants
+}
+
+/// The canaries of tenant `i`: a question's and a reply's, alike across tenants but for the
+/// code, so a scan that crossed users would find them.
+fn canaries(i: usize) -> [String; 2] {
+    [
+        format!("QX{i:02}VAULT{:06}", i * 7919 % 1_000_000),
+        format!("QX{i:02}REPLY{:06}", i * 104_729 % 1_000_000),
+    ]
+}
+
+/// One request of the spoofing matrix: what it tries, path, headers, body.
+type Case<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, Vec<u8>);
+
+fn chat(question: &str) -> Vec<u8> {
+    json!({"model": "gpt-4o", "messages": [{"role": "user", "content": question}]})
+        .to_string()
+        .into_bytes()
+}
+
+fn whole_reply(text: &str) -> Answer {
+    Answer::Whole(
+        200,
+        "application/json",
+        json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
+            .to_string()
+            .into_bytes(),
+    )
+}
+
+/// Send `question` as `tenant` (credential as an OpenAI bearer), the upstream answering
+/// `reply`; returns the body the upstream received.
+async fn ask(h: &Harness, tenant: &Tenant, question: &str, reply: &str) -> String {
+    h.answer(whole_reply(reply));
+    let auth = format!("Bearer {}", tenant.credential);
+    let mut headers = tenant.headers();
+    headers.push(("authorization", &auth));
+    let response = h
+        .send("POST", "/v1/chat/completions", &headers, &chat(question))
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(header(&response, "x-perpetuity-memory"), "ok");
+    body_of(response).await;
+    h.received().pop().unwrap().text()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_user_ever_sees_another_users_canary_and_identical_texts_stay_apart() {
+    let h = Harness::start(|_| {}).await;
+    let tenants = tenants();
+    for (i, tenant) in tenants.iter().enumerate() {
+        let [vault, reply] = canaries(i);
+        ask(
+            &h,
+            tenant,
+            &format!("Remember: the vault code of the project is {vault}."),
+            &format!("Noted, the vault code is {reply}."),
+        )
+        .await;
+        ask(&h, tenant, SHARED, "Friday at noon, the old harbour.").await;
+    }
+
+    // Every upstream request of a tenant: its own vault canary recalled, no other tenant's.
+    let mut checked = 0;
+    for (i, tenant) in tenants.iter().enumerate() {
+        let sent = ask(&h, tenant, QUESTION, "Let me look.").await;
+        assert!(
+            sent.contains(&canaries(i)[0]),
+            "tenant {i}'s own canary is recalled (or the test proves nothing): {sent}"
+        );
+        for (j, _) in tenants.iter().enumerate().filter(|(j, _)| *j != i) {
+            for canary in canaries(j) {
+                assert!(
+                    !sent.contains(&canary),
+                    "tenant {i}'s upstream request holds tenant {j}'s {canary}"
+                );
+                checked += 1;
+            }
+        }
+    }
+
+    // Every retrieval and frame, asked directly in probe mode: only the tenant's rows.
+    let memory = &h.state.memory;
+    h.state
+        .arena
+        .write()
+        .unwrap()
+        .catch_up(&memory.store, &memory.dictionary)
+        .unwrap();
+    let arena = h.state.arena.read().unwrap();
+    let (mut retrieved_rows, mut frames) = (0, 0);
+    for (i, tenant) in tenants.iter().enumerate() {
+        let user = UserId::from_key(&tenant.key(&h));
+        let recalled = recall(
+            memory,
+            &arena,
+            &h.state.kernels,
+            &RecallConfig::default(),
+            &Ask {
+                user,
+                conversation: None,
+                question: QUESTION,
+                probe: true,
+                now_ms: None,
+            },
+        )
+        .unwrap();
+        assert!(!recalled.retrieved.is_empty());
+        for hit in &recalled.retrieved {
+            assert_eq!(
+                memory.store.user_of(RowId(hit.row)).unwrap(),
+                Some(user),
+                "tenant {i} retrieved row {} of another user",
+                hit.row
+            );
+            retrieved_rows += 1;
+        }
+        let frame: String = recalled
+            .frame
+            .messages
+            .iter()
+            .map(|m| m.content.as_str())
+            .collect();
+        assert!(frame.contains(&canaries(i)[0]));
+        for j in (0..tenants.len()).filter(|j| *j != i) {
+            for canary in canaries(j) {
+                assert!(
+                    !frame.contains(&canary),
+                    "tenant {i}'s frame holds {canary}"
+                );
+                checked += 1;
+            }
+        }
+        frames += 1;
+    }
+    drop(arena);
+
+    // The same words from every tenant: one row each, never merged.
+    let mut shared_rows = Vec::new();
+    for tenant in &tenants {
+        let user = UserId::from_key(&tenant.key(&h));
+        let rows: Vec<_> = memory
+            .store
+            .rows_of(user)
+            .map(Result::unwrap)
+            .filter(|row| row.text == SHARED)
+            .collect();
+        assert_eq!(rows.len(), 1, "{tenant:?}: {rows:?}");
+        shared_rows.push(rows[0].id);
+    }
+    shared_rows.sort();
+    shared_rows.dedup();
+    assert_eq!(shared_rows.len(), tenants.len());
+    println!(
+        "{} tenants: {checked} foreign canary checks over upstream requests and frames, \
+         {retrieved_rows} retrieved rows over {frames} retrievals: 0 crossed users",
+        tenants.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_header_reaches_another_credentials_memory() {
+    const TOKEN: &str = "admin-token-for-isolation";
+    let h = Harness::start(|config| config.admin_token = Some(TOKEN.into())).await;
+    let alice = Tenant {
+        credential: "sk-alice-isolation".into(),
+        narrow: None,
+    };
+    let secret = "QXALICEVAULT4417";
+    let question = format!("Remember: the vault code of the project is {secret}.");
+    h.answer(whole_reply("Noted."));
+    let stored = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[
+                ("authorization", "Bearer sk-alice-isolation"),
+                ("x-perpetuity-conversation", "alice-private"),
+            ],
+            &chat(&question),
+        )
+        .await;
+    assert_eq!(stored.status(), StatusCode::OK);
+    body_of(stored).await;
+    let alice_rows = h.rows_of(&alice.credential, 2).len();
+    assert_eq!(alice_rows, 2);
+    let alice_key = alice.key(&h);
+    let anthropic_body = json!({
+        "model": "claude-haiku-4-5", "max_tokens": 16,
+        "messages": [{"role": "user", "content": QUESTION}],
+    })
+    .to_string();
+    let gemini_body =
+        json!({"contents": [{"role": "user", "parts": [{"text": QUESTION}]}]}).to_string();
+    let openai_path = "/v1/chat/completions";
+    let gemini_path = "/v1beta/models/gemini-2.5-flash:generateContent?key=sk-alice-isolation";
+
+    // Requests that reach the upstream: the memory recalled is never alice's.
+    let forwarded: [Case; 7] = [
+        (
+            "alice's user key as the user name",
+            openai_path,
+            vec![
+                ("authorization", "Bearer sk-mallory"),
+                ("x-perpetuity-user", &alice_key),
+            ],
+            chat(QUESTION),
+        ),
+        (
+            "alice's credential as the user name",
+            openai_path,
+            vec![
+                ("authorization", "Bearer sk-mallory"),
+                ("x-perpetuity-user", "sk-alice-isolation"),
+            ],
+            chat(QUESTION),
+        ),
+        (
+            "alice's conversation",
+            openai_path,
+            vec![
+                ("authorization", "Bearer sk-mallory"),
+                ("x-perpetuity-conversation", "alice-private"),
+            ],
+            chat(QUESTION),
+        ),
+        (
+            "OpenAI bearer mine, alice's Anthropic key beside it",
+            openai_path,
+            vec![
+                ("authorization", "Bearer sk-mallory"),
+                ("x-api-key", "sk-alice-isolation"),
+            ],
+            chat(QUESTION),
+        ),
+        (
+            "Anthropic key mine, alice's in a Gemini header",
+            "/v1/messages",
+            vec![
+                ("x-api-key", "sk-mallory"),
+                ("anthropic-version", "2023-06-01"),
+                ("x-goog-api-key", "sk-alice-isolation"),
+            ],
+            anthropic_body.clone().into_bytes(),
+        ),
+        (
+            "Gemini header mine, alice's key in the query",
+            gemini_path,
+            vec![("x-goog-api-key", "sk-mallory")],
+            gemini_body.clone().into_bytes(),
+        ),
+        (
+            "alice's key as an admin token on a chat route",
+            openai_path,
+            vec![
+                ("authorization", "Bearer sk-mallory"),
+                ("x-perpetuity-admin-token", "sk-alice-isolation"),
+            ],
+            chat(QUESTION),
+        ),
+    ];
+    for (case, path, headers, body) in &forwarded {
+        h.answer(whole_reply("I do not know."));
+        let mut headers = headers.clone();
+        headers.push(("content-type", "application/json"));
+        let response = h.send("POST", path, &headers, body).await;
+        assert_eq!(response.status(), StatusCode::OK, "{case}");
+        body_of(response).await;
+        let sent = h.received().pop().unwrap().text();
+        assert!(
+            !sent.contains(secret),
+            "{case}: alice's memory leaked: {sent}"
+        );
+    }
+
+    // Refused before any memory is read or written, and never forwarded.
+    let received = h.received().len();
+    let next_row = h.state.memory.store.next_row();
+    let refused: [Case; 5] = [
+        (
+            "no credential",
+            openai_path,
+            vec![("x-perpetuity-user", &alice_key)],
+            chat(QUESTION),
+        ),
+        (
+            "an empty bearer",
+            openai_path,
+            vec![("authorization", "Bearer  ")],
+            chat(QUESTION),
+        ),
+        (
+            "basic credentials",
+            openai_path,
+            vec![("authorization", "Basic c2stYWxpY2U=")],
+            chat(QUESTION),
+        ),
+        (
+            "Anthropic without a key",
+            "/v1/messages",
+            vec![("anthropic-version", "2023-06-01")],
+            anthropic_body.into_bytes(),
+        ),
+        (
+            "Gemini with an empty key",
+            "/v1beta/models/gemini-2.5-flash:generateContent?key=",
+            vec![("x-goog-api-key", " ")],
+            gemini_body.into_bytes(),
+        ),
+    ];
+    for (case, path, headers, body) in &refused {
+        let response = h.send("POST", path, headers, body).await;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{case}");
+        let error: Value = serde_json::from_slice(&body_of(response).await).unwrap();
+        assert!(!error.to_string().contains(secret), "{case}");
+    }
+    assert_eq!(
+        h.received().len(),
+        received,
+        "refused requests are never forwarded"
+    );
+    assert_eq!(h.state.memory.store.next_row(), next_row, "nor stored");
+
+    // The admin endpoints without the token: refused, alice's memory untouched.
+    let purge = format!("/admin/purge?user={alice_key}");
+    let wrong_token = format!("Bearer {}", &TOKEN[..TOKEN.len() - 1]);
+    let longer_token = format!("Bearer {TOKEN}x");
+    for (method, path) in [
+        ("GET", "/admin/stats"),
+        ("GET", "/admin/integrity"),
+        ("POST", purge.as_str()),
+    ] {
+        for headers in [
+            vec![],
+            vec![("authorization", "Bearer sk-alice-isolation")],
+            vec![("authorization", wrong_token.as_str())],
+            vec![("authorization", longer_token.as_str())],
+            vec![("x-api-key", TOKEN)],
+            vec![("x-perpetuity-user", TOKEN)],
+            // A wrong dedicated header is not rescued by the right bearer.
+            vec![
+                ("x-perpetuity-admin-token", "nope"),
+                ("authorization", &format!("Bearer {TOKEN}")),
+            ],
+        ] {
+            let response = h.send(method, path, &headers, b"").await;
+            assert_eq!(
+                response.status(),
+                StatusCode::UNAUTHORIZED,
+                "{method} {path} with {headers:?}"
+            );
+            let body = String::from_utf8(body_of(response).await).unwrap();
+            assert!(
+                !body.contains(secret) && !body.contains(&alice_key),
+                "{body}"
+            );
+        }
+    }
+    assert_eq!(h.rows_of(&alice.credential, alice_rows).len(), alice_rows);
+    assert_eq!(h.received().len(), received);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_name_outside_ascii_narrows_like_any_other() {
+    let h = Harness::start(|_| {}).await;
+    let team = |narrow| Tenant {
+        credential: "sk-shared-team-key".into(),
+        narrow,
+    };
+    let (jose, zoe, base) = (team(Some("José")), team(Some("Zoë")), team(None));
+    let [vault, _] = canaries(40);
+    ask(
+        &h,
+        &jose,
+        &format!("Remember: the vault code of the project is {vault}."),
+        "Noted.",
+    )
+    .await;
+    assert!(
+        ask(&h, &jose, QUESTION, "Let me look.")
+            .await
+            .contains(&vault)
+    );
+    for other in [&zoe, &base] {
+        let sent = ask(&h, other, QUESTION, "Let me look.").await;
+        assert!(
+            !sent.contains(&vault),
+            "{other:?} sees José's memory: {sent}"
+        );
+    }
+}

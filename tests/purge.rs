@@ -1,0 +1,189 @@
+//! Purge through `perpetuity serve`: afterwards the user's canaries are in no file of the data
+//! directory (stored uncompressed, so a byte search finds stored text), every other user's
+//! rows are unchanged and integrity is clean; also when the server is killed mid-purge: after
+//! the restart the user's memory is whole or gone (never in part), and the purge, asked again
+//! as an unanswered request must be, completes. Its own test binary because it kills the
+//! server.
+
+mod common;
+
+use std::path::Path;
+use std::time::Instant;
+
+use common::server::Server;
+use common::upstream::{Answer, Upstream};
+use perpetuity::proxy::identity::Secret;
+use perpetuity::store::{Row, Store, StoreOptions};
+use perpetuity::types::UserId;
+
+const USERS: usize = 5;
+const MESSAGES: usize = 12;
+const ADMIN: (&str, &str) = ("x-perpetuity-admin-token", "purge-test-admin");
+
+fn credential(user: usize) -> String {
+    format!("sk-purge-user-{user}")
+}
+
+fn canary(user: usize, message: usize) -> String {
+    format!("Pqz{user}x{message:02}Kestrel")
+}
+
+fn start(data: &Path, upstream: &str) -> Server {
+    Server::start(|command| {
+        command
+            .args(["--data", data.to_str().unwrap(), "--uncompressed"])
+            .args(["--admin-token", ADMIN.1])
+            .args(["--upstream", &format!("openai={upstream}")])
+            .env("RUST_LOG", "warn");
+    })
+    .0
+}
+
+/// Every user's rows, read from the store the stopped server left.
+fn all_rows(data: &Path) -> Vec<Vec<Row>> {
+    let store = Store::open(data, &StoreOptions::default()).unwrap();
+    let secret = Secret::load_or_create(data).unwrap();
+    (0..USERS)
+        .map(|u| {
+            let user = UserId::from_key(&secret.user_key(&credential(u), None));
+            store.rows_of(user).map(Result::unwrap).collect()
+        })
+        .collect()
+}
+
+fn assert_integrity(server: &Server, when: &str) {
+    let report = server
+        .request("GET", "/admin/integrity", &[ADMIN], b"")
+        .unwrap();
+    assert_eq!(report.status, 200, "{when}: {}", report.text());
+}
+
+/// Purge `user` and wait for the answer.
+fn purge(server: &Server, key: &str) -> u64 {
+    let answer = server
+        .request("POST", &format!("/admin/purge?user={key}"), &[ADMIN], b"")
+        .unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    answer.json()["rows_removed"].as_u64().unwrap()
+}
+
+/// Whether any file of `data` holds one of `user`'s canaries.
+fn canaries_on_disk(data: &Path, user: usize) -> Vec<String> {
+    (0..MESSAGES)
+        .flat_map(|m| common::files_containing(data, canary(user, m).as_bytes()))
+        .collect()
+}
+
+#[test]
+fn a_purged_user_leaves_no_byte_on_disk_even_when_the_purge_is_killed() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = runtime.block_on(Upstream::start());
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = start(&data, &upstream.url());
+    for user in 0..USERS {
+        let auth = format!("Bearer {}", credential(user));
+        for message in 0..MESSAGES {
+            upstream.answer(Answer::Whole(
+                200,
+                "application/json",
+                br#"{"choices":[{"message":{"content":"Noted."}}]}"#.to_vec(),
+            ));
+            let body = serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user",
+                "content": format!("Keep this safe: {}.", canary(user, message))}]});
+            let answer = server
+                .request(
+                    "POST",
+                    "/v1/chat/completions",
+                    &[("authorization", &auth)],
+                    body.to_string().as_bytes(),
+                )
+                .unwrap();
+            assert_eq!(answer.status, 200, "{}", answer.text());
+        }
+    }
+    server.kill();
+    let before = all_rows(&data);
+    for (user, rows) in before.iter().enumerate() {
+        assert_eq!(rows.len(), 2 * MESSAGES);
+        assert!(
+            !canaries_on_disk(&data, user).is_empty(),
+            "the byte search finds stored text"
+        );
+    }
+    let keys: Vec<String> = {
+        let secret = Secret::load_or_create(&data).unwrap();
+        (0..USERS)
+            .map(|u| secret.user_key(&credential(u), None))
+            .collect()
+    };
+
+    // A purge that runs to its end.
+    let server = start(&data, &upstream.url());
+    let started = Instant::now();
+    assert_eq!(purge(&server, &keys[0]), 2 * MESSAGES as u64);
+    let purge_time = started.elapsed();
+    assert_integrity(&server, "after the purge");
+    drop(server);
+    let hits = canaries_on_disk(&data, 0);
+    assert!(hits.is_empty(), "purged canaries in {hits:?}");
+    let after = all_rows(&data);
+    assert!(after[0].is_empty());
+    for user in 1..USERS {
+        assert_eq!(after[user], before[user], "user {user} changed");
+    }
+
+    // Purges killed at moments spread over the time one takes.
+    let mut outcomes = Vec::new();
+    for user in 1..USERS {
+        let mut server = start(&data, &upstream.url());
+        let delay = purge_time.mul_f64((user - 1) as f64 / (USERS - 2) as f64);
+        let port = server.port;
+        let key = keys[user].clone();
+        let request = std::thread::spawn(move || {
+            common::server::request(
+                port,
+                "POST",
+                &format!("/admin/purge?user={key}"),
+                &[ADMIN],
+                b"",
+            )
+        });
+        std::thread::sleep(delay);
+        server.kill();
+        let answered = request.join().unwrap().is_ok_and(|a| a.status == 200);
+        let rows = all_rows(&data);
+        let kept = rows[user].len();
+        assert!(
+            kept == 0 || rows[user] == before[user],
+            "user {user}: {kept} of {} rows survived a killed purge",
+            before[user].len()
+        );
+        assert!(!answered || kept == 0, "an answered purge was undone");
+        for other in (1..USERS).filter(|o| *o > user) {
+            assert_eq!(rows[other], before[other], "user {other} changed");
+        }
+        outcomes.push(format!(
+            "killed after {delay:.1?}: {}",
+            if kept == 0 { "purged" } else { "kept whole" }
+        ));
+
+        let server = start(&data, &upstream.url());
+        assert_integrity(&server, "after the killed purge");
+        // An unanswered purge is asked again; it completes whatever the kill left.
+        purge(&server, &keys[user]);
+        assert_integrity(&server, "after the repeated purge");
+        drop(server);
+        let hits = canaries_on_disk(&data, user);
+        assert!(hits.is_empty(), "user {user}: purged canaries in {hits:?}");
+    }
+    let after = all_rows(&data);
+    assert!(after.iter().all(Vec::is_empty));
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_perpetuity"))
+        .args(["integrity", "--data", data.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    println!("one purge took {purge_time:.1?}; {}", outcomes.join("; "));
+}
