@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::sdk_python;
 use common::upstream::{Answer, Harness, fixture, jsonl_as_sse};
 
@@ -54,24 +52,14 @@ async fn the_official_sdks_see_valid_answers_through_the_proxy() {
     h.answer(error(401, anthropic_error("authentication_error")));
 
     let proxy = format!("http://{}", h.proxy);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/clients.py");
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .arg(script)
-            .env("PROXY", proxy)
-            .env("FIXTURES", fixtures)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "SDK checks failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    assert!(stdout.contains("all SDK checks passed"), "{stdout}");
+    common::run_sdk_script(
+        python,
+        "clients.py",
+        proxy,
+        fixtures,
+        "all SDK checks passed",
+    )
+    .await;
 
     let received = h.received();
     assert_eq!(received.len(), 14, "one upstream call per SDK call");

@@ -991,25 +991,15 @@ async fn the_official_sdk_stream_helpers_see_one_valid_message_across_rounds() {
         ],
     )));
     let proxy = format!("http://{}", h.proxy);
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/tool_rounds.py");
     let fixtures = shared.join("fixtures/providers");
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .arg(script)
-            .env("PROXY", proxy)
-            .env("FIXTURES", fixtures)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "SDK checks failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    assert!(stdout.contains("all tool round checks passed"), "{stdout}");
+    common::run_sdk_script(
+        python,
+        "tool_rounds.py",
+        proxy,
+        fixtures,
+        "all tool round checks passed",
+    )
+    .await;
     assert_eq!(
         h.received().len(),
         8,

@@ -765,20 +765,10 @@ async fn respond(
     let (mut parts, body) = upstream.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.extend(report);
-    let streaming = parts
-        .headers
-        .get(hyper::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let streaming = is_event_stream(&parts.headers);
     let success = parts.status.is_success();
     if streaming {
-        parts
-            .headers
-            .insert("x-accel-buffering", HeaderValue::from_static("no"));
-        parts.headers.insert(
-            hyper::header::CACHE_CONTROL,
-            HeaderValue::from_static("no-cache"),
-        );
+        relay_unbuffered(&mut parts.headers);
         let (tx, rx) = mpsc::channel::<Bytes>(64);
         tokio::spawn(async move {
             let reader = format.map(wire::StreamReader::new);
@@ -1008,6 +998,23 @@ where
             }
         }
     }
+}
+
+/// Whether `headers` announce an event stream (relayed as it arrives).
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// Tell proxies in front of us not to buffer or cache a relayed event stream.
+fn relay_unbuffered(headers: &mut HeaderMap) {
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    headers.insert(
+        hyper::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
 }
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderMap, HeaderValue};
+use hyper::header::HeaderMap;
 use hyper::{Response, StatusCode};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
@@ -1201,11 +1201,7 @@ pub(super) async fn respond(
     upstream: Response<Incoming>,
     report: HeaderMap,
 ) -> Response<Body> {
-    let streaming = upstream
-        .headers()
-        .get(hyper::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let streaming = super::is_event_stream(upstream.headers());
     if !upstream.status().is_success() {
         let Loop {
             state,
@@ -1230,13 +1226,7 @@ pub(super) async fn respond(
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.extend(report);
     if streaming {
-        parts
-            .headers
-            .insert("x-accel-buffering", HeaderValue::from_static("no"));
-        parts.headers.insert(
-            hyper::header::CACHE_CONTROL,
-            HeaderValue::from_static("no-cache"),
-        );
+        super::relay_unbuffered(&mut parts.headers);
         let (tx, rx) = mpsc::channel::<Bytes>(64);
         tokio::spawn(streamed(lp, body, tx));
         return Response::from_parts(parts, Channel(rx).boxed());

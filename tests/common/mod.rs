@@ -80,6 +80,38 @@ pub fn sdk_python() -> Option<PathBuf> {
     }
 }
 
+/// Run `tests/sdk/<script>` with the SDKs' `python` against the proxy at `proxy` (base URL),
+/// the recorded provider streams under `fixtures`; panics with its output unless it exits 0
+/// and prints `done_line`.
+pub async fn run_sdk_script(
+    python: PathBuf,
+    script: &str,
+    proxy: String,
+    fixtures: PathBuf,
+    done_line: &str,
+) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/sdk")
+        .join(script);
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .env("PROXY", proxy)
+            .env("FIXTURES", fixtures)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "SDK checks failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains(done_line), "{stdout}");
+}
+
 /// The files under `dir` (recursively) whose bytes contain `needle`.
 pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<String> {
     let mut hits = Vec::new();
