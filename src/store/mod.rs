@@ -42,6 +42,9 @@ use crate::dictionary::stats::FrequencyTable;
 use crate::types::{ConversationId, Role, RowId, UserId};
 pub use row::{Activation, Row};
 
+/// A key and its value, as a RocksDB iterator yields them.
+type KeyValue = (Box<[u8]>, Box<[u8]>);
+
 /// The store format this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
 
@@ -478,18 +481,21 @@ impl Store {
                 read,
                 IteratorMode::From(&end, Direction::Reverse),
             )
-            .map(move |item| {
-                let (key, _) = item.map_err(|e| self.rocks(e))?;
-                keys::parse_chain(&key)
-                    .map(|(_, _, row)| row)
-                    .ok_or_else(|| StoreError::Corrupt {
-                        cf: Cf::Chain.name(),
-                        key: hex_key(&key),
-                        source: CodecError {
-                            what: "chain key",
-                            reason: "not user ++ conversation ++ row".into(),
-                        },
-                    })
+            .map(move |item| self.chain_row(item))
+    }
+
+    /// The row a `chain` entry (as an iterator yields it) names.
+    fn chain_row(&self, item: Result<KeyValue, rocksdb::Error>) -> Result<RowId, StoreError> {
+        let (key, _) = item.map_err(|e| self.rocks(e))?;
+        keys::parse_chain(&key)
+            .map(|(_, _, row)| row)
+            .ok_or_else(|| StoreError::Corrupt {
+                cf: Cf::Chain.name(),
+                key: hex_key(&key),
+                source: CodecError {
+                    what: "chain key",
+                    reason: "not user ++ conversation ++ row".into(),
+                },
             })
     }
 
@@ -515,19 +521,7 @@ impl Store {
                     IteratorMode::From(&from, direction),
                 )
                 .take(take)
-                .map(|item| {
-                    let (key, _) = item.map_err(|e| self.rocks(e))?;
-                    keys::parse_chain(&key)
-                        .map(|(_, _, row)| row)
-                        .ok_or_else(|| StoreError::Corrupt {
-                            cf: Cf::Chain.name(),
-                            key: hex_key(&key),
-                            source: CodecError {
-                                what: "chain key",
-                                reason: "not user ++ conversation ++ row".into(),
-                            },
-                        })
-                })
+                .map(|item| self.chain_row(item))
                 .collect::<Result<Vec<RowId>, StoreError>>()
         };
         let mut rows = walk(
