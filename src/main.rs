@@ -51,7 +51,7 @@ enum Command {
         /// require; without one they are disabled.
         #[arg(long, env = "PERPETUITY_ADMIN_TOKEN", hide_env_values = true)]
         admin_token: Option<String>,
-        /// Chat requests served at once; more are refused with 503.
+        /// Requests to the providers (chat and passed through) served at once; more are refused with 503.
         #[arg(long, env = "PERPETUITY_MAX_CONCURRENT", default_value_t = 256)]
         max_concurrent: usize,
         /// A TOML settings file (README.md, "Configuration"); the command line and the environment

@@ -437,6 +437,9 @@ async fn a_client_that_leaves_mid_stream_stops_the_relay_and_the_partial_reply_i
             .unwrap()
             .contains("limit of 1")
     );
+    // So is a request passed through, which would otherwise buffer a body of its own.
+    let busy = h.send("GET", "/v1/models", &[OPENAI[0]], b"").await;
+    assert_eq!(busy.status(), StatusCode::SERVICE_UNAVAILABLE);
 
     drop(body);
     let rows = h.rows_of("sk-alice", 2);
@@ -477,7 +480,7 @@ async fn a_client_that_leaves_mid_stream_stops_the_relay_and_the_partial_reply_i
         String::from_utf8(body_of(h.send("GET", "/metrics", &[], b"").await).await).unwrap();
     for line in [
         "perpetuity_requests_total{route=\"openai_chat\"} 3",
-        "perpetuity_refused_total 1",
+        "perpetuity_refused_total 2",
         "perpetuity_replies_truncated_total 1",
     ] {
         assert!(metrics.contains(line), "{line} not in\n{metrics}");

@@ -68,7 +68,8 @@ pub struct ProxyConfig {
     /// How long a client may take to send a request's headers (also the keep-alive idle time,
     /// and the longest silence inside a request body).
     pub header_timeout: Duration,
-    /// Chat requests served at once; more are refused with 503 in the provider's shape.
+    /// Requests to the providers (chat and passed through) served at once; more are refused
+    /// with 503 in the provider's shape.
     pub max_concurrent: usize,
     /// The token the admin endpoints require; without one they are disabled.
     pub admin_token: Option<String>,
@@ -468,18 +469,30 @@ struct Identity {
     conversation: String,
 }
 
-/// A chat request through the pipeline.
-async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -> Response<Body> {
-    let provider = format.provider();
-    let Ok(permit) = Arc::clone(&state.permits).try_acquire_owned() else {
-        return failure(
+/// One of the [`ProxyConfig::max_concurrent`] slots for a request to `provider`, held until its
+/// response has been relayed; without a free one, 503 in the provider's shape.
+fn admit(
+    state: &Arc<State>,
+    provider: Provider,
+) -> Result<tokio::sync::OwnedSemaphorePermit, Box<Response<Body>>> {
+    Arc::clone(&state.permits).try_acquire_owned().map_err(|_| {
+        Box::new(failure(
             provider,
             Failure::Overloaded,
             &format!(
                 "the proxy is serving its limit of {} requests at once; retry shortly",
                 state.config.max_concurrent
             ),
-        );
+        ))
+    })
+}
+
+/// A chat request through the pipeline.
+async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -> Response<Body> {
+    let provider = format.provider();
+    let permit = match admit(&state, provider) {
+        Ok(permit) => permit,
+        Err(refused) => return *refused,
     };
     let started = std::time::Instant::now();
     let (parts, body) = req.into_parts();
@@ -865,6 +878,10 @@ async fn pass_through(req: Request<Incoming>, state: Arc<State>) -> Response<Bod
             ),
         );
     };
+    let permit = match admit(&state, provider) {
+        Ok(permit) => permit,
+        Err(refused) => return *refused,
+    };
     let bytes = match read_body(
         body,
         state.config.body_limit,
@@ -885,7 +902,7 @@ async fn pass_through(req: Request<Incoming>, state: Arc<State>) -> Response<Bod
                 None,
                 None,
                 &state.config,
-                None,
+                Some(permit),
             )
             .await
         }
