@@ -175,17 +175,7 @@ fn check_after_kill(data: &Path, ledger: &Ledger, round: usize) -> usize {
 
 #[test]
 fn killed_serve_loses_no_acknowledged_turn_and_stores_none_in_part() {
-    let seed = std::env::var("PERPETUITY_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    println!("PERPETUITY_SEED={seed}");
+    let seed = common::test_seed();
     let mut moments = Moments(seed);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let upstream = runtime.block_on(Upstream::start());

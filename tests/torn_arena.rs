@@ -127,17 +127,7 @@ fn damage(files: &[PathBuf; 2], next: &mut impl FnMut(u64) -> u64) -> String {
 
 #[test]
 fn a_torn_arena_is_named_rebuilt_and_never_answers_wrong() {
-    let mut state = std::env::var("PERPETUITY_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    println!("PERPETUITY_SEED={state}");
+    let mut state = common::test_seed();
     let mut next = move |n: u64| {
         state ^= state << 13;
         state ^= state >> 7;

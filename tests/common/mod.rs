@@ -112,6 +112,23 @@ pub async fn run_sdk_script(
     assert!(stdout.contains(done_line), "{stdout}");
 }
 
+/// A randomised test's seed: `$PERPETUITY_SEED`, else one from the clock (odd, never zero);
+/// printed so a failing run can be replayed.
+pub fn test_seed() -> u64 {
+    let seed = std::env::var("PERPETUITY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    println!("PERPETUITY_SEED={seed}");
+    seed
+}
+
 /// The files under `dir` (recursively) whose bytes contain `needle`.
 pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<String> {
     let mut hits = Vec::new();
