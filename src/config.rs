@@ -46,6 +46,10 @@ pub struct FileConfig {
     pub max_concurrent: Option<usize>,
     pub memory_tools: Option<bool>,
     pub tool_rounds: Option<usize>,
+    /// `[groups]`: group scopes, each a name and its members' `x-perpetuity-user` names (`""`
+    /// for a credential's own memory).
+    #[serde(default)]
+    pub groups: std::collections::BTreeMap<String, Vec<String>>,
     #[serde(default)]
     pub upstreams: UpstreamsFile,
     #[serde(default)]
@@ -129,6 +133,8 @@ impl FileConfig {
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == Some(0)) {
             return Err(format!("{name} must be above 0"));
         }
+        crate::proxy::identity::Groups::new(self.groups.clone())
+            .map_err(|e| format!("groups: {e}"))?;
         if let Some(floor) = self.recall.warm_floor
             && !(0.0..=1.0).contains(&floor)
         {
@@ -187,6 +193,9 @@ mod tests {
             mandatory_hits = 2
             recent_tokens = 500
             warm_floor = 0.1
+
+            [groups]
+            team = ["planner", "coder", ""]
             "#,
         )
         .unwrap();
@@ -212,6 +221,12 @@ mod tests {
         assert_eq!(proxy.recall.mandatory_hits, 2);
         assert_eq!(proxy.recall.recent_tokens, 500);
         assert_eq!(proxy.recall.warm_floor, 0.1);
+        let secret = crate::proxy::identity::Secret::from_bytes([1; 32]);
+        let key = |name| secret.user_key("sk", name);
+        assert_eq!(
+            proxy.groups.scope(&secret, "sk", Some("coder")),
+            vec![key(Some("coder")), key(None), key(Some("planner"))]
+        );
     }
 
     #[test]
@@ -244,5 +259,7 @@ mod tests {
             refused("[recall]\nbudget_floor_tokens = 9000\nbudget_ceiling_tokens = 100")
                 .contains("floor")
         );
+        assert!(refused("[groups]\nteam = []").contains("team"));
+        assert!(refused("[groups]\nteam = \"coder\"").contains("team"));
     }
 }

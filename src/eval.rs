@@ -613,6 +613,7 @@ impl Probe<'_> {
             Some((memory, config)) => {
                 let ask = Ask {
                     user,
+                    scope: &[user],
                     conversation: None,
                     question: &question.question,
                     probe: true,

@@ -709,6 +709,7 @@ fn print_frame(
     let kernels = Kernels::detect(false);
     let ask = perpetuity::recall::Ask {
         user,
+        scope: &[user],
         conversation,
         question,
         probe: true,

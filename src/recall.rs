@@ -53,7 +53,12 @@ impl Default for RecallConfig {
 /// One question to recall for.
 #[derive(Debug, Clone, Copy)]
 pub struct Ask<'a> {
+    /// Who asks: whose clock, heat and conversation the recall reads and writes.
     pub user: UserId,
+    /// Whose rows the search reads: `[user]`, or the members of the asker's group scope (the
+    /// asker among them). Other members' rows join the frame by this question's ranking; their
+    /// heat is theirs, so the reheat is written for the asker's own rows only.
+    pub scope: &'a [UserId],
     /// The conversation being continued, if any.
     pub conversation: Option<&'a str>,
     pub question: &'a str,
@@ -101,20 +106,26 @@ pub fn recall(
         &memory.dictionary,
         arena,
         kernels,
-        &[ask.user],
+        ask.scope,
         &query,
         config.depth,
     );
     let scan_us = started.elapsed().as_micros() as u64;
     let scanned_rows = arena
-        .scope_pages(&[ask.user])
+        .scope_pages(ask.scope)
         .iter()
         .map(|p| p.rows as usize)
         .sum();
     let clock = store.clock(ask.user)?;
     let mut states = warm_states(store, arena, ask, clock, config.warm_floor, &hits)?;
     let ranked: Vec<RowId> = hits.iter().map(|h| h.row).collect();
-    let updates = reheat(ask.user, &ranked, &mut states, clock);
+    let mut updates = reheat(ask.user, &ranked, &mut states, clock);
+    let foreign: HashSet<RowId> = hits
+        .iter()
+        .filter(|h| h.user != ask.user)
+        .map(|h| h.row)
+        .collect();
+    updates.retain(|(_, row, _, _)| !foreign.contains(row));
     if !ask.probe {
         store.patch_activation(&updates)?;
     }
@@ -177,7 +188,10 @@ pub fn recall(
     let mut candidates = Vec::with_capacity(kept.len());
     for &i in &kept {
         let pick = picks[i];
-        if let Some(turn) = names.turn(memory, ask.user, pick.row)? {
+        let Some(owner) = arena.owner_in(pick.row, ask.scope) else {
+            continue;
+        };
+        if let Some(turn) = names.turn(memory, owner, pick.row)? {
             candidates.push(Candidate {
                 turn,
                 warmth: pick.warmth,
@@ -250,9 +264,13 @@ fn warm_states(
     }
     for hit in hits {
         if let Some(slot) = arena.slot(hit.row) {
-            states
-                .entry(hit.row)
-                .or_insert_with(|| born_state(arena, slot));
+            states.entry(hit.row).or_insert_with(|| {
+                if hit.user == user {
+                    born_state(arena, slot)
+                } else {
+                    unwarmed_state(arena, slot, clock)
+                }
+            });
         }
     }
     Ok(states)
@@ -263,6 +281,18 @@ fn born_state(arena: &Arena, slot: crate::arena::Slot) -> Activation {
     let page = arena.page(slot.page);
     let i = slot.index as usize;
     heat::born(page.birth_clocks[i], page.decays[i])
+}
+
+/// The state another group member's row starts from in the asker's recall: no warmth on the
+/// asker's clock (its birth clock counts on its owner's clock), so the reheat gives it exactly
+/// the trajectory its rank earns now.
+fn unwarmed_state(arena: &Arena, slot: crate::arena::Slot, clock: u64) -> Activation {
+    let page = arena.page(slot.page);
+    Activation {
+        last_clock: clock,
+        peak: 0.0,
+        decay: page.decays[slot.index as usize],
+    }
 }
 
 /// Reheat `rows` (rank order) in `states` at clock `now`; returns the raised trajectories as
@@ -297,6 +327,12 @@ pub fn reheat_returned(
 ) -> Result<usize, StoreError> {
     let store = &memory.store;
     let clock = store.clock(user)?;
+    // Another group member's rows keep their own heat.
+    let rows: Vec<RowId> = rows
+        .iter()
+        .copied()
+        .filter(|&row| arena.owner_in(row, &[user]).is_some())
+        .collect();
     let wanted: HashSet<RowId> = rows.iter().copied().collect();
     let mut states = HashMap::new();
     for entry in store.warm_of(user) {
@@ -305,12 +341,12 @@ pub fn reheat_returned(
             states.insert(row, state);
         }
     }
-    for &row in rows {
+    for &row in &rows {
         if let Some(slot) = arena.slot(row) {
             states.entry(row).or_insert_with(|| born_state(arena, slot));
         }
     }
-    let updates = reheat(user, rows, &mut states, clock);
+    let updates = reheat(user, &rows, &mut states, clock);
     store.patch_activation(&updates)?;
     Ok(updates.len())
 }

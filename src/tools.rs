@@ -207,6 +207,9 @@ pub struct Outcome {
 #[derive(Debug, Clone)]
 pub struct TurnState {
     pub user: UserId,
+    /// Whose rows the tools read: the asker's, or its group scope's members (the asker among
+    /// them).
+    scope: Vec<UserId>,
     /// Render time (Unix ms) for the items' ages.
     pub now_ms: Option<i64>,
     retrieved: Vec<RowId>,
@@ -214,16 +217,19 @@ pub struct TurnState {
 }
 
 impl TurnState {
-    /// The state after the frame: `retrieved` is the turn's full retrieved set (best first),
+    /// The state after the frame: `scope` is whose rows the tools read (`[user]` unless the
+    /// asker has a group scope), `retrieved` the turn's full retrieved set (best first),
     /// `frame_rows` what the frame showed.
     pub fn new(
         user: UserId,
+        scope: &[UserId],
         now_ms: Option<i64>,
         retrieved: Vec<RowId>,
         frame_rows: &[RowId],
     ) -> Self {
         Self {
             user,
+            scope: scope.to_vec(),
             now_ms,
             retrieved,
             shown: frame_rows.iter().copied().collect(),
@@ -261,22 +267,26 @@ impl TurnState {
                     &memory.dictionary,
                     arena,
                     kernels,
-                    &[self.user],
+                    &self.scope,
                     &prepared,
                     depth,
                 );
                 let mut rows = self.unseen(hits.iter().map(|h| h.row));
                 rows.truncate(*limit);
-                let turns = self.turns(memory, &mut names, &rows)?;
+                let turns = self.turns(memory, arena, &mut names, &rows)?;
                 self.items(SEARCH_TOOL, &turns)
             }
             Call::Reopen => {
                 let rows = self.unseen(self.retrieved.iter().copied());
-                let turns = self.turns(memory, &mut names, &rows)?;
+                let turns = self.turns(memory, arena, &mut names, &rows)?;
                 self.items(REOPEN_TOOL, &turns)
             }
             Call::Chain { item } => {
-                let Some(row) = memory.store.row(self.user, *item)? else {
+                let found = match arena.owner_in(*item, &self.scope) {
+                    Some(owner) => memory.store.row(owner, *item)?.map(|row| (owner, row)),
+                    None => None,
+                };
+                let Some((owner, row)) = found else {
                     return Ok(Outcome {
                         text: format!("{CHAIN_TOOL}: there is no item #{} in this memory", item.0),
                         rows: Vec::new(),
@@ -286,7 +296,7 @@ impl TurnState {
                 let first = row.message;
                 let last = RowId(row.message.0 + u64::from(row.chunks.max(1)) - 1);
                 let around = memory.store.conversation_rows_around(
-                    self.user,
+                    owner,
                     &row.conversation,
                     *item,
                     CHAIN_REACH + usize::from(row.chunks),
@@ -301,7 +311,7 @@ impl TurnState {
                     .position(|&r| r == last)
                     .map_or(around.len(), |p| (p + CHAIN_REACH + 1).min(around.len()));
                 let rows = self.unseen(around[from..to].iter().copied());
-                let turns = self.turns(memory, &mut names, &rows)?;
+                let turns = self.turns(memory, arena, &mut names, &rows)?;
                 self.items(CHAIN_TOOL, &turns)
             }
             Call::Count { query, by } => {
@@ -310,7 +320,7 @@ impl TurnState {
                     &memory.dictionary,
                     arena,
                     kernels,
-                    &[self.user],
+                    &self.scope,
                     &prepared,
                     COUNT_DEPTH,
                 );
@@ -320,7 +330,7 @@ impl TurnState {
                     .filter(|h| best > 0.0 && h.score >= best * COUNT_MATCH_SHARE)
                     .map(|h| h.row)
                     .collect();
-                let turns = self.turns(memory, &mut names, &rows)?;
+                let turns = self.turns(memory, arena, &mut names, &rows)?;
                 return Ok(Outcome {
                     text: render_count(query, *by, &count(&turns, *by)),
                     rows,
@@ -331,16 +341,21 @@ impl TurnState {
         Ok(outcome)
     }
 
-    /// The stored turns of `rows` (those still stored), speakers resolved.
+    /// The stored turns of `rows` that the scope holds (those still stored), speakers
+    /// resolved.
     fn turns(
         &self,
         memory: &Memory,
+        arena: &Arena,
         names: &mut Names,
         rows: &[RowId],
     ) -> Result<Vec<Turn>, StoreError> {
         let mut turns = Vec::with_capacity(rows.len());
         for &row in rows {
-            if let Some(turn) = names.turn(memory, self.user, row)? {
+            let Some(owner) = arena.owner_in(row, &self.scope) else {
+                continue;
+            };
+            if let Some(turn) = names.turn(memory, owner, row)? {
                 turns.push(turn);
             }
         }
@@ -477,7 +492,13 @@ mod tests {
 
     #[test]
     fn unseen_drops_the_shown_and_repeats_and_keeps_the_order() {
-        let mut state = TurnState::new(UserId(1), None, vec![RowId(5), RowId(3)], &[RowId(3)]);
+        let mut state = TurnState::new(
+            UserId(1),
+            &[UserId(1)],
+            None,
+            vec![RowId(5), RowId(3)],
+            &[RowId(3)],
+        );
         assert_eq!(
             state.unseen([RowId(7), RowId(3), RowId(5), RowId(7), RowId(1)]),
             [RowId(7), RowId(5), RowId(1)]

@@ -6,6 +6,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use perpetuity::arena::Arena;
 use perpetuity::budget::Budget;
@@ -97,9 +98,13 @@ fn activations(memory: &Memory, user: UserId) -> HashMap<RowId, Activation> {
         .unwrap()
 }
 
+/// The asking user, alone in her scope.
+static ALICE: LazyLock<[UserId; 1]> = LazyLock::new(|| [UserId::from_key("alice")]);
+
 fn ask<'a>(conversation: &'a str, question: &'a str, probe: bool) -> Ask<'a> {
     Ask {
-        user: UserId::from_key("alice"),
+        user: ALICE[0],
+        scope: &*ALICE,
         conversation: Some(conversation),
         question,
         probe,

@@ -6,10 +6,13 @@
 
 mod common;
 
+use std::collections::BTreeMap;
+
 use hyper::StatusCode;
 use serde_json::{Value, json};
 
 use common::upstream::{Answer, Harness, body_of, header};
+use perpetuity::proxy::identity::Groups;
 use perpetuity::recall::{Ask, RecallConfig, recall};
 use perpetuity::types::{RowId, UserId};
 
@@ -153,6 +156,7 @@ async fn no_user_ever_sees_another_users_canary_and_identical_texts_stay_apart()
             &RecallConfig::default(),
             &Ask {
                 user,
+                scope: &[user],
                 conversation: None,
                 question: QUESTION,
                 probe: true,
@@ -443,4 +447,80 @@ async fn a_user_name_outside_ascii_narrows_like_any_other() {
             "{other:?} sees José's memory: {sent}"
         );
     }
+}
+
+/// A group scope: the planner and the coder behind one team key search each other's memory;
+/// the team's reviewer (in no group) does not, nor does any user of another credential, even one
+/// with the same names (membership is by name under the asking credential); and a member's
+/// recall never writes another member's heat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_scope_reads_its_members_and_nobody_else() {
+    let h = Harness::start(|config| {
+        config.groups = Groups::new(BTreeMap::from([(
+            "team".to_owned(),
+            vec!["planner".to_owned(), "coder".to_owned()],
+        )]))
+        .unwrap();
+    })
+    .await;
+    let member = |credential: &str, name: &'static str| Tenant {
+        credential: credential.to_owned(),
+        narrow: Some(name),
+    };
+    let (planner, coder, reviewer) = (
+        member("sk-team-key", "planner"),
+        member("sk-team-key", "coder"),
+        member("sk-team-key", "reviewer"),
+    );
+    let (other_planner, other_coder) = (
+        member("sk-other-key", "planner"),
+        member("sk-other-key", "coder"),
+    );
+    const TEAM: &str = "GRPTEAM4417";
+    const OTHER: &str = "GRPOTHER9903";
+    const ASK: &str = "What is the deploy passphrase of the project?";
+    for (tenant, canary) in [(&planner, TEAM), (&other_planner, OTHER)] {
+        ask(
+            &h,
+            tenant,
+            &format!("Remember: the deploy passphrase of the project is {canary}."),
+            "Noted.",
+        )
+        .await;
+    }
+    let store = &h.state.memory.store;
+    let planner_heat = |h: &Harness| -> Vec<_> {
+        store
+            .activations_of(UserId::from_key(&planner.key(h)))
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    let before = planner_heat(&h);
+
+    let sent = ask(&h, &coder, ASK, "Let me look.").await;
+    assert!(
+        sent.contains(TEAM),
+        "the coder's frame holds the planner's row: {sent}"
+    );
+    assert!(
+        !sent.contains(OTHER),
+        "another credential's planner leaked: {sent}"
+    );
+    assert_eq!(
+        planner_heat(&h),
+        before,
+        "the coder's recall wrote the planner's heat"
+    );
+
+    let sent = ask(&h, &reviewer, ASK, "Let me look.").await;
+    assert!(
+        !sent.contains(TEAM) && !sent.contains(OTHER),
+        "the reviewer is in no group: {sent}"
+    );
+    let sent = ask(&h, &other_coder, ASK, "Let me look.").await;
+    assert!(
+        sent.contains(OTHER),
+        "the other key's team is its own group: {sent}"
+    );
+    assert!(!sent.contains(TEAM), "a group crossed credentials: {sent}");
 }

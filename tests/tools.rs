@@ -1260,7 +1260,7 @@ fn a_chain_follows_the_message_and_its_neighbours_and_never_another_users_rows()
     let long = turn(5).clone();
     assert!(long.len() > 1, "the long turn is chunked");
     let user = UserId::from_key("u1");
-    let mut state = TurnState::new(user, None, Vec::new(), turn(4));
+    let mut state = TurnState::new(user, &[user], None, Vec::new(), turn(4));
     let outcome = state
         .run(&memory, &arena, &kernels, &Call::Chain { item: long[1] })
         .unwrap();
@@ -1284,5 +1284,36 @@ fn a_chain_follows_the_message_and_its_neighbours_and_never_another_users_rows()
         refused.text.contains("there is no item"),
         "{}",
         refused.text
+    );
+
+    // In a group scope with u2, the search reaches u2's rows, u2's item is followed in u2's own
+    // conversation, and u1's item still in u1's.
+    let u2 = UserId::from_key("u2");
+    let mut group = TurnState::new(user, &[user, u2], None, Vec::new(), &[]);
+    let searched = group
+        .run(
+            &memory,
+            &arena,
+            &kernels,
+            &Call::Search {
+                query: "Someone else's turn".into(),
+                limit: 3,
+            },
+        )
+        .unwrap();
+    assert!(searched.rows.contains(&foreign), "{}", searched.text);
+    let mut group = TurnState::new(user, &[user, u2], None, Vec::new(), &[]);
+    let followed = group
+        .run(&memory, &arena, &kernels, &Call::Chain { item: foreign })
+        .unwrap();
+    assert_eq!(followed.rows, vec![foreign], "{}", followed.text);
+    assert!(followed.text.contains("Someone else's turn."));
+    let mine = group
+        .run(&memory, &arena, &kernels, &Call::Chain { item: turn(0)[0] })
+        .unwrap();
+    assert!(
+        !mine.rows.is_empty() && !mine.rows.contains(&foreign),
+        "{}",
+        mine.text
     );
 }

@@ -68,6 +68,7 @@ fn reopen_or_one_search_recovers_evidence_the_frame_left_out() {
         let now_ms = latest.get(&user).copied();
         let ask = Ask {
             user,
+            scope: &[user],
             conversation: None,
             question: &question.question,
             probe: true,
@@ -92,6 +93,7 @@ fn reopen_or_one_search_recovers_evidence_the_frame_left_out() {
         trimmed += 1;
         let state = TurnState::new(
             user,
+            &[user],
             now_ms,
             recalled.retrieved.iter().map(|r| RowId(r.row)).collect(),
             &recalled.frame.rows,

@@ -729,6 +729,15 @@ impl Arena {
             .filter(|s| *s != Slot::NONE)
     }
 
+    /// The user row `id` belongs to, when that user is in `scope`: the tenant predicate for
+    /// one row named by id (a memory tool's item, a retrieved row of a group scope), beside
+    /// [`Arena::scope_pages`] for scans.
+    pub fn owner_in(&self, id: RowId, scope: &[UserId]) -> Option<UserId> {
+        let slot = self.slot(id)?;
+        let user = UserId(self.page(slot.page).user);
+        scope.contains(&user).then_some(user)
+    }
+
     /// The row next to the row in `slot` in its user's rows (row id order), towards `side`.
     fn step(&self, slot: Slot, side: Side) -> Option<Slot> {
         let page = self.page(slot.page);

@@ -7,6 +7,7 @@
 //! 32 random bytes kept in the data directory (`secret`, mode 0600), made on first start; the
 //! credential itself is never stored or logged.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::path::Path;
 
@@ -83,6 +84,47 @@ impl Secret {
     }
 }
 
+/// Group scopes: named sets of one credential's users whose memories are searched together (a
+/// team of agents behind one key). A member is an `x-perpetuity-user` name; the empty name is
+/// the credential's own memory (no header). Membership is by name under the asking credential:
+/// the names are hashed with the credential that asks, so a group never reaches another
+/// credential's memory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Groups(BTreeMap<String, BTreeSet<String>>);
+
+impl Groups {
+    /// Groups from their members' names; a group without members is refused.
+    pub fn new(groups: BTreeMap<String, Vec<String>>) -> Result<Self, String> {
+        let mut out = BTreeMap::new();
+        for (name, members) in groups {
+            if members.is_empty() {
+                return Err(format!("group {name:?} has no members"));
+            }
+            out.insert(name, members.into_iter().collect());
+        }
+        Ok(Self(out))
+    }
+
+    /// The user keys whose rows a request of `credential`, narrowed by `narrow`, searches: the
+    /// asker's own key first, then every other member of each group its name belongs to, in
+    /// name order, each once.
+    pub fn scope(&self, secret: &Secret, credential: &str, narrow: Option<&str>) -> Vec<String> {
+        let name = narrow.unwrap_or("");
+        let members: BTreeSet<&str> = self
+            .0
+            .values()
+            .filter(|members| members.contains(name))
+            .flatten()
+            .map(String::as_str)
+            .filter(|&member| member != name)
+            .collect();
+        std::iter::once(narrow)
+            .chain(members.into_iter().map(|m| (!m.is_empty()).then_some(m)))
+            .map(|member| secret.user_key(credential, member))
+            .collect()
+    }
+}
+
 /// A conversation's key when the harness names none: a stable hash of its first message.
 pub fn conversation_key(first_message: &str) -> String {
     format!(
@@ -114,6 +156,49 @@ mod tests {
             a.user_key("sk-two", Some("alice"))
         );
         assert!(!base.contains("sk-one"));
+    }
+
+    #[test]
+    fn a_group_scope_holds_its_members_under_the_asking_credential_only() {
+        let secret = Secret::from_bytes([3; 32]);
+        let groups = Groups::new(BTreeMap::from([
+            (
+                "team".to_owned(),
+                vec!["planner".to_owned(), "coder".to_owned(), String::new()],
+            ),
+            (
+                "pair".to_owned(),
+                vec!["coder".to_owned(), "reviewer".to_owned()],
+            ),
+        ]))
+        .unwrap();
+        let key = |credential: &str, name: Option<&str>| secret.user_key(credential, name);
+        assert_eq!(
+            groups.scope(&secret, "sk-a", Some("coder")),
+            vec![
+                key("sk-a", Some("coder")),
+                key("sk-a", None),
+                key("sk-a", Some("planner")),
+                key("sk-a", Some("reviewer")),
+            ]
+        );
+        assert_eq!(
+            groups.scope(&secret, "sk-a", None),
+            vec![
+                key("sk-a", None),
+                key("sk-a", Some("coder")),
+                key("sk-a", Some("planner"))
+            ]
+        );
+        assert_eq!(
+            groups.scope(&secret, "sk-b", Some("reviewer")),
+            vec![key("sk-b", Some("reviewer")), key("sk-b", Some("coder"))]
+        );
+        assert_eq!(
+            groups.scope(&secret, "sk-a", Some("outsider")),
+            vec![key("sk-a", Some("outsider"))]
+        );
+        assert!(Groups::new(BTreeMap::from([("empty".to_owned(), Vec::new())])).is_err());
     }
 
     #[test]

@@ -42,7 +42,7 @@ use crate::recall::{Ask, Recall, RecallConfig, recall};
 use crate::scan::kernels::Kernels;
 use crate::types::{Role, RowId, UserId};
 
-use identity::{CONVERSATION_HEADER, Secret, USER_HEADER};
+use identity::{CONVERSATION_HEADER, Groups, Secret, USER_HEADER};
 use provider::{Failure, Provider};
 
 /// Marks an error the proxy answered itself: `refused` (the request) or `upstream`.
@@ -79,6 +79,8 @@ pub struct ProxyConfig {
     pub tools: bool,
     /// Upstream calls per reply when the model calls the memory tools; the last one has no tools.
     pub tool_rounds: usize,
+    /// Group scopes: whose memories a request's search reads besides the asker's own.
+    pub groups: Groups,
 }
 
 impl Default for ProxyConfig {
@@ -97,6 +99,7 @@ impl Default for ProxyConfig {
             recall: RecallConfig::default(),
             tools: true,
             tool_rounds: rounds::DEFAULT_ROUNDS,
+            groups: Groups::default(),
         }
     }
 }
@@ -151,6 +154,9 @@ impl ProxyConfig {
             &mut self.header_timeout,
             limits.header_timeout_s.map(seconds),
         );
+        if !file.groups.is_empty() {
+            self.groups = Groups::new(file.groups.clone())?;
+        }
         let recall = &file.recall;
         set(&mut self.recall.budget.floor, recall.budget_floor_tokens);
         set(
@@ -462,11 +468,13 @@ impl Switches {
     }
 }
 
-/// Who is asking, in which conversation.
+/// Who is asking, in which conversation, and whose rows its search reads.
 #[derive(Debug, Clone)]
 struct Identity {
     user_key: String,
     conversation: String,
+    /// The asker's user id, then its group scope's other members' ([`Groups::scope`]).
+    scope: Vec<UserId>,
 }
 
 /// One of the [`ProxyConfig::max_concurrent`] slots for a request to `provider`, held until its
@@ -548,6 +556,13 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     };
     let identity = Identity {
         user_key: state.secret.user_key(&credential, narrow),
+        scope: state
+            .config
+            .groups
+            .scope(&state.secret, &credential, narrow)
+            .iter()
+            .map(|key| UserId::from_key(key))
+            .collect(),
         conversation: conversation
             .map(str::to_owned)
             .unwrap_or_else(|| identity::conversation_key(request.first.as_deref().unwrap_or(""))),
@@ -625,6 +640,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     if let (Some(base), Some(recall)) = (tool_base, &recall) {
         let turn = crate::tools::TurnState::new(
             UserId::from_key(&identity.user_key),
+            &identity.scope,
             Some(now_ms()),
             recall.retrieved.iter().map(|r| RowId(r.row)).collect(),
             &recall.frame.rows,
@@ -711,6 +727,7 @@ fn remember(
     };
     let ask = Ask {
         user: UserId::from_key(&identity.user_key),
+        scope: &identity.scope,
         conversation: Some(&identity.conversation),
         question,
         probe: !stored || !switches.writes(),
