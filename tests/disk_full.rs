@@ -262,10 +262,11 @@ fn fill(path: &Path) -> u64 {
 
 /// A real full disk. The data directory is a 192 MiB tmpfs: RocksDB resumes writing on its own
 /// once one write buffer (64 MiB) is free again, so the filesystem must be larger than that.
-/// A ballast file fills it until ENOSPC and is then cut to leave 6 MiB, before the server
-/// creates its store: RocksDB's 70 MiB log preallocation fails then, as on any nearly full
-/// disk, so the writes meet the full disk rather than preallocated room. The server stores
-/// until the disk is full; the ballast is then deleted.
+/// A ballast file fills it until ENOSPC and is then cut to leave 16 MiB, before the server
+/// creates its store (its manifest preallocates 4 MiB, the arena's files 1 MiB each): RocksDB's
+/// 70 MiB log preallocation fails then, as on any nearly full disk, so the writes meet the full
+/// disk rather than preallocated room. The server stores until the disk is full; the ballast is
+/// then deleted.
 #[test]
 fn a_full_disk_stops_acknowledging_and_recovers_when_space_returns() {
     let dir = tempfile::tempdir().unwrap();
@@ -282,7 +283,7 @@ fn a_full_disk_stops_acknowledging_and_recovers_when_space_returns() {
         .write(true)
         .open(&ballast)
         .unwrap()
-        .set_len(filled - (6 << 20))
+        .set_len(filled - (16 << 20))
         .unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let upstream = runtime.block_on(Upstream::start());
