@@ -25,3 +25,18 @@ pub enum Error {
     #[error(transparent)]
     Arena(#[from] ArenaError),
 }
+
+impl Error {
+    /// Whether the storage itself failed (see [`StoreError::is_storage_failure`], and an arena
+    /// file that could not be grown or written) rather than the data read from it: the serving
+    /// process then stops writing until its probe finds the storage taking writes again.
+    pub fn is_storage_failure(&self) -> bool {
+        match self {
+            Error::Store(store) | Error::Arena(ArenaError::Store(store)) => {
+                store.is_storage_failure()
+            }
+            Error::Arena(ArenaError::Io { .. }) => true,
+            _ => false,
+        }
+    }
+}

@@ -176,6 +176,7 @@ impl MappedFile {
         let grown = bytes.max(self.map.len() + self.map.len() / 4);
         match &self.file {
             Some((file, _)) => {
+                crate::failpoint::io_error("arena.grow")?;
                 self.map.flush_async()?;
                 allocate(file, grown)?;
                 self.map = map(file)?;

@@ -8,6 +8,7 @@
 //! headers; `docs/security.md` the trust model.
 
 pub mod bench;
+pub mod health;
 pub mod identity;
 pub mod ops;
 pub mod provider;
@@ -47,6 +48,9 @@ use provider::{Failure, Provider};
 
 /// Marks an error the proxy answered itself: `refused` (the request) or `upstream`.
 pub const PROXY_ERROR: &str = "x-perpetuity-error";
+/// Names what the request stored before its answer left (`question`, `reply`): an answer
+/// acknowledges exactly what this header lists.
+pub const CAPTURED: &str = "x-perpetuity-captured";
 
 /// A response body: whole, or streamed from a channel as upstream bytes arrive.
 pub type Body = BoxBody<Bytes, Infallible>;
@@ -196,6 +200,8 @@ pub struct State {
     pub secret: Secret,
     pub config: ProxyConfig,
     pub metrics: ops::Metrics,
+    /// Whether the memory takes writes (`/healthz`).
+    pub health: health::Health,
     /// Held shared by every write of a request (capture, reheat, reply) and exclusively by the
     /// admin integrity check and purge, which need the store still.
     writes: RwLock<()>,
@@ -241,14 +247,23 @@ impl State {
             permits: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent)),
             config,
             metrics: ops::Metrics::default(),
+            health: health::Health::default(),
             writes: RwLock::new(()),
             client,
         }
     }
 }
 
-/// Accept connections on `listener` until the task is dropped.
+/// Accept connections on `listener` until the task is dropped, probing the storage while it
+/// fails ([`health::watch`]).
 pub async fn serve(listener: TcpListener, state: Arc<State>) -> std::io::Result<()> {
+    tokio::select! {
+        result = accept(listener, Arc::clone(&state)) => result,
+        never = health::watch(state) => match never {},
+    }
+}
+
+async fn accept(listener: TcpListener, state: Arc<State>) -> std::io::Result<()> {
     loop {
         let (stream, peer) = listener.accept().await?;
         // Events are small writes that must leave at once, not wait for an ACK (Nagle).
@@ -277,14 +292,7 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
         return Ok(admin(req, state).await);
     }
     Ok(match (req.method(), path.as_str()) {
-        (&Method::GET, "/healthz") => json(
-            StatusCode::OK,
-            &serde_json::json!({
-                "status": "ok",
-                "dictionary": state.memory.dictionary.version(),
-                "next_row": state.memory.store.next_row().0,
-            }),
-        ),
+        (&Method::GET, "/healthz") => healthz(&state),
         (&Method::GET, "/metrics") => {
             let mut response =
                 Response::new(Full::new(Bytes::from(ops::render_metrics(&state))).boxed());
@@ -325,6 +333,31 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
             counted(&state, pass_through(req, Arc::clone(&state)).await)
         }
     })
+}
+
+/// `GET /healthz`: 200 while the memory takes writes, 503 with the reason while it does not
+/// (a load balancer stops routing here; requests that still come are passed through).
+fn healthz(state: &State) -> Response<Body> {
+    let (dictionary, next_row) = (
+        state.memory.dictionary.version(),
+        state.memory.store.next_row().0,
+    );
+    match state.health.outage() {
+        None => json(
+            StatusCode::OK,
+            &serde_json::json!({"status": "ok", "dictionary": dictionary, "next_row": next_row}),
+        ),
+        Some(outage) => json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({
+                "status": "not_ready",
+                "reason": outage.reason,
+                "since_s": outage.since.elapsed().as_secs(),
+                "dictionary": dictionary,
+                "next_row": next_row,
+            }),
+        ),
+    }
 }
 
 /// The model of a Gemini `generateContent` / `streamGenerateContent` path.
@@ -568,15 +601,23 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             .unwrap_or_else(|| identity::conversation_key(request.first.as_deref().unwrap_or(""))),
     };
 
-    let remembered = {
+    // Not ready: the storage failed and its probe has not yet written again. Nothing is
+    // captured; the request goes through untouched.
+    let remembered = if state.health.ready() {
         let (state, request, identity) = (Arc::clone(&state), request.clone(), identity.clone());
-        tokio::task::spawn_blocking(move || remember(&state, &request, &identity, switches)).await
+        Some(
+            tokio::task::spawn_blocking(move || remember(&state, &request, &identity, switches))
+                .await,
+        )
+    } else {
+        None
     };
     state.metrics.memory_time(started.elapsed());
+    let question_stored = matches!(&remembered, Some(Ok(r)) if r.question_stored);
     let tools = switches.tools(&state.config, format);
     let mut tool_base = None;
-    let (outbound, memory_status, recall) = match remembered {
-        Ok(Ok(Some(recall))) if tools => {
+    let (outbound, memory_status, recall) = match remembered.map(|r| r.map(|r| r.recall)) {
+        Some(Ok(Ok(Some(recall)))) if tools => {
             state
                 .metrics
                 .scanned(recall.scanned_rows, Duration::from_micros(recall.scan_us));
@@ -586,7 +627,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             tool_base = Some(body);
             (bytes, "ok", Some(recall))
         }
-        Ok(Ok(Some(recall))) => {
+        Some(Ok(Ok(Some(recall)))) => {
             state
                 .metrics
                 .scanned(recall.scanned_rows, Duration::from_micros(recall.scan_us));
@@ -596,13 +637,18 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
                 Some(recall),
             )
         }
-        Ok(Ok(None)) => (bytes.to_vec(), "off", None),
-        Ok(Err(err)) => {
+        Some(Ok(Ok(None))) => (bytes.to_vec(), "off", None),
+        Some(Ok(Err(err))) => {
             tracing::error!(%err, "memory unavailable; forwarding the request untouched");
+            state.health.report("remembering a request", &err);
             state.metrics.count(ops::Event::MemoryUnavailable);
             (bytes.to_vec(), "unavailable", None)
         }
-        Err(err) => {
+        None => {
+            state.metrics.count(ops::Event::MemoryUnavailable);
+            (bytes.to_vec(), "unavailable", None)
+        }
+        Some(Err(err)) => {
             tracing::error!(%err, "memory task failed; forwarding the request untouched");
             state.metrics.count(ops::Event::MemoryUnavailable);
             (bytes.to_vec(), "unavailable", None)
@@ -621,6 +667,9 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     );
     if let Ok(version) = HeaderValue::from_str(state.memory.dictionary.version()) {
         report.insert("x-perpetuity-dictionary", version);
+    }
+    if question_stored {
+        acknowledge(&mut report, "question");
     }
     if let Some(recall) = &recall {
         for (name, value) in [
@@ -681,21 +730,26 @@ fn utf8_header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>
         .transpose()
 }
 
+/// What [`remember`] did: whether the question was committed, and the recall (`Ok(None)` when
+/// recall is off or there is no question to recall for).
+struct Remembered {
+    question_stored: bool,
+    recall: Result<Option<Recall>, Error>,
+}
+
 /// Capture the new user turn and recall for the live question, as the switches allow.
-/// `Ok(None)` when recall is off or there is no question to recall for.
 fn remember(
     state: &State,
     request: &wire::Request,
     identity: &Identity,
     switches: Switches,
-) -> Result<Option<Recall>, Error> {
+) -> Remembered {
     let _writing = state.writes.read().expect("writes gate");
-    let memory = &state.memory;
     let mut stored = false;
     if switches.writes() && request.question_is_new() {
         let text = request.question.clone().unwrap_or_default();
-        let ids = Capturer::new(&memory.dictionary).capture(
-            &memory.store,
+        let captured = Capturer::new(&state.memory.dictionary).capture(
+            &state.memory.store,
             &[Message {
                 user_key: identity.user_key.clone(),
                 conversation: identity.conversation.clone(),
@@ -705,9 +759,33 @@ fn remember(
                 source_turn: None,
                 text,
             }],
-        )?;
-        stored = ids.first().is_some_and(|ids| !ids.is_empty());
+        );
+        match captured {
+            Ok(ids) => stored = ids.first().is_some_and(|ids| !ids.is_empty()),
+            Err(err) => {
+                return Remembered {
+                    question_stored: false,
+                    recall: Err(err.into()),
+                };
+            }
+        }
     }
+    Remembered {
+        question_stored: stored,
+        recall: recall_for(state, request, identity, switches, stored),
+    }
+}
+
+/// Catch the arena up and recall for the live question (`Ok(None)` when recall is off or
+/// there is none); `stored`: the question was just captured (otherwise recall is a probe).
+fn recall_for(
+    state: &State,
+    request: &wire::Request,
+    identity: &Identity,
+    switches: Switches,
+    stored: bool,
+) -> Result<Option<Recall>, Error> {
+    let memory = &state.memory;
     let (true, false, Some(question)) = (
         switches.recall,
         request.server_history,
@@ -745,10 +823,11 @@ struct Reply {
 }
 
 impl Reply {
-    /// Store the reply's text as the assistant's turn (marked when the stream was cut short).
-    fn capture(self, text: String, complete: bool) {
+    /// Store the reply's text as the assistant's turn (marked when the stream was cut short);
+    /// whether it was committed.
+    fn capture(self, text: String, complete: bool) -> bool {
         if text.is_empty() {
-            return;
+            return false;
         }
         let text = if complete {
             text.clone()
@@ -770,14 +849,33 @@ impl Reply {
             }],
         );
         match result {
-            Ok(_) => self.state.metrics.count(ops::Event::Reply {
-                truncated: !complete,
-            }),
+            Ok(_) => {
+                self.state.metrics.count(ops::Event::Reply {
+                    truncated: !complete,
+                });
+                true
+            }
             Err(err) => {
                 tracing::error!(%err, provider = self.format.provider().name(), "capturing the reply failed");
+                self.state.health.report("capturing a reply", &err.into());
+                false
             }
         }
     }
+}
+
+/// Name `what` (`question`, `reply`) in the response's [`CAPTURED`] list. Only what is
+/// committed before the answer leaves is named: a streamed reply, stored after its last byte,
+/// never is.
+fn acknowledge(headers: &mut HeaderMap, what: &str) {
+    let list = match headers.get(CAPTURED).and_then(|v| v.to_str().ok()) {
+        Some(list) => format!("{list}, {what}"),
+        None => what.to_owned(),
+    };
+    headers.insert(
+        CAPTURED,
+        HeaderValue::from_str(&list).expect("the names are ASCII"),
+    );
 }
 
 /// The upstream's answer, passed to the client: streamed event by event (and read for its text
@@ -793,7 +891,7 @@ async fn respond(
 ) -> Response<Body> {
     let (limit, idle) = (config.body_limit, config.stream_idle_timeout);
     let (mut parts, body) = upstream.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
+    strip_upstream_headers(&mut parts.headers);
     parts.headers.extend(report);
     let streaming = is_event_stream(&parts.headers);
     let success = parts.status.is_success();
@@ -812,7 +910,10 @@ async fn respond(
             if let (Some(reply), true) = (reply, success)
                 && let Some(text) = format.and_then(|f| wire::reply_text(f, &bytes))
             {
-                let _ = tokio::task::spawn_blocking(move || reply.capture(text, true)).await;
+                let stored = tokio::task::spawn_blocking(move || reply.capture(text, true)).await;
+                if stored.unwrap_or(false) {
+                    acknowledge(&mut parts.headers, "reply");
+                }
             }
             Response::from_parts(parts, Full::new(bytes).boxed())
         }
@@ -1064,10 +1165,17 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+/// Remove from an upstream's response the hop-by-hop headers, its length (the body may be
+/// rewritten) and any `x-perpetuity-*` header: only the proxy reports what it did (an
+/// upstream's `x-perpetuity-captured` would claim a capture that never happened).
+fn strip_upstream_headers(headers: &mut HeaderMap) {
     let names: Vec<HeaderName> = headers
         .keys()
-        .filter(|n| is_hop_by_hop(n) || *n == hyper::header::CONTENT_LENGTH)
+        .filter(|n| {
+            is_hop_by_hop(n)
+                || *n == hyper::header::CONTENT_LENGTH
+                || n.as_str().starts_with("x-perpetuity-")
+        })
         .cloned()
         .collect();
     for name in names {

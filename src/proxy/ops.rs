@@ -190,6 +190,20 @@ pub fn render_metrics(state: &State) -> String {
             &[(String::new(), value.load(Ordering::Relaxed))],
         );
     }
+    for (name, help, value) in [
+        (
+            "perpetuity_storage_failures_total",
+            "Storage failures met while serving (writes or arena growth refused).",
+            state.health.failures(),
+        ),
+        (
+            "perpetuity_storage_recoveries_total",
+            "Times the server became ready again after a storage failure.",
+            state.health.recoveries(),
+        ),
+    ] {
+        counter(name, help, &[(String::new(), value)]);
+    }
     for (name, help, histogram) in [
         (
             "perpetuity_memory_ms",
@@ -217,6 +231,11 @@ pub fn render_metrics(state: &State) -> String {
     };
     let arena = state.arena.read().expect("arena lock");
     for (name, help, value) in [
+        (
+            "perpetuity_ready",
+            "1 while the memory takes writes, 0 while a storage failure lasts.",
+            f64::from(u8::from(state.health.ready())),
+        ),
         (
             "perpetuity_scan_rows_per_second",
             "Scan throughput of recall since start.",

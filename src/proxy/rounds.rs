@@ -39,7 +39,8 @@ use crate::types::Role;
 use super::provider::Failure;
 use super::wire::{self, Format};
 use super::{
-    Body, Channel, ProxyConfig, Reply, State, failure, forward, now_ms, read_body, strip_hop_by_hop,
+    Body, Channel, ProxyConfig, Reply, State, failure, forward, now_ms, read_body,
+    strip_upstream_headers,
 };
 
 /// Upstream calls per reply when not configured: up to three rounds of tool calls, then the
@@ -1096,6 +1097,9 @@ impl Loop {
                                 )
                             {
                                 tracing::error!(%err, "reheating a tool's result failed");
+                                state
+                                    .health
+                                    .report("reheating a tool's result", &err.into());
                             }
                             outcome.text
                         }
@@ -1121,6 +1125,7 @@ impl Loop {
                 );
                 if let Err(err) = captured {
                     tracing::error!(%err, "capturing a tool call failed");
+                    state.health.report("capturing a tool call", &err.into());
                 }
             }
             results.push(result);
@@ -1223,7 +1228,7 @@ pub(super) async fn respond(
         .await;
     }
     let (mut parts, body) = upstream.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
+    strip_upstream_headers(&mut parts.headers);
     parts.headers.extend(report);
     if streaming {
         super::relay_unbuffered(&mut parts.headers);
@@ -1375,7 +1380,7 @@ async fn whole(
                         let (next_parts, next_body) = next.into_parts();
                         let report = std::mem::take(&mut parts.headers);
                         parts = next_parts;
-                        strip_hop_by_hop(&mut parts.headers);
+                        strip_upstream_headers(&mut parts.headers);
                         for name in report
                             .keys()
                             .filter(|n| n.as_str().starts_with("x-perpetuity-"))
@@ -1409,7 +1414,10 @@ async fn whole(
         if let Some(reply) = reply
             && let Some(text) = wire::reply_text(format, &bytes)
         {
-            let _ = tokio::task::spawn_blocking(move || reply.capture(text, true)).await;
+            let stored = tokio::task::spawn_blocking(move || reply.capture(text, true)).await;
+            if stored.unwrap_or(false) {
+                super::acknowledge(&mut parts.headers, "reply");
+            }
         }
         drop(permit);
         parts.status = StatusCode::OK;

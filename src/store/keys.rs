@@ -158,6 +158,9 @@ pub mod meta {
     pub const NEXT_ROW: &[u8] = b"next_row";
     /// How many purges the store has seen (u64): an arena written before a purge is stale.
     pub const PURGES: &[u8] = b"purges";
+    /// The time (ms since the epoch, i64) of the serving process's last write probe, the small
+    /// write that tells whether the store takes writes again after a failure.
+    pub const PROBE: &[u8] = b"probe";
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! | `clock` | user | u64 tokens processed | [`Store::write_captures`] |
 //! | `chain` | user ++ conversation ++ row | empty | [`Store::write_captures`] |
 //! | `bindings` | user ++ conversation ++ role ++ row | name (UTF-8) | [`Store::write_captures`] |
-//! | `meta` | name | value | [`Store::open`] and [`Store::write_captures`] (`next_row`) |
+//! | `meta` | name | value | [`Store::open`], [`Store::write_captures`] (`next_row`), [`Store::probe`] (`probe`) |
 //! | `warm` | user ++ row | [`Activation`] of a reheated row, a copy of its `activation` entry | [`Store::patch_activation`]; [`Store::forget_cold`] removes cold ones |
 //!
 //! [`Store::purge_user`] deletes; it is the one other function that writes, and only removes a
@@ -118,6 +118,13 @@ pub enum StoreError {
         path: PathBuf,
         source: rocksdb::Error,
     },
+    /// Class: internal (5xx). A write failed outside RocksDB: an I/O error injected by the
+    /// `failpoints` feature's `store.write` point, standing in for a full disk.
+    #[error("writing to the store at {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// Class: corruption. A stored value or key does not decode.
     #[error("corrupt {cf} entry {key}: {source}")]
     Corrupt {
@@ -139,6 +146,15 @@ pub enum StoreError {
         stored: String,
         requested: String,
     },
+}
+
+impl StoreError {
+    /// Whether the storage failed (RocksDB refused or could not complete an operation: a full
+    /// disk, an I/O error, a stopped database; or an injected write error) rather than a value
+    /// read from it being damaged or the directory belonging to another format or dictionary.
+    pub fn is_storage_failure(&self) -> bool {
+        matches!(self, Self::Rocks { .. } | Self::Write { .. })
+    }
 }
 
 /// How the store is opened.
@@ -318,9 +334,30 @@ impl Store {
     }
 
     fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        let mut batch = WriteBatch::default();
+        batch.put_cf(&self.cf(Cf::Meta), key, value);
+        self.write(batch)
+    }
+
+    /// Commit one batch through the write-ahead log: every write of the store but the repair
+    /// tools' raw ones. On a full disk or an I/O error RocksDB refuses it and every write after
+    /// it until it has recovered (see [`Store::probe`]).
+    fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
+        crate::failpoint::io_error("store.write").map_err(|source| StoreError::Write {
+            path: self.path.clone(),
+            source,
+        })?;
         self.db
-            .put_cf_opt(&self.cf(Cf::Meta), key, value, &self.write_options)
+            .write_opt(batch, &self.write_options)
             .map_err(|e| self.rocks(e))
+    }
+
+    /// Whether the store takes writes again: one small write (meta `probe`, the time in ms)
+    /// through the write-ahead log, as a capture's. After a full disk RocksDB stops taking
+    /// writes and resumes on its own once there is room again (its file manager checks the
+    /// free space every few seconds); this is how the server finds out.
+    pub fn probe(&self, now_ms: i64) -> Result<(), StoreError> {
+        self.put_meta(keys::meta::PROBE, &now_ms.to_le_bytes())
     }
 
     /// The recorded next row id (1 for a new store).
@@ -659,9 +696,7 @@ impl Store {
             keys::meta::NEXT_ROW,
             next_row.to_le_bytes(),
         );
-        self.db
-            .write_opt(batch, &self.write_options)
-            .map_err(|e| self.rocks(e))?;
+        self.write(batch)?;
         crate::failpoint::hit("store.after_commit");
         writer.next_row = next_row;
         Ok(ids)
@@ -719,9 +754,7 @@ impl Store {
             batch.put_cf(&cf, key, next.encode());
             batch.put_cf(&warm, key, next.encode());
         }
-        self.db
-            .write_opt(batch, &self.write_options)
-            .map_err(|e| self.rocks(e))
+        self.write(batch)
     }
 
     /// The warm index of a user: every reheated row still listed, with its activation, in row
@@ -745,9 +778,7 @@ impl Store {
         for &row in rows {
             batch.delete_cf(&warm, keys::user_row(user, row));
         }
-        self.db
-            .write_opt(batch, &self.write_options)
-            .map_err(|e| self.rocks(e))
+        self.write(batch)
     }
 
     /// Remove a user's memory as a unit: rows, retrieval rows, activation, log entries, clock,
@@ -800,9 +831,7 @@ impl Store {
                 keys::meta::PURGES,
                 (self.purges()? + 1).to_le_bytes(),
             );
-            self.db
-                .write_opt(batch, &self.write_options)
-                .map_err(|e| self.rocks(e))?;
+            self.write(batch)?;
             crate::failpoint::hit("purge.after_batch");
             (-rows) as u64
         };
