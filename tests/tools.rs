@@ -75,8 +75,8 @@ fn remember_a_long_past(h: &Harness, credential: &str) {
             text: filler(i),
         });
     }
-    Capturer::new(&h.state.memory.dictionary)
-        .capture(&h.state.memory.store, &messages)
+    Capturer::new(&h.state.generation().memory.dictionary)
+        .capture(&h.state.generation().memory.store, &messages)
         .unwrap();
 }
 
