@@ -7,7 +7,10 @@
 //! `arena.mid_append` (a row appended to the arena's mapping, the batch not committed),
 //! `arena.mid_commit` (page checksums and codebook written, the header not), `purge.after_batch`
 //! (a purge's deletions committed, nothing compacted), `purge.mid_compaction` (flushed, not
-//! compacted).
+//! compacted), `dict.mid_derive` (a re-derivation batch of a dark dictionary version
+//! committed, the next not), `dict.before_flip` (the dark version derived and its arena caught
+//! up, the flip not written), `dict.after_flip` (the flip written, the retired slot not
+//! cleared).
 
 /// Abort here if `PERPETUITY_FAILPOINT` names this point and its count is reached.
 #[cfg(feature = "failpoints")]

@@ -218,6 +218,11 @@ enum BenchCommand {
         /// Queries also answered by brute force to measure fidelity.
         #[arg(long, default_value_t = 20)]
         fidelity_queries: usize,
+        /// Re-derive the store's installed dark dictionary version on a thread of its own
+        /// while the benchmark runs (the queries' latency during a hot swap); its rate on
+        /// stderr.
+        #[arg(long)]
+        during_rederive: bool,
         /// Print one JSON object (names in docs/benchmarks.md).
         #[arg(long)]
         json: bool,
@@ -636,6 +641,7 @@ fn main() -> anyhow::Result<()> {
                     threads,
                     queries,
                     fidelity_queries,
+                    during_rederive,
                     json,
                     data,
                     dictionary,
@@ -650,6 +656,7 @@ fn main() -> anyhow::Result<()> {
             },
             data,
             json,
+            during_rederive,
             &dictionary,
         ),
         Command::Bench {
@@ -1330,6 +1337,7 @@ fn bench_scan(
     settings: bench::ScanSettings,
     data: Option<PathBuf>,
     json: bool,
+    during_rederive: bool,
     dictionary: &DictionaryArgs,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -1340,7 +1348,23 @@ fn bench_scan(
     let (_place, memory) = synthetic_memory(data, settings, dictionary, "scan")?;
     let kernels = Kernels::detect(false);
     eprintln!("bench scan: kernels {}", kernels.describe());
+    let rederiving = during_rederive.then(|| {
+        let store = Arc::clone(&memory.store);
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            perpetuity::swap::rederive(&store, |_| {}).map(|state| (state, started.elapsed()))
+        })
+    });
     let report = bench::scan(&memory, &kernels, settings)?;
+    if let Some(thread) = rederiving {
+        let (state, elapsed) = thread.join().expect("the re-derivation thread")?;
+        eprintln!(
+            "bench scan: re-derived {} rows under {} in {elapsed:.2?} ({:.0} rows/s) while the benchmark ran",
+            state.done,
+            state.version,
+            state.done as f64 / elapsed.as_secs_f64()
+        );
+    }
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

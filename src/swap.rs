@@ -72,6 +72,7 @@ pub fn list(store: &Store) -> Result<Vec<Listed>, Error> {
     let serving = store.dictionary_version()?;
     let dark = store.dark()?;
     let mut versions: BTreeSet<String> = serving.iter().cloned().collect();
+    versions.extend(store.retired_versions()?);
     versions.extend(dark.iter().map(|d| d.version.clone()));
     if let Ok(entries) = std::fs::read_dir(uploads_dir(store.path())) {
         versions.extend(

@@ -170,6 +170,8 @@ pub mod meta {
     pub const DARK_DONE: &[u8] = b"dark_done";
     /// Rows stored when the dark version was installed (u64).
     pub const DARK_TOTAL: &[u8] = b"dark_total";
+    /// The versions that served before, oldest first (UTF-8, one a line).
+    pub const RETIRED: &[u8] = b"retired";
     /// Every key of an installed dark version, removed together by the flip.
     pub const DARK: [&[u8]; 5] = [DARK_VERSION, DARK_FROM, DARK_NEXT, DARK_DONE, DARK_TOTAL];
 }

@@ -701,6 +701,10 @@ impl Store {
         let slot = 1 - self.serving_slot.load(Ordering::Acquire);
         let mut batch = WriteBatch::default();
         let meta = self.cf(Cf::Meta);
+        let mut earlier = self.retired_versions()?;
+        earlier.retain(|v| *v != retired && *v != state.version);
+        earlier.push(retired.clone());
+        batch.put_cf(&meta, keys::meta::RETIRED, earlier.join("\n").as_bytes());
         batch.put_cf(
             &meta,
             keys::meta::DICTIONARY_VERSION,
@@ -720,6 +724,19 @@ impl Store {
         drop(writer);
         self.clear_dark()?;
         Ok(retired)
+    }
+
+    /// The versions that served before the serving one, oldest first.
+    pub fn retired_versions(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .meta(keys::meta::RETIRED)?
+            .map(|v| {
+                String::from_utf8_lossy(&v)
+                    .lines()
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 
     /// Empty the dark slot when it holds anything (what a retired version left behind).
