@@ -161,6 +161,16 @@ fn upload(source: &Path, uploads: &Path, version: &str) -> Result<(), (PathBuf, 
         .map_err(at(uploads))
 }
 
+/// The pool a re-derivation running beside serving derives on: half the cores (at least one),
+/// so the queries keep the other half.
+pub fn background_pool() -> rayon::ThreadPool {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    rayon::ThreadPoolBuilder::new()
+        .num_threads((cores / 2).max(1))
+        .build()
+        .expect("a thread pool")
+}
+
 /// Re-derive every row stored before the install under the dark version, a batch at a time
 /// (resuming where the last committed batch stopped), calling `progress` after each batch.
 pub fn rederive(

@@ -57,7 +57,7 @@ fn seed(user_key: &str, messages: usize) -> Vec<Message> {
             timestamp_ms: Some(1_700_000_000_000 + i as i64 * 60_000),
             source_turn: None,
             text: format!(
-                "Note {i}: {} {} {} days ago.",
+                "Note {i}: {} {} {} {} days ago.",
                 subjects[i % 5],
                 verbs[(i / 5) % 5],
                 objects[(i / 25) % 5],

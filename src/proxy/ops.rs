@@ -332,7 +332,8 @@ pub fn install(state: &Arc<State>, path: &Path) -> Result<serde_json::Value, cra
 }
 
 /// Re-derive the installed dark version's rows and build its arena generation on a thread of
-/// its own (progress logged after each batch), then leave the generation for the flip.
+/// its own and half the cores (progress logged after each batch), then leave the generation
+/// for the flip.
 pub fn start_rederive(state: &Arc<State>) {
     let state = Arc::clone(state);
     std::thread::spawn(move || {
@@ -343,15 +344,17 @@ pub fn start_rederive(state: &Arc<State>) {
         };
         let version = dictionary.version().to_owned();
         let started = Instant::now();
-        let prepared = swap::rederive(&store, |progress| {
-            tracing::info!(
-                version,
-                done = progress.done,
-                total = progress.total,
-                "re-deriving the dark dictionary version"
-            );
-        })
-        .and_then(|_| swap::build_arena(&store, &dictionary));
+        let prepared = swap::background_pool().install(|| {
+            swap::rederive(&store, |progress| {
+                tracing::info!(
+                    version,
+                    done = progress.done,
+                    total = progress.total,
+                    "re-deriving the dark dictionary version"
+                );
+            })
+            .and_then(|_| swap::build_arena(&store, &dictionary))
+        });
         match prepared {
             Ok(arena) => {
                 tracing::info!(
