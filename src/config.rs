@@ -24,7 +24,6 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
     pub dictionaries_root: PathBuf,
-    pub dictionary_version: String,
 }
 
 /// `perpetuity serve`'s settings file (TOML, `--config PATH` or `$PERPETUITY_CONFIG`). Every

@@ -5,6 +5,7 @@ use crate::datasets::DatasetError;
 use crate::dictionary::DictionaryError;
 use crate::ingest::ExportError;
 use crate::store::StoreError;
+use crate::swap::SwapError;
 
 /// Every error a library entry point can return; each variant keeps its module's error whole.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +25,16 @@ pub enum Error {
     /// Class: internal or configuration (see [`ArenaError`]).
     #[error(transparent)]
     Arena(#[from] ArenaError),
+    /// Class: internal (see [`SwapError`]).
+    #[error(transparent)]
+    Swap(#[from] SwapError),
+}
+
+impl Error {
+    /// A dictionary swap step refused in the store's present state (class: client).
+    pub fn is_swap_refusal(&self) -> bool {
+        matches!(self, Error::Store(StoreError::Swap { .. }))
+    }
 }
 
 impl Error {

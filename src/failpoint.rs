@@ -10,7 +10,10 @@
 //! `arena.mid_append` (a row appended to the arena's mapping, the batch not committed),
 //! `arena.mid_commit` (page checksums and codebook written, the header not), `purge.after_batch`
 //! (a purge's deletions committed, nothing compacted), `purge.mid_compaction` (flushed, not
-//! compacted).
+//! compacted), `dict.mid_derive` (a re-derivation batch of a dark dictionary version
+//! committed, the next not), `dict.before_flip` (the dark version derived and its arena caught
+//! up, the flip not written), `dict.after_flip` (the flip written, the retired slot not
+//! cleared).
 //!
 //! Error points: `store.write` (every write to the store: captures, reheats, the readiness
 //! probe, purges), `arena.grow` (an arena file grown to hold more rows).

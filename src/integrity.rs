@@ -15,6 +15,11 @@
 //! - each user's clock equals the tokens of the user's rows, and equals the newest row's birth
 //!   clock; every row id is below the recorded next row id;
 //! - the stored frequency counts equal a recount from the retrieval rows, key by key;
+//! - ([`check_dark`]) with a dark dictionary version installed, every row re-derived so far
+//!   (below the progress, or captured since the install) has exactly one dark retrieval row
+//!   equal to a fresh derivation under the dark version, no other row has one, and the dark
+//!   counts equal their recount; a half-derived dark version is progress, not damage. Without
+//!   one, the dark families are empty;
 //! - ([`check_arena_files`]) the data directory's arena files pass their own checks;
 //!   ([`check_arena`]) a caught-up arena holds exactly the stored rows, with the same facts,
 //!   lexical terms and tokens, and a resident statistic equal to the stored counts.
@@ -152,8 +157,80 @@ pub fn check(store: &Store, dictionary: &Dictionary) -> Result<Report, StoreErro
 
     check_orphans(store, &row_facts, &users, &mut report)?;
     check_clocks(store, &users, &mut report)?;
-    check_counts(store, &recount, &mut report)?;
+    check_counts(store, Cf::Counts, &recount, &mut report)?;
+    check_dark(store, &tokenizer, &mut report)?;
     Ok(report)
+}
+
+/// The dark families against the rows (see the module doc).
+fn check_dark(store: &Store, tokenizer: &Tokenizer, report: &mut Report) -> Result<(), StoreError> {
+    let Some(dark) = store.dark()? else {
+        for cf in [Cf::DarkRetrieval, Cf::DarkCounts] {
+            if let Some(entry) = store.iter_all(cf).next() {
+                let (key, _) = entry?;
+                report.violation(
+                    "dark families empty without a dark version",
+                    cf,
+                    &key,
+                    "entry",
+                );
+            }
+        }
+        return Ok(());
+    };
+    let Some(dictionary) = store.dark_dictionary() else {
+        report.violation(
+            "dark version's table attached",
+            Cf::Meta,
+            keys::meta::DARK_VERSION,
+            format!("{} is installed, its table is not loaded", dark.version),
+        );
+        return Ok(());
+    };
+    let cf = Cf::DarkRetrieval;
+    let mut recount = FrequencyTable::default();
+    let mut rows = HashSet::new();
+    for row in store.rows_since(RowId(0)) {
+        let row = row?;
+        let key = keys::user_row(row.user, row.id);
+        rows.insert((row.user, row.id));
+        let derived = row.id.0 < dark.next || row.id.0 >= dark.from;
+        match store.get(cf, &key)? {
+            None if derived => {
+                report.violation("row has a dark retrieval row", cf, &key, "missing")
+            }
+            None => {}
+            Some(_) if !derived => report.violation(
+                "dark retrieval row within the progress",
+                cf,
+                &key,
+                format!("row {} is at or past the progress {}", row.id.0, dark.next),
+            ),
+            Some(bytes) => match RetrievalRow::decode(&bytes) {
+                Err(e) => report.violation("retrieval row decodes", cf, &key, e.to_string()),
+                Ok(retrieval) => {
+                    recount.add(&retrieval);
+                    if retrieval != derive(&dictionary, tokenizer, row.name.as_deref(), &row.tokens)
+                    {
+                        report.violation(
+                            "dark retrieval row equals its derivation",
+                            cf,
+                            &key,
+                            "differs from a fresh derivation under the dark version",
+                        );
+                    }
+                }
+            },
+        }
+    }
+    for entry in store.iter_all(cf) {
+        let (key, _) = entry?;
+        match keys::parse_user_row(&key) {
+            Some(id) if rows.contains(&id) => {}
+            _ => report.violation("no orphan", cf, &key, "no row"),
+        }
+    }
+    check_counts(store, Cf::DarkCounts, &recount, report)
 }
 
 fn check_row(
@@ -398,20 +475,21 @@ fn check_clocks(
 
 fn check_counts(
     store: &Store,
+    cf: Cf,
     recount: &FrequencyTable,
     report: &mut Report,
 ) -> Result<(), StoreError> {
     let mut expected: HashMap<Count, u64> = recount.entries().into_iter().collect();
-    for entry in store.iter_all(Cf::Counts) {
+    for entry in store.iter_all(cf) {
         let (key, value) = entry?;
         let Some(count) = keys::count::parse(&key) else {
-            report.violation("count key", Cf::Counts, &key, "unknown key");
+            report.violation("count key", cf, &key, "unknown key");
             continue;
         };
         let stored = match decode_count(&key, &value) {
             Ok(v) => v,
             Err(e) => {
-                report.violation("count decodes", Cf::Counts, &key, e.to_string());
+                report.violation("count decodes", cf, &key, e.to_string());
                 continue;
             }
         };
@@ -419,7 +497,7 @@ fn check_counts(
         if stored != want as i64 {
             report.violation(
                 "count equals recount",
-                Cf::Counts,
+                cf,
                 &key,
                 format!("stored {stored}, recount {want}"),
             );
@@ -430,7 +508,7 @@ fn check_counts(
     for (count, want) in missing {
         report.violation(
             "count equals recount",
-            Cf::Counts,
+            cf,
             &keys::count::key(count),
             format!("missing, recount {want}"),
         );

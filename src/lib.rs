@@ -29,6 +29,7 @@ pub mod relevance;
 pub mod retrieve;
 pub mod scan;
 pub mod store;
+pub mod swap;
 pub mod tokens;
 pub mod tools;
 pub mod types;

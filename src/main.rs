@@ -165,6 +165,38 @@ enum DictCommand {
         #[arg(long)]
         text: Option<String>,
     },
+    /// Upload the dictionary in PATH into the data directory and install it dark, then
+    /// re-derive every stored row under it and build its arena (progress on stderr). With a
+    /// server holding the data directory, use its `POST /admin/dictionary/install` instead.
+    Install {
+        #[command(flatten)]
+        data: DataArgs,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+        /// The dictionary folder (dictionary.json, vectors.bin).
+        path: PathBuf,
+    },
+    /// Make the installed, fully derived dark VERSION serve, in one atomic step; the retired
+    /// version's arena is dropped. A half-derived version resumes its derivation first.
+    Flip {
+        #[command(flatten)]
+        data: DataArgs,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+        /// The dark version to serve.
+        version: String,
+    },
+    /// The data directory's dictionary versions and their states (serving, dark, deriving
+    /// n/N, ready, retired).
+    List {
+        #[command(flatten)]
+        data: DataArgs,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -186,6 +218,11 @@ enum BenchCommand {
         /// Queries also answered by brute force to measure fidelity.
         #[arg(long, default_value_t = 20)]
         fidelity_queries: usize,
+        /// Re-derive the store's installed dark dictionary version on a thread of its own
+        /// while the benchmark runs (the queries' latency during a hot swap); its rate on
+        /// stderr.
+        #[arg(long)]
+        during_rederive: bool,
         /// Print one JSON object (names in docs/benchmarks.md).
         #[arg(long)]
         json: bool,
@@ -302,9 +339,10 @@ struct DictionaryArgs {
     /// source tree's dictionaries/].
     #[arg(long)]
     dictionaries: Option<PathBuf>,
-    /// Dictionary version to serve.
-    #[arg(long, env = "PERPETUITY_DICTIONARY_VERSION", default_value = dictionary::DEFAULT_VERSION)]
-    dictionary_version: String,
+    /// Dictionary version of a new store [default: v1]; a store serves the version it
+    /// records (set by `dict flip`), and another one given here is refused.
+    #[arg(long, env = "PERPETUITY_DICTIONARY_VERSION")]
+    dictionary_version: Option<String>,
 }
 
 impl DictionaryArgs {
@@ -316,7 +354,11 @@ impl DictionaryArgs {
 
     fn load(&self) -> anyhow::Result<Dictionary> {
         let started = Instant::now();
-        let dict = Dictionary::load_version(&self.root(), &self.dictionary_version)?;
+        let version = self
+            .dictionary_version
+            .as_deref()
+            .unwrap_or(dictionary::DEFAULT_VERSION);
+        let dict = Dictionary::load_version(&self.root(), version)?;
         log_dictionary(&dict, started);
         Ok(dict)
     }
@@ -326,7 +368,7 @@ impl DictionaryArgs {
         let memory = Memory::open(
             &data.dir,
             &self.root(),
-            &self.dictionary_version,
+            self.dictionary_version.as_deref(),
             &data.options(),
         )?;
         log_dictionary(&memory.dictionary, started);
@@ -397,7 +439,7 @@ fn main() -> anyhow::Result<()> {
                 );
                 overlay(
                     &mut dictionary.dictionary_version,
-                    file.dictionary_version.clone(),
+                    file.dictionary_version.clone().map(Some),
                     given("dictionary_version"),
                 );
                 dictionary.dictionaries = dictionary.dictionaries.or(file.dictionaries.clone());
@@ -414,7 +456,6 @@ fn main() -> anyhow::Result<()> {
                 listen,
                 data_dir: data.dir.clone(),
                 dictionaries_root: dictionary.root(),
-                dictionary_version: dictionary.dictionary_version.clone(),
             };
             proxy_config.admin_token = admin_token.filter(|t| !t.is_empty());
             proxy_config.max_concurrent = max_concurrent;
@@ -423,7 +464,8 @@ fn main() -> anyhow::Result<()> {
             for (provider, url) in upstream {
                 proxy_config.set_upstream(provider, url);
             }
-            serve(config, proxy_config, kernels, dictionary.open(&data)?)
+            let memory = dictionary.open(&data)?;
+            serve(config, proxy_config, kernels, memory)
         }
         Command::Ingest {
             data,
@@ -534,6 +576,63 @@ fn main() -> anyhow::Result<()> {
         Command::Dict {
             command: DictCommand::Show { dictionary, text },
         } => show(&dictionary.load()?, text.as_deref()),
+        Command::Dict {
+            command:
+                DictCommand::Install {
+                    data,
+                    dictionary,
+                    path,
+                },
+        } => {
+            data.existing()?;
+            let memory = dictionary.open(&data)?;
+            let installed = perpetuity::swap::install(&memory.store, &path)?;
+            eprintln!("installed {} dark", installed.version());
+            prepare_dark(&memory).map(drop)
+        }
+        Command::Dict {
+            command:
+                DictCommand::Flip {
+                    data,
+                    dictionary,
+                    version,
+                },
+        } => {
+            data.existing()?;
+            let memory = dictionary.open(&data)?;
+            let dark = memory
+                .store
+                .dark_dictionary()
+                .filter(|d| d.version() == version)
+                .with_context(|| format!("{version} is not the installed dark version"))?;
+            let mut arena = prepare_dark(&memory)?;
+            let started = Instant::now();
+            let retired = perpetuity::swap::flip(&memory.store, &dark, &mut arena)?;
+            println!(
+                "serving {version} (retired {retired}), flipped in {:.2?}",
+                started.elapsed()
+            );
+            Ok(())
+        }
+        Command::Dict {
+            command:
+                DictCommand::List {
+                    data,
+                    dictionary,
+                    json,
+                },
+        } => {
+            data.existing()?;
+            let listed = perpetuity::swap::list(&dictionary.open(&data)?.store)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&listed)?);
+            } else {
+                for version in listed {
+                    println!("{version}");
+                }
+            }
+            Ok(())
+        }
         Command::Bench {
             command:
                 BenchCommand::Scan {
@@ -542,6 +641,7 @@ fn main() -> anyhow::Result<()> {
                     threads,
                     queries,
                     fidelity_queries,
+                    during_rederive,
                     json,
                     data,
                     dictionary,
@@ -556,6 +656,7 @@ fn main() -> anyhow::Result<()> {
             },
             data,
             json,
+            during_rederive,
             &dictionary,
         ),
         Command::Bench {
@@ -649,7 +750,7 @@ fn serve(
             listen = %config.listen,
             data = %config.data_dir.display(),
             dictionaries = %config.dictionaries_root.display(),
-            version = %config.dictionary_version,
+            version = memory.dictionary.version(),
             "serving"
         );
         let started = Instant::now();
@@ -806,19 +907,45 @@ fn ingest_file(memory: &Memory, format: Format, file: &Path) -> anyhow::Result<(
     Ok(())
 }
 
+/// Re-derive the installed dark version's rows (resuming, progress on stderr) and build its
+/// arena generation.
+fn prepare_dark(memory: &Memory) -> anyhow::Result<Arena> {
+    let dark = memory
+        .store
+        .dark_dictionary()
+        .context("no dark dictionary version is installed")?;
+    let before = memory.store.dark()?.map_or(0, |d| d.done);
+    let started = Instant::now();
+    let state = perpetuity::swap::rederive(&memory.store, |p| {
+        eprint!("\rderiving {}: {}/{} rows", p.version, p.done, p.total);
+    })?;
+    let derived = started.elapsed();
+    let arena = perpetuity::swap::build_arena(&memory.store, &dark)?;
+    eprintln!(
+        "\n{} ready: {} rows re-derived in {derived:.2?} ({:.0} rows/s), arena of {} rows built in {:.2?}",
+        state.version,
+        state.done - before,
+        (state.done - before) as f64 / derived.as_secs_f64().max(1e-9),
+        arena.rows(),
+        started.elapsed() - derived
+    );
+    Ok(arena)
+}
+
 fn check_integrity(
     data: &DataArgs,
     dictionary: &DictionaryArgs,
     json: bool,
 ) -> anyhow::Result<bool> {
-    let store = Store::open(data.existing()?, &data.options())?;
-    let dict = dictionary.load()?;
+    data.existing()?;
+    let memory = dictionary.open(data)?;
+    let (store, dict) = (&memory.store, &memory.dictionary);
     let started = Instant::now();
-    let mut report = integrity::check(&store, &dict)?;
+    let mut report = integrity::check(store, dict)?;
     // The arena is derived from the store: it is built and checked once the store is clean
     // (a damaged store is reported above, and an arena built from it would only repeat that).
     if report.is_clean() {
-        integrity::check_arena_files(&store, &dict, &mut report)?;
+        integrity::check_arena_files(store, dict, &mut report)?;
     }
     let elapsed = started.elapsed();
     if json {
@@ -1212,6 +1339,7 @@ fn bench_scan(
     settings: bench::ScanSettings,
     data: Option<PathBuf>,
     json: bool,
+    during_rederive: bool,
     dictionary: &DictionaryArgs,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -1222,7 +1350,24 @@ fn bench_scan(
     let (_place, memory) = synthetic_memory(data, settings, dictionary, "scan")?;
     let kernels = Kernels::detect(false);
     eprintln!("bench scan: kernels {}", kernels.describe());
+    let rederiving = during_rederive.then(|| {
+        let store = Arc::clone(&memory.store);
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let before = store.dark()?.map_or(0, |dark| dark.done);
+            perpetuity::swap::background_pool()
+                .install(|| perpetuity::swap::rederive(&store, |_| {}))
+                .map(|state| (state.done - before, state.version, started.elapsed()))
+        })
+    });
     let report = bench::scan(&memory, &kernels, settings)?;
+    if let Some(thread) = rederiving {
+        let (rows, version, elapsed) = thread.join().expect("the re-derivation thread")?;
+        eprintln!(
+            "bench scan: re-derived {rows} rows under {version} in {elapsed:.2?} ({:.0} rows/s, half the cores) while the benchmark ran",
+            rows as f64 / elapsed.as_secs_f64()
+        );
+    }
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

@@ -1,30 +1,74 @@
 //! A memory: the store in a data directory together with the dictionary it serves.
+//!
+//! The serving version is recorded in the store (meta `dictionary_version`): a new store
+//! records the version it is first opened with (the requested one, else
+//! [`DEFAULT_VERSION`]); afterwards the recorded version serves, and a request for another one
+//! is refused (changing it is the hot swap's flip, `crate::swap`). A version is loaded from
+//! the data directory's uploads (`<data>/dictionaries/<version>/`, where `dict install`
+//! puts it) when it is there, else from the dictionaries root.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use crate::dictionary::Dictionary;
+use crate::dictionary::{DEFAULT_VERSION, Dictionary, DictionaryError};
 use crate::error::Error;
 use crate::store::{Store, StoreOptions};
 
+/// The folder of the dictionaries uploaded into data directory `data`.
+pub fn uploads_dir(data: &Path) -> PathBuf {
+    data.join("dictionaries")
+}
+
+/// Load dictionary `version`: uploaded into `data`, else from `root`.
+pub fn load_dictionary(
+    data: &Path,
+    root: &Path,
+    version: &str,
+) -> Result<Dictionary, DictionaryError> {
+    let uploaded = uploads_dir(data);
+    if uploaded.join(version).is_dir() {
+        Dictionary::load_version(&uploaded, version)
+    } else {
+        Dictionary::load_version(root, version)
+    }
+}
+
 /// An opened data directory and its serving dictionary.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Memory {
-    pub store: Store,
-    pub dictionary: Dictionary,
+    pub store: Arc<Store>,
+    pub dictionary: Arc<Dictionary>,
 }
 
 impl Memory {
-    /// Load dictionary `version` from `dictionaries_root`, open (or create) the store in `data`,
-    /// and bind the store to that version (refused if the store serves another).
+    /// Open (or create) the store in `data` with its serving dictionary (the recorded version;
+    /// `requested` for a new store, refused when it differs from the recorded one), and attach
+    /// the table of an installed dark version.
     pub fn open(
         data: &Path,
         dictionaries_root: &Path,
-        version: &str,
+        requested: Option<&str>,
         options: &StoreOptions,
     ) -> Result<Self, Error> {
-        let dictionary = Dictionary::load_version(dictionaries_root, version)?;
         let store = Store::open(data, options)?;
+        let version = match store.dictionary_version()? {
+            Some(recorded) => {
+                if let Some(requested) = requested {
+                    store.bind_dictionary(requested)?;
+                }
+                recorded
+            }
+            None => requested.unwrap_or(DEFAULT_VERSION).to_owned(),
+        };
+        let dictionary = Arc::new(load_dictionary(data, dictionaries_root, &version)?);
         store.bind_dictionary(dictionary.version())?;
-        Ok(Self { store, dictionary })
+        if let Some(dark) = store.dark()? {
+            let table = load_dictionary(data, dictionaries_root, &dark.version)?;
+            store.attach_dark(Arc::new(table))?;
+        }
+        Ok(Self {
+            store: Arc::new(store),
+            dictionary,
+        })
     }
 }

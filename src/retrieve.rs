@@ -18,10 +18,10 @@ use rayon::prelude::*;
 
 use crate::arena::codebook::Codebook;
 use crate::arena::signature::term_bits;
-use crate::arena::{Arena, DIMS, PAGE_ROWS, Page, Side, Slot};
+use crate::arena::{Arena, DIMS, PAGE_ROWS, Page, Side, Slot, embed_row};
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::Quantized;
-use crate::dictionary::derive::{RetrievalRow, derive, embed, embed_tokens};
+use crate::dictionary::derive::{RetrievalRow, derive};
 use crate::relevance::{CONTEXT_AFTER, CONTEXT_BEFORE, HybridScorer, in_context, signature_share};
 use crate::scan::kernels::{
     BLOCK_ROWS, Kernels, LUT_ENTRY_MAX, PAIR_ENTRIES, SignatureTerm, TwoBitQuery, code_words,
@@ -138,7 +138,7 @@ impl PreparedQuery {
     pub fn new(dictionary: &Dictionary, arena: &Arena, text: &str) -> Self {
         let tokenizer = Tokenizer::new();
         let retrieval = derive(dictionary, &tokenizer, None, &tokenizer.encode(text));
-        let embedding = embed(dictionary, arena.stats(), &retrieval);
+        let embedding = embed_row(dictionary, arena.stats(), retrieval.tokens.iter().copied());
         let dense = DenseEstimate::new(arena.codebook(), &embedding.unit);
         let int8 = embedding.quantize();
         let scorer = HybridScorer::new(&retrieval.terms, embedding.unit, arena.stats());
@@ -304,7 +304,7 @@ fn exact_scores<'q>(
     queries: impl IntoIterator<Item = &'q PreparedQuery>,
 ) -> impl Iterator<Item = f32> {
     let entries = arena.row_entries(slot);
-    let vector = embed_tokens(dictionary, arena.stats(), entries.token_counts());
+    let vector = embed_row(dictionary, arena.stats(), entries.token_counts());
     queries
         .into_iter()
         .map(move |query| query.scorer.score(entries.terms, entries.len, &vector.unit))

@@ -3,7 +3,10 @@
 //! append, mid arena commit, after a purge's batch and mid purge compaction. After each crash
 //! the restarted server finds its arena undamaged, its arena equals the store, integrity is
 //! clean, every acknowledged turn is stored once and whole, and a purge is whole or absent and
-//! completes when asked again. Its own test binary because its server aborts.
+//! completes when asked again. A dictionary swap crashed mid re-derivation, just before and
+//! just after its flip leaves the old version serving (the dark one resumed, reported as
+//! progress) or the new one, integrity clean each time. Its own test binary because its server
+//! aborts.
 //!
 //! `cargo test --release --features failpoints --test failpoints`.
 
@@ -220,4 +223,127 @@ fn a_crash_inside_a_purge_leaves_it_whole_or_absent_and_it_completes_when_asked_
         }
         assert!(!common::files_containing(&data, b"Vqz8Osprey0").is_empty());
     }
+}
+
+/// `perpetuity ARGS` on the data directory, with a crash point armed or not; its exit status
+/// and stderr.
+fn perpetuity(args: &[&str], failpoint: Option<&str>) -> (std::process::ExitStatus, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_perpetuity"));
+    command
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("PERPETUITY_FAILPOINT");
+    if let Some(point) = failpoint {
+        command.env("PERPETUITY_FAILPOINT", point);
+    }
+    let output = command.output().unwrap();
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_crash_mid_rederivation_and_around_the_flip_leaves_one_version_serving() {
+    use perpetuity::capture::{Capturer, Message};
+    use perpetuity::config::default_dictionaries_root;
+    use perpetuity::integrity;
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data_arg = data.to_str().unwrap();
+    // More rows than one re-derivation batch, so a crash can fall between two.
+    let rows = perpetuity::swap::REDERIVE_BATCH_ROWS + 2_000;
+    {
+        let memory = common::memory(&data);
+        let messages: Vec<Message> = (0..rows)
+            .map(|i| Message {
+                user_key: format!("user-{}", i % 7),
+                conversation: format!("c{}", i / 50),
+                role: Role::User,
+                name: None,
+                timestamp_ms: None,
+                source_turn: None,
+                text: format!("Entry {i}: the ferry left pier {} at dawn.", i % 31),
+            })
+            .collect();
+        for chunk in messages.chunks(4_096) {
+            Capturer::new(&memory.dictionary)
+                .capture(&memory.store, chunk)
+                .unwrap();
+        }
+    }
+    let check = |serving: &str, dark: Option<(&str, bool)>| {
+        let memory = perpetuity::memory::Memory::open(
+            &data,
+            &default_dictionaries_root(),
+            None,
+            &StoreOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(memory.dictionary.version(), serving);
+        let found = memory.store.dark().unwrap();
+        assert_eq!(
+            found.as_ref().map(|d| (d.version.as_str(), d.is_derived())),
+            dark,
+            "{found:?}"
+        );
+        let report = integrity::check(&memory.store, &memory.dictionary).unwrap();
+        assert!(report.is_clean(), "{:?}", report.violations);
+        let mut report = integrity::Report::default();
+        integrity::check_arena_files(&memory.store, &memory.dictionary, &mut report).unwrap();
+        assert!(report.is_clean(), "{:?}", report.violations);
+    };
+    let v2 = default_dictionaries_root().join("v2");
+
+    let (status, stderr) = perpetuity(
+        &["dict", "install", "--data", data_arg, v2.to_str().unwrap()],
+        Some("dict.mid_derive"),
+    );
+    assert!(
+        !status.success() && stderr.contains("failpoint dict.mid_derive"),
+        "{stderr}"
+    );
+    check("v1", Some(("v2", false)));
+    let (status, listed) = {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_perpetuity"))
+            .args(["dict", "list", "--data", data_arg])
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        (
+            output.status,
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    assert!(status.success());
+    let batch = perpetuity::swap::REDERIVE_BATCH_ROWS;
+    assert_eq!(
+        listed,
+        format!("v1\tserving\nv2\tderiving {batch}/{rows}\n")
+    );
+
+    // The flip resumes the derivation, builds the arena, and dies before its write.
+    let (status, stderr) = perpetuity(
+        &["dict", "flip", "--data", data_arg, "v2"],
+        Some("dict.before_flip"),
+    );
+    assert!(
+        !status.success() && stderr.contains("failpoint dict.before_flip"),
+        "{stderr}"
+    );
+    check("v1", Some(("v2", true)));
+
+    // Written, then dead before the retired slot was cleared: the next open clears it.
+    let (status, stderr) = perpetuity(
+        &["dict", "flip", "--data", data_arg, "v2"],
+        Some("dict.after_flip"),
+    );
+    assert!(
+        !status.success() && stderr.contains("failpoint dict.after_flip"),
+        "{stderr}"
+    );
+    check("v2", None);
+    let (status, stderr) = perpetuity(&["integrity", "--data", data_arg], None);
+    assert!(status.success(), "{stderr}");
 }

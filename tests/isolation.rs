@@ -138,14 +138,15 @@ async fn no_user_ever_sees_another_users_canary_and_identical_texts_stay_apart()
     }
 
     // Every retrieval and frame, asked directly in probe mode: only the tenant's rows.
-    let memory = &h.state.memory;
-    h.state
+    let generation = h.state.generation();
+    let memory = &generation.memory;
+    generation
         .arena
         .write()
         .unwrap()
         .catch_up(&memory.store, &memory.dictionary)
         .unwrap();
-    let arena = h.state.arena.read().unwrap();
+    let arena = generation.arena.read().unwrap();
     let (mut retrieved_rows, mut frames) = (0, 0);
     for (i, tenant) in tenants.iter().enumerate() {
         let user = UserId::from_key(&tenant.key(&h));
@@ -334,7 +335,7 @@ async fn no_header_reaches_another_credentials_memory() {
 
     // Refused before any memory is read or written, and never forwarded.
     let received = h.received().len();
-    let next_row = h.state.memory.store.next_row();
+    let next_row = h.state.generation().memory.store.next_row();
     let refused: [Case; 5] = [
         (
             "no credential",
@@ -378,7 +379,11 @@ async fn no_header_reaches_another_credentials_memory() {
         received,
         "refused requests are never forwarded"
     );
-    assert_eq!(h.state.memory.store.next_row(), next_row, "nor stored");
+    assert_eq!(
+        h.state.generation().memory.store.next_row(),
+        next_row,
+        "nor stored"
+    );
 
     // The admin endpoints without the token: refused, alice's memory untouched.
     let purge = format!("/admin/purge?user={alice_key}");
@@ -488,7 +493,8 @@ async fn a_group_scope_reads_its_members_and_nobody_else() {
         )
         .await;
     }
-    let store = &h.state.memory.store;
+    let generation = h.state.generation();
+    let store = &generation.memory.store;
     let planner_heat = |h: &Harness| -> Vec<_> {
         store
             .activations_of(UserId::from_key(&planner.key(h)))

@@ -262,7 +262,7 @@ async fn switches_turn_recall_and_capture_off_and_probe_writes_nothing() {
     let rows = h.rows_of("sk-alice", 2);
     assert_eq!(rows.len(), 2, "recall off still captures");
 
-    let before = h.state.memory.store.next_row();
+    let before = h.state.generation().memory.store.next_row();
     for switch in [
         ("x-perpetuity-probe", "on"),
         ("x-perpetuity-capture", "off"),
@@ -293,13 +293,14 @@ async fn switches_turn_recall_and_capture_off_and_probe_writes_nothing() {
     }
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
-        h.state.memory.store.next_row(),
+        h.state.generation().memory.store.next_row(),
         before,
         "probe and capture-off store nothing"
     );
     let alice = UserId::from_key(&h.state.secret.user_key("sk-alice", None));
     assert!(
         h.state
+            .generation()
             .memory
             .store
             .row(alice, RowId(before.0))
@@ -519,7 +520,10 @@ async fn admin_endpoints_need_the_token_and_purge_forgets_a_user() {
     let stats: Value =
         serde_json::from_slice(&body_of(h.send("GET", "/admin/stats", &admin, b"").await).await)
             .unwrap();
-    assert_eq!(stats["next_row"], h.state.memory.store.next_row().0);
+    assert_eq!(
+        stats["next_row"],
+        h.state.generation().memory.store.next_row().0
+    );
     assert_eq!(stats["dictionary"], DEFAULT_VERSION);
     let response = h.send("GET", "/admin/integrity", &admin, b"").await;
     assert_eq!(response.status(), StatusCode::OK);

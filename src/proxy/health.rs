@@ -111,9 +111,10 @@ pub async fn watch(state: Arc<State>) -> Infallible {
 /// the write).
 fn probe(state: &State) -> Result<(), Error> {
     let _writing = state.writes.read().expect("writes gate");
-    let memory = &state.memory;
+    let generation = state.generation();
+    let memory = &generation.memory;
     memory.store.probe(now_ms())?;
-    state
+    generation
         .arena
         .write()
         .expect("arena lock")

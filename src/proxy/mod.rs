@@ -16,8 +16,9 @@ pub mod rounds;
 pub mod wire;
 
 use std::convert::Infallible;
+use std::path::Path;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -191,11 +192,22 @@ fn set<T>(target: &mut T, value: Option<T>) {
 
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// What every connection shares.
-pub struct State {
+/// One serving dictionary version: the memory with its dictionary and the arena generation
+/// derived under it. A request takes one generation at its start and uses it to its end, so it
+/// sees the old version or the new one, never a mix.
+pub struct Generation {
     pub memory: Memory,
     /// The arena the scan reads, caught up before every recall.
     pub arena: RwLock<Arena>,
+}
+
+/// What every connection shares.
+pub struct State {
+    /// The serving generation, swapped whole by a dictionary flip.
+    serving: RwLock<Arc<Generation>>,
+    /// The dark version's arena generation, put here by the re-derivation job once it is built
+    /// and taken by the flip; locked by the job while it runs.
+    dark_arena: Mutex<Option<Arena>>,
     pub kernels: Kernels,
     pub secret: Secret,
     pub config: ProxyConfig,
@@ -213,7 +225,7 @@ pub struct State {
 impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("State")
-            .field("memory", &self.memory)
+            .field("memory", &self.generation().memory)
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -240,8 +252,11 @@ impl State {
             .pool_idle_timeout(Duration::from_secs(20))
             .build(https);
         Self {
-            memory,
-            arena: RwLock::new(arena),
+            serving: RwLock::new(Arc::new(Generation {
+                memory,
+                arena: RwLock::new(arena),
+            })),
+            dark_arena: Mutex::new(None),
             kernels,
             secret,
             permits: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent)),
@@ -254,9 +269,20 @@ impl State {
     }
 }
 
+impl State {
+    /// The serving generation. Take it once per request, after the writes gate.
+    pub fn generation(&self) -> Arc<Generation> {
+        Arc::clone(&self.serving.read().expect("serving lock"))
+    }
+}
+
 /// Accept connections on `listener` until the task is dropped, probing the storage while it
-/// fails ([`health::watch`]).
+/// fails ([`health::watch`]). A dark dictionary version installed and not yet derived (the
+/// server stopped midway) is resumed first, in the background.
 pub async fn serve(listener: TcpListener, state: Arc<State>) -> std::io::Result<()> {
+    if state.generation().memory.store.dark_dictionary().is_some() {
+        ops::start_rederive(&state);
+    }
     tokio::select! {
         result = accept(listener, Arc::clone(&state)) => result,
         never = health::watch(state) => match never {},
@@ -338,9 +364,10 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
 /// `GET /healthz`: 200 while the memory takes writes, 503 with the reason while it does not
 /// (a load balancer stops routing here; requests that still come are passed through).
 fn healthz(state: &State) -> Response<Body> {
+    let generation = state.generation();
     let (dictionary, next_row) = (
-        state.memory.dictionary.version(),
-        state.memory.store.next_row().0,
+        generation.memory.dictionary.version(),
+        generation.memory.store.next_row().0,
     );
     match state.health.outage() {
         None => json(
@@ -414,11 +441,15 @@ async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
         );
     }
     let path = req.uri().path().to_owned();
-    let user = req.uri().query().and_then(|q| {
-        q.split('&')
-            .find_map(|pair| pair.strip_prefix("user="))
-            .map(str::to_owned)
-    });
+    let param = |name: &str| {
+        req.uri().query().and_then(|q| {
+            q.split('&')
+                .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+                .map(str::to_owned)
+                .filter(|value| !value.is_empty())
+        })
+    };
+    let user = param("user");
     let work = match (req.method(), path.as_str()) {
         (&Method::GET, "/admin/stats") => return json(StatusCode::OK, &ops::stats(&state)),
         (&Method::GET, "/admin/integrity") => tokio::task::spawn_blocking(move || {
@@ -434,8 +465,27 @@ async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
                 )
             })
         }),
+        (&Method::GET, "/admin/dictionary") => tokio::task::spawn_blocking(move || {
+            ops::dictionaries(&state).map(|listed| (StatusCode::OK, listed))
+        }),
+        (&Method::POST, "/admin/dictionary/install") => {
+            let Some(path) = param("path") else {
+                return plain(StatusCode::BAD_REQUEST, "install needs ?path=DIR");
+            };
+            tokio::task::spawn_blocking(move || {
+                ops::install(&state, Path::new(&path)).map(|listed| (StatusCode::ACCEPTED, listed))
+            })
+        }
+        (&Method::POST, "/admin/dictionary/flip") => {
+            let Some(version) = param("version") else {
+                return plain(StatusCode::BAD_REQUEST, "flip needs ?version=VERSION");
+            };
+            tokio::task::spawn_blocking(move || {
+                ops::flip(&state, &version).map(|flipped| (StatusCode::OK, flipped))
+            })
+        }
         (&Method::POST, "/admin/purge") => {
-            let Some(user) = user.filter(|u| !u.is_empty()) else {
+            let Some(user) = user else {
                 return plain(StatusCode::BAD_REQUEST, "purge needs ?user=KEY");
             };
             tokio::task::spawn_blocking(move || {
@@ -456,6 +506,7 @@ async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
     };
     match work.await {
         Ok(Ok((status, body))) => json(status, &body),
+        Ok(Err(err)) if err.is_swap_refusal() => plain(StatusCode::CONFLICT, &err.to_string()),
         Ok(Err(err)) => plain(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
         Err(err) => plain(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
     }
@@ -612,6 +663,17 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     } else {
         None
     };
+    let (remembered, dictionary) = match remembered {
+        Some(Ok((remembered, dictionary))) => (Some(Ok(remembered)), dictionary),
+        Some(Err(err)) => (
+            Some(Err(err)),
+            state.generation().memory.dictionary.version().to_owned(),
+        ),
+        None => (
+            None,
+            state.generation().memory.dictionary.version().to_owned(),
+        ),
+    };
     state.metrics.memory_time(started.elapsed());
     let question_stored = matches!(&remembered, Some(Ok(r)) if r.question_stored);
     let tools = switches.tools(&state.config, format);
@@ -665,7 +727,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         "x-perpetuity-memory",
         HeaderValue::from_static(memory_status),
     );
-    if let Ok(version) = HeaderValue::from_str(state.memory.dictionary.version()) {
+    if let Ok(version) = HeaderValue::from_str(&dictionary) {
         report.insert("x-perpetuity-dictionary", version);
     }
     if question_stored {
@@ -737,19 +799,36 @@ struct Remembered {
     recall: Result<Option<Recall>, Error>,
 }
 
-/// Capture the new user turn and recall for the live question, as the switches allow.
+/// Capture the new user turn and recall for the live question, as the switches allow, under
+/// one serving generation; returns what it did with that generation's dictionary version.
 fn remember(
     state: &State,
     request: &wire::Request,
     identity: &Identity,
     switches: Switches,
-) -> Remembered {
+) -> (Remembered, String) {
     let _writing = state.writes.read().expect("writes gate");
+    let generation = state.generation();
+    let remembered = remember_in(state, &generation, request, identity, switches);
+    (
+        remembered,
+        generation.memory.dictionary.version().to_owned(),
+    )
+}
+
+fn remember_in(
+    state: &State,
+    generation: &Generation,
+    request: &wire::Request,
+    identity: &Identity,
+    switches: Switches,
+) -> Remembered {
+    let memory = &generation.memory;
     let mut stored = false;
     if switches.writes() && request.question_is_new() {
         let text = request.question.clone().unwrap_or_default();
-        let captured = Capturer::new(&state.memory.dictionary).capture(
-            &state.memory.store,
+        let captured = Capturer::new(&memory.dictionary).capture(
+            &memory.store,
             &[Message {
                 user_key: identity.user_key.clone(),
                 conversation: identity.conversation.clone(),
@@ -772,7 +851,7 @@ fn remember(
     }
     Remembered {
         question_stored: stored,
-        recall: recall_for(state, request, identity, switches, stored),
+        recall: recall_for(state, generation, request, identity, switches, stored),
     }
 }
 
@@ -780,12 +859,13 @@ fn remember(
 /// there is none); `stored`: the question was just captured (otherwise recall is a probe).
 fn recall_for(
     state: &State,
+    generation: &Generation,
     request: &wire::Request,
     identity: &Identity,
     switches: Switches,
     stored: bool,
 ) -> Result<Option<Recall>, Error> {
-    let memory = &state.memory;
+    let memory = &generation.memory;
     let (true, false, Some(question)) = (
         switches.recall,
         request.server_history,
@@ -793,12 +873,12 @@ fn recall_for(
     ) else {
         return Ok(None);
     };
-    state
+    generation
         .arena
         .write()
         .expect("arena lock")
         .catch_up(&memory.store, &memory.dictionary)?;
-    let arena = state.arena.read().expect("arena lock");
+    let arena = generation.arena.read().expect("arena lock");
     let config = RecallConfig {
         tools: switches.tools(&state.config, request.format),
         ..state.config.recall
@@ -835,7 +915,8 @@ impl Reply {
             format!("{text}\n[reply truncated: the stream ended before the provider finished]")
         };
         let _writing = self.state.writes.read().expect("writes gate");
-        let memory = &self.state.memory;
+        let generation = self.state.generation();
+        let memory = &generation.memory;
         let result = Capturer::new(&memory.dictionary).capture(
             &memory.store,
             &[Message {

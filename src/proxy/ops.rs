@@ -1,9 +1,10 @@
 //! Operations: `/metrics` (Prometheus text) and the admin endpoints behind the admin token.
 
 use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use hyper::HeaderMap;
@@ -12,9 +13,11 @@ use serde_json::json;
 use crate::arena::{self, Arena};
 use crate::integrity;
 use crate::latency;
+use crate::memory::Memory;
+use crate::swap;
 use crate::types::UserId;
 
-use super::State;
+use super::{Generation, State};
 
 /// Routes counted apart in the metrics.
 #[derive(Debug, Clone, Copy)]
@@ -229,7 +232,8 @@ pub fn render_metrics(state: &State) -> String {
     } else {
         0.0
     };
-    let arena = state.arena.read().expect("arena lock");
+    let generation = state.generation();
+    let arena = generation.arena.read().expect("arena lock");
     for (name, help, value) in [
         (
             "perpetuity_ready",
@@ -244,7 +248,7 @@ pub fn render_metrics(state: &State) -> String {
         (
             "perpetuity_stored_rows",
             "Next row id of the store (rows ever captured).",
-            state.memory.store.next_row().0 as f64,
+            generation.memory.store.next_row().0 as f64,
         ),
         (
             "perpetuity_arena_rows",
@@ -287,10 +291,11 @@ pub fn is_admin(state: &State, headers: &HeaderMap) -> bool {
 
 /// `GET /admin/stats`.
 pub fn stats(state: &State) -> serde_json::Value {
-    let arena = state.arena.read().expect("arena lock");
+    let generation = state.generation();
+    let arena = generation.arena.read().expect("arena lock");
     json!({
-        "dictionary": state.memory.dictionary.version(),
-        "next_row": state.memory.store.next_row().0,
+        "dictionary": generation.memory.dictionary.version(),
+        "next_row": generation.memory.store.next_row().0,
         "arena_rows": arena.rows(),
         "arena_bytes": arena.bytes(),
         "arena_watermark": arena.watermark().0,
@@ -301,10 +306,11 @@ pub fn stats(state: &State) -> serde_json::Value {
 /// writes held back meanwhile so the check sees one consistent state.
 pub fn integrity(state: &State) -> Result<integrity::Report, crate::error::Error> {
     let _quiet = state.writes.write().expect("writes gate");
-    let memory = &state.memory;
+    let generation = state.generation();
+    let memory = &generation.memory;
     let mut report = integrity::check(&memory.store, &memory.dictionary)?;
     if report.is_clean() {
-        let mut arena = state.arena.write().expect("arena lock");
+        let mut arena = generation.arena.write().expect("arena lock");
         arena.catch_up(&memory.store, &memory.dictionary)?;
         integrity::check_arena(&memory.store, &arena, &mut report)?;
     }
@@ -315,12 +321,113 @@ pub fn integrity(state: &State) -> Result<integrity::Report, crate::error::Error
 /// Writes are held back meanwhile. Returns the rows removed.
 pub fn purge(state: &State, user_key: &str) -> Result<u64, crate::error::Error> {
     let _quiet = state.writes.write().expect("writes gate");
-    let memory = &state.memory;
+    let generation = state.generation();
+    let memory = &generation.memory;
     let removed = memory.store.purge_user(UserId::from_key(user_key))?;
-    let mut arena = state.arena.write().expect("arena lock");
+    // A dark generation built before the purge holds the user's rows: the flip rebuilds it.
+    if let Ok(mut dark) = state.dark_arena.try_lock() {
+        *dark = None;
+    }
+    let mut arena = generation.arena.write().expect("arena lock");
     arena::remove_all(memory.store.path())?;
     let (mut rebuilt, _) = Arena::open(&memory.store, &memory.dictionary)?;
     rebuilt.catch_up(&memory.store, &memory.dictionary)?;
     *arena = rebuilt;
     Ok(removed)
+}
+
+/// `GET /admin/dictionary`: the data directory's dictionary versions and their states.
+pub fn dictionaries(state: &State) -> Result<serde_json::Value, crate::error::Error> {
+    let listed = swap::list(&state.generation().memory.store)?;
+    Ok(json!({ "versions": listed }))
+}
+
+/// `POST /admin/dictionary/install?path=DIR`: upload and install the dictionary in `DIR` dark,
+/// and start re-deriving every stored row under it in the background.
+pub fn install(state: &Arc<State>, path: &Path) -> Result<serde_json::Value, crate::error::Error> {
+    swap::install(&state.generation().memory.store, path)?;
+    start_rederive(state);
+    dictionaries(state)
+}
+
+/// Re-derive the installed dark version's rows and build its arena generation on a thread of
+/// its own and half the cores (progress logged after each batch), then leave the generation
+/// for the flip.
+pub fn start_rederive(state: &Arc<State>) {
+    let state = Arc::clone(state);
+    std::thread::spawn(move || {
+        let mut slot = state.dark_arena.lock().expect("dark arena lock");
+        let store = Arc::clone(&state.generation().memory.store);
+        let Some(dictionary) = store.dark_dictionary() else {
+            return;
+        };
+        let version = dictionary.version().to_owned();
+        let started = Instant::now();
+        let prepared = swap::background_pool().install(|| {
+            swap::rederive(&store, |progress| {
+                tracing::info!(
+                    version,
+                    done = progress.done,
+                    total = progress.total,
+                    "re-deriving the dark dictionary version"
+                );
+            })
+            .and_then(|_| swap::build_arena(&store, &dictionary))
+        });
+        match prepared {
+            Ok(arena) => {
+                tracing::info!(
+                    version,
+                    rows = arena.rows(),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "dark dictionary version ready to flip"
+                );
+                *slot = Some(arena);
+            }
+            Err(err) => tracing::error!(version, %err, "re-deriving the dark version failed"),
+        }
+    });
+}
+
+/// `POST /admin/dictionary/flip?version=V`: make the ready dark version `V` serve. Its arena
+/// generation is caught up first, then, with writes held back, caught up to the last capture,
+/// the store flipped, and the serving generation swapped whole; requests in flight finish on
+/// the old one. Returns the versions and the time writes were held back.
+pub fn flip(state: &State, version: &str) -> Result<serde_json::Value, crate::error::Error> {
+    let store = Arc::clone(&state.generation().memory.store);
+    let refused = |reason: String| crate::store::StoreError::Swap {
+        path: store.path().to_path_buf(),
+        reason,
+    };
+    let Ok(mut slot) = state.dark_arena.try_lock() else {
+        return Err(refused(format!("{version} is still being derived")).into());
+    };
+    let dictionary = store
+        .dark_dictionary()
+        .filter(|d| d.version() == version)
+        .ok_or_else(|| refused(format!("{version} is not the installed dark version")))?;
+    let mut arena = match slot.take() {
+        Some(arena) => arena,
+        None => swap::build_arena(&store, &dictionary)?,
+    };
+    arena.catch_up(&store, &dictionary)?;
+    let started = Instant::now();
+    let _quiet = state.writes.write().expect("writes gate");
+    let retired = swap::flip(&store, &dictionary, &mut arena)?;
+    *state.serving.write().expect("serving lock") = Arc::new(Generation {
+        memory: Memory { store, dictionary },
+        arena: RwLock::new(arena),
+    });
+    let held = started.elapsed();
+    tracing::info!(
+        serving = version,
+        retired,
+        held_ms = held.as_secs_f64() * 1e3,
+        "dictionary flipped"
+    );
+    Ok(json!({
+        "serving": version,
+        "retired": retired,
+        "flip_ms": held.as_secs_f64() * 1e3,
+    }))
 }

@@ -1077,7 +1077,8 @@ impl Loop {
     fn run(&mut self, calls: &[Pending]) -> Vec<String> {
         let state = &self.state;
         let _writing = state.writes.read().expect("writes gate");
-        let arena = state.arena.read().expect("arena lock");
+        let generation = state.generation();
+        let arena = generation.arena.read().expect("arena lock");
         let mut results = Vec::with_capacity(calls.len());
         for call in calls {
             let result = match Call::parse(&call.name, &call.arguments) {
@@ -1085,12 +1086,12 @@ impl Loop {
                 Ok(parsed) => {
                     match self
                         .turn
-                        .run(&state.memory, &arena, &state.kernels, &parsed)
+                        .run(&generation.memory, &arena, &state.kernels, &parsed)
                     {
                         Ok(outcome) => {
                             if self.reply.is_some()
                                 && let Err(err) = reheat_returned(
-                                    &state.memory,
+                                    &generation.memory,
                                     &arena,
                                     self.turn.user,
                                     &outcome.rows,
@@ -1111,8 +1112,8 @@ impl Loop {
                 }
             };
             if let Some(reply) = &self.reply {
-                let captured = Capturer::new(&state.memory.dictionary).capture(
-                    &state.memory.store,
+                let captured = Capturer::new(&generation.memory.dictionary).capture(
+                    &generation.memory.store,
                     &[Message {
                         user_key: reply.identity.user_key.clone(),
                         conversation: reply.identity.conversation.clone(),

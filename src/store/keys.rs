@@ -161,6 +161,22 @@ pub mod meta {
     /// The time (ms since the epoch, i64) of the serving process's last write probe, the small
     /// write that tells whether the store takes writes again after a failure.
     pub const PROBE: &[u8] = b"probe";
+    /// Which slot of retrieval rows and counts serves (u8: 0 or absent, 1).
+    pub const SERVING_SLOT: &[u8] = b"serving_slot";
+    /// The dark dictionary version, while one is installed (UTF-8).
+    pub const DARK_VERSION: &[u8] = b"dark_version";
+    /// Rows from this id on are derived under the dark version by their capture (u64).
+    pub const DARK_FROM: &[u8] = b"dark_from";
+    /// Rows below this id are re-derived under the dark version (u64).
+    pub const DARK_NEXT: &[u8] = b"dark_next";
+    /// Rows re-derived so far (u64).
+    pub const DARK_DONE: &[u8] = b"dark_done";
+    /// Rows stored when the dark version was installed (u64).
+    pub const DARK_TOTAL: &[u8] = b"dark_total";
+    /// The versions that served before, oldest first (UTF-8, one a line).
+    pub const RETIRED: &[u8] = b"retired";
+    /// Every key of an installed dark version, removed together by the flip.
+    pub const DARK: [&[u8]; 5] = [DARK_VERSION, DARK_FROM, DARK_NEXT, DARK_DONE, DARK_TOTAL];
 }
 
 #[cfg(test)]

@@ -7,18 +7,26 @@
 //! | `users` | user | the user's key (UTF-8) | [`Store::write_captures`] |
 //! | `rows` | user ++ row | immutable [`Row`] | [`Store::write_captures`] |
 //! | `retrieval` | user ++ row | [`RetrievalRow`] (tagged with its dictionary version) | [`Store::write_captures`] |
+//! | `dark_retrieval` | user ++ row | [`RetrievalRow`] under the dark dictionary version | [`Store::rederive_step`] (rows captured before the install), [`Store::write_captures`] (after) |
 //! | `activation` | user ++ row | [`Activation`] | born in [`Store::write_captures`]; patched only by [`Store::patch_activation`] (retrieval's reheat) |
 //! | `log` | row | user | [`Store::write_captures`] |
 //! | `counts` | token / term / total | i64 (merge: add) | [`Store::write_captures`] |
+//! | `dark_counts` | as `counts`, over the dark retrieval rows | i64 (merge: add) | with `dark_retrieval` |
 //! | `clock` | user | u64 tokens processed | [`Store::write_captures`] |
 //! | `chain` | user ++ conversation ++ row | empty | [`Store::write_captures`] |
 //! | `bindings` | user ++ conversation ++ role ++ row | name (UTF-8) | [`Store::write_captures`] |
-//! | `meta` | name | value | [`Store::open`], [`Store::write_captures`] (`next_row`), [`Store::probe`] (`probe`) |
+//! | `meta` | name | value | [`Store::open`], [`Store::write_captures`] (`next_row`), the swap ([`Store::install_dark`], [`Store::rederive_step`], [`Store::flip`]), [`Store::probe`] (`probe`) |
 //! | `warm` | user ++ row | [`Activation`] of a reheated row, a copy of its `activation` entry | [`Store::patch_activation`]; [`Store::forget_cold`] removes cold ones |
 //!
 //! [`Store::purge_user`] deletes; it is the one other function that writes, and only removes a
 //! user's entries (and subtracts their counts). The decay constant is written once, at birth, in
 //! the row and in the activation; the reheat keeps it, and the integrity check compares the two.
+//!
+//! The serving and the dark retrieval rows and counts live in two slots of physical families
+//! (`retrieval` + `counts`, `retrieval_1` + `counts_1`); the meta key `serving_slot` says which
+//! slot serves, and the flip of a dictionary swap is one write of it (with the serving version).
+//! [`Cf::Retrieval`] and [`Cf::Counts`] always name the serving slot, [`Cf::DarkRetrieval`] and
+//! [`Cf::DarkCounts`] the other, which is empty while no dark version is installed.
 //!
 //! Every write that assigns row ids or reads a value it then rewrites (clock, bindings, next row)
 //! happens under one mutex, so row ids are committed in increasing order: a reader that has seen
@@ -29,7 +37,11 @@ pub mod row;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rayon::prelude::*;
+use serde::Serialize;
 
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, DBCompressionType, DBRecoveryMode, Direction,
@@ -37,9 +49,11 @@ use rocksdb::{
 };
 
 use crate::codec::CodecError;
-use crate::dictionary::derive::RetrievalRow;
+use crate::dictionary::Dictionary;
+use crate::dictionary::derive::{RetrievalRow, derive};
 use crate::dictionary::stats::FrequencyTable;
-use crate::types::{ConversationId, Role, RowId, UserId};
+use crate::tokens::Tokenizer;
+use crate::types::{ConversationId, Role, RowId, TermId, TokenId, UserId};
 pub use row::{Activation, Row};
 
 /// A key and its value, as a RocksDB iterator yields them.
@@ -62,10 +76,20 @@ pub enum Cf {
     Bindings,
     Meta,
     Warm,
+    /// The dark dictionary version's retrieval rows (the slot that does not serve).
+    DarkRetrieval,
+    /// The dark dictionary version's frequency counts.
+    DarkCounts,
 }
 
+/// The physical families of the two slots: `[retrieval, counts]` each.
+const SLOTS: [[&str; 2]; 2] = [["retrieval", "counts"], ["retrieval_1", "counts_1"]];
+/// A key above every key of the slotted families (their keys are at most 16 bytes): the end
+/// of a range that clears one.
+const ALL_KEYS_END: [u8; 17] = [0xff; 17];
+
 impl Cf {
-    pub const ALL: [Cf; 11] = [
+    pub const ALL: [Cf; 13] = [
         Cf::Users,
         Cf::Rows,
         Cf::Retrieval,
@@ -77,9 +101,13 @@ impl Cf {
         Cf::Bindings,
         Cf::Meta,
         Cf::Warm,
+        Cf::DarkRetrieval,
+        Cf::DarkCounts,
     ];
 
-    /// The family's name on disk.
+    /// The family's name in reports. The four slotted families are named by role
+    /// (`retrieval`, `counts`, `dark_retrieval`, `dark_counts`); their physical families on
+    /// disk depend on the serving slot.
     pub fn name(self) -> &'static str {
         match self {
             Cf::Users => "users",
@@ -93,14 +121,28 @@ impl Cf {
             Cf::Bindings => "bindings",
             Cf::Meta => "meta",
             Cf::Warm => "warm",
+            Cf::DarkRetrieval => "dark_retrieval",
+            Cf::DarkCounts => "dark_counts",
+        }
+    }
+
+    /// The family on disk when slot `serving` serves.
+    fn physical(self, serving: usize) -> &'static str {
+        match self {
+            Cf::Retrieval => SLOTS[serving][0],
+            Cf::Counts => SLOTS[serving][1],
+            Cf::DarkRetrieval => SLOTS[1 - serving][0],
+            Cf::DarkCounts => SLOTS[1 - serving][1],
+            other => other.name(),
         }
     }
 
     /// Families whose keys all start with the user id.
-    const PER_USER: [Cf; 8] = [
+    const PER_USER: [Cf; 9] = [
         Cf::Users,
         Cf::Rows,
         Cf::Retrieval,
+        Cf::DarkRetrieval,
         Cf::Activation,
         Cf::Clock,
         Cf::Chain,
@@ -146,6 +188,10 @@ pub enum StoreError {
         stored: String,
         requested: String,
     },
+    /// Class: client. A dictionary swap step refused in the store's present state (a dark
+    /// version already installed, none installed, not derived yet, its table not loaded).
+    #[error("{path}: {reason}")]
+    Swap { path: PathBuf, reason: String },
 }
 
 impl StoreError {
@@ -208,6 +254,60 @@ pub type RawEntry = (Box<[u8]>, Box<[u8]>);
 #[derive(Debug)]
 struct Writer {
     next_row: u64,
+    /// The dark dictionary version, while one is installed.
+    dark: Option<Dark>,
+}
+
+/// An installed dark version, as the writer needs it.
+#[derive(Debug)]
+struct Dark {
+    version: String,
+    /// The dark table, once attached ([`Store::attach_dark`]): captures need it.
+    dictionary: Option<Arc<Dictionary>>,
+}
+
+/// A dark dictionary version's progress, as the meta family records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DarkVersion {
+    pub version: String,
+    /// Rows from this id on were derived by their capture (the next row id at the install).
+    pub from: u64,
+    /// Every row below this id (and below `from`) has been re-derived.
+    pub next: u64,
+    /// Rows re-derived so far, of `total`, the rows stored at the install.
+    pub done: u64,
+    pub total: u64,
+}
+
+impl DarkVersion {
+    /// Every stored row has its dark retrieval row: the version can be flipped to.
+    pub fn is_derived(&self) -> bool {
+        self.next >= self.from
+    }
+}
+
+/// Frequency-count changes, as merge operands: token occurrences, rows per term, and the
+/// totals (rows, tokens, terms).
+#[derive(Debug, Default)]
+struct Deltas {
+    tokens: HashMap<TokenId, i64>,
+    terms: HashMap<TermId, i64>,
+    totals: [i64; 3],
+}
+
+impl Deltas {
+    /// Count `row` in, `sign` times (1 to add, -1 to subtract).
+    fn add(&mut self, row: &RetrievalRow, sign: i64) {
+        for &(token, count) in &row.tokens {
+            *self.tokens.entry(token).or_default() += sign * i64::from(count);
+        }
+        for &(term, _) in &row.terms {
+            *self.terms.entry(term).or_default() += sign;
+        }
+        self.totals[0] += sign;
+        self.totals[1] += sign * i64::from(row.token_len);
+        self.totals[2] += sign * row.term_len() as i64;
+    }
 }
 
 /// The RocksDB-backed store.
@@ -216,6 +316,9 @@ pub struct Store {
     path: PathBuf,
     write_options: WriteOptions,
     writer: Mutex<Writer>,
+    /// The slot (0 or 1) whose retrieval rows and counts serve: the meta key `serving_slot`,
+    /// changed only by [`Store::flip`] under the writer lock.
+    serving_slot: AtomicUsize,
 }
 
 impl std::fmt::Debug for Store {
@@ -261,17 +364,22 @@ impl Store {
         // Keep the info LOG small; it holds no user data.
         db_options.set_keep_log_file_num(4);
 
-        let descriptors = Cf::ALL.iter().map(|&cf| {
+        let physical = Cf::ALL
+            .iter()
+            .filter(|&&cf| cf != Cf::DarkRetrieval && cf != Cf::DarkCounts)
+            .map(|&cf| cf.physical(0))
+            .chain([Cf::Retrieval.physical(1), Cf::Counts.physical(1)]);
+        let descriptors = physical.map(|name| {
             let mut cf_options = Options::default();
             cf_options.set_compression_type(if options.compression {
                 DBCompressionType::Lz4
             } else {
                 DBCompressionType::None
             });
-            if cf == Cf::Counts {
+            if SLOTS.iter().any(|slot| slot[1] == name) {
                 cf_options.set_merge_operator_associative("perpetuity.add_i64", add_i64);
             }
-            ColumnFamilyDescriptor::new(cf.name(), cf_options)
+            ColumnFamilyDescriptor::new(name, cf_options)
         });
         let db = DB::open_cf_descriptors(&db_options, path, descriptors).map_err(rocks)?;
 
@@ -285,7 +393,11 @@ impl Store {
             db,
             path: path.to_path_buf(),
             write_options,
-            writer: Mutex::new(Writer { next_row: 1 }),
+            writer: Mutex::new(Writer {
+                next_row: 1,
+                dark: None,
+            }),
+            serving_slot: AtomicUsize::new(0),
         };
         match store.meta(keys::meta::FORMAT_VERSION)? {
             None => store.put_meta(keys::meta::FORMAT_VERSION, &FORMAT_VERSION.to_le_bytes())?,
@@ -304,8 +416,18 @@ impl Store {
                 }
             }
         }
+        let slot = store.meta(keys::meta::SERVING_SLOT)?;
+        store.serving_slot = AtomicUsize::new(usize::from(slot.as_deref() == Some(&[1])));
         let next_row = store.next_row_recorded()?;
-        store.writer = Mutex::new(Writer { next_row });
+        let dark = store.dark()?.map(|dark| Dark {
+            version: dark.version,
+            dictionary: None,
+        });
+        if dark.is_none() {
+            // A flip that crashed before clearing the retired slot: finish it.
+            store.clear_dark()?;
+        }
+        store.writer = Mutex::new(Writer { next_row, dark });
         Ok(store)
     }
 
@@ -323,7 +445,7 @@ impl Store {
 
     fn cf(&self, cf: Cf) -> &ColumnFamily {
         self.db
-            .cf_handle(cf.name())
+            .cf_handle(cf.physical(self.serving_slot.load(Ordering::Acquire)))
             .expect("every family is created at open")
     }
 
@@ -395,8 +517,13 @@ impl Store {
     /// The stored frequency counts and the next row id, read in one step (no capture or purge
     /// commits in between): the counts are exactly those of the rows below that id.
     pub fn counts_snapshot(&self) -> Result<(FrequencyTable, RowId), StoreError> {
+        self.counts_snapshot_in(Cf::Counts)
+    }
+
+    /// [`Store::counts_snapshot`] of one family of counts (`Counts` or `DarkCounts`).
+    pub fn counts_snapshot_in(&self, cf: Cf) -> Result<(FrequencyTable, RowId), StoreError> {
         let writer = self.writer.lock().expect("writer lock");
-        Ok((self.frequency_table()?, RowId(writer.next_row)))
+        Ok((self.frequency_table_in(cf)?, RowId(writer.next_row)))
     }
 
     /// The row id the next capture will get: every stored row's id is below it.
@@ -424,6 +551,245 @@ impl Store {
         Ok(self
             .meta(keys::meta::DICTIONARY_VERSION)?
             .map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// The installed dark dictionary version and its progress, if one is installed.
+    pub fn dark(&self) -> Result<Option<DarkVersion>, StoreError> {
+        let Some(version) = self.meta(keys::meta::DARK_VERSION)? else {
+            return Ok(None);
+        };
+        let number = |key, what| self.meta_u64(key, what).map(Option::unwrap_or_default);
+        Ok(Some(DarkVersion {
+            version: String::from_utf8_lossy(&version).into_owned(),
+            from: number(keys::meta::DARK_FROM, "dark_from")?,
+            next: number(keys::meta::DARK_NEXT, "dark_next")?,
+            done: number(keys::meta::DARK_DONE, "dark_done")?,
+            total: number(keys::meta::DARK_TOTAL, "dark_total")?,
+        }))
+    }
+
+    fn swap_refused(&self, reason: String) -> StoreError {
+        StoreError::Swap {
+            path: self.path.clone(),
+            reason,
+        }
+    }
+
+    /// Install `dictionary` as the dark version: its slot is cleared, and from the next row on
+    /// every capture is derived under it too, in the same batch. The rows stored before are
+    /// re-derived by [`Store::rederive_step`]. Refused while another dark version is
+    /// installed, and for the serving version.
+    pub fn install_dark(&self, dictionary: Arc<Dictionary>) -> Result<DarkVersion, StoreError> {
+        let mut writer = self.writer.lock().expect("writer lock");
+        let version = dictionary.version().to_owned();
+        if let Some(dark) = &writer.dark {
+            return Err(self.swap_refused(format!(
+                "dark version {} is installed already (flip to it first)",
+                dark.version
+            )));
+        }
+        if self.dictionary_version()?.as_deref() == Some(version.as_str()) {
+            return Err(self.swap_refused(format!("{version} is the serving version")));
+        }
+        let total = self
+            .get(Cf::Counts, keys::count::ROWS)?
+            .map(|value| decode_count(keys::count::ROWS, &value))
+            .transpose()?
+            .unwrap_or(0)
+            .max(0) as u64;
+        let state = DarkVersion {
+            version: version.clone(),
+            from: writer.next_row,
+            next: 1,
+            done: 0,
+            total,
+        };
+        let mut batch = WriteBatch::default();
+        for cf in [Cf::DarkRetrieval, Cf::DarkCounts] {
+            batch.delete_range_cf(&self.cf(cf), &[][..], &ALL_KEYS_END[..]);
+        }
+        let meta = self.cf(Cf::Meta);
+        batch.put_cf(&meta, keys::meta::DARK_VERSION, version.as_bytes());
+        batch.put_cf(&meta, keys::meta::DARK_FROM, state.from.to_le_bytes());
+        batch.put_cf(&meta, keys::meta::DARK_NEXT, state.next.to_le_bytes());
+        batch.put_cf(&meta, keys::meta::DARK_DONE, 0u64.to_le_bytes());
+        batch.put_cf(&meta, keys::meta::DARK_TOTAL, total.to_le_bytes());
+        self.db
+            .write_opt(batch, &self.write_options)
+            .map_err(|e| self.rocks(e))?;
+        writer.dark = Some(Dark {
+            version,
+            dictionary: Some(dictionary),
+        });
+        Ok(state)
+    }
+
+    /// Give the store the table of its installed dark version (after it was opened again):
+    /// captures are refused until it is attached, since they must derive under it too.
+    pub fn attach_dark(&self, dictionary: Arc<Dictionary>) -> Result<(), StoreError> {
+        let mut writer = self.writer.lock().expect("writer lock");
+        match writer.dark.as_mut() {
+            Some(dark) if dark.version == dictionary.version() => {
+                dark.dictionary = Some(dictionary);
+                Ok(())
+            }
+            other => Err(self.swap_refused(format!(
+                "{} is not the installed dark version ({:?})",
+                dictionary.version(),
+                other.map(|d| &d.version)
+            ))),
+        }
+    }
+
+    /// The attached dark table, if any.
+    pub fn dark_dictionary(&self) -> Option<Arc<Dictionary>> {
+        let writer = self.writer.lock().expect("writer lock");
+        writer.dark.as_ref().and_then(|d| d.dictionary.clone())
+    }
+
+    /// Whether `version` is the installed dark version (its rows and counts are the `Dark`
+    /// families); any other version reads the serving ones.
+    pub fn is_dark(&self, version: &str) -> bool {
+        let writer = self.writer.lock().expect("writer lock");
+        writer.dark.as_ref().is_some_and(|d| d.version == version)
+    }
+
+    /// Re-derive up to `max_rows` more of the rows stored before the install under the dark
+    /// version (on the rayon pool, outside the write lock), then write their dark retrieval
+    /// rows, their counts and the progress in one batch. Heat, decay and novelty are not
+    /// touched. A purge meanwhile discards the step (it is redone). Returns the progress.
+    pub fn rederive_step(&self, max_rows: usize) -> Result<DarkVersion, StoreError> {
+        let (dictionary, purges) = {
+            let writer = self.writer.lock().expect("writer lock");
+            let dark = writer
+                .dark
+                .as_ref()
+                .ok_or_else(|| self.swap_refused("no dark version is installed".into()))?;
+            let dictionary = dark.dictionary.clone().ok_or_else(|| {
+                self.swap_refused(format!("the table of {} is not attached", dark.version))
+            })?;
+            (dictionary, self.purges()?)
+        };
+        let state = self.dark()?.expect("a dark version is installed");
+        if state.is_derived() {
+            return Ok(state);
+        }
+        let rows = self
+            .rows_since(RowId(state.next))
+            .take_while(|row| row.as_ref().map_or(true, |row| row.id.0 < state.from))
+            .take(max_rows)
+            .collect::<Result<Vec<Row>, StoreError>>()?;
+        let next = match rows.last() {
+            Some(last) if rows.len() == max_rows => last.id.0 + 1,
+            _ => state.from,
+        };
+        let tokenizer = Tokenizer::new();
+        let derived: Vec<RetrievalRow> = rows
+            .par_iter()
+            .map(|row| derive(&dictionary, &tokenizer, row.name.as_deref(), &row.tokens))
+            .collect();
+
+        let _writer = self.writer.lock().expect("writer lock");
+        if self.purges()? != purges {
+            return Ok(state);
+        }
+        let mut batch = WriteBatch::default();
+        let mut deltas = Deltas::default();
+        let dark_cf = self.cf(Cf::DarkRetrieval);
+        for (row, retrieval) in rows.iter().zip(&derived) {
+            batch.put_cf(
+                &dark_cf,
+                keys::user_row(row.user, row.id),
+                retrieval.encode(),
+            );
+            deltas.add(retrieval, 1);
+        }
+        self.merge_counts(&mut batch, Cf::DarkCounts, &deltas);
+        let state = DarkVersion {
+            next,
+            done: state.done + rows.len() as u64,
+            ..state
+        };
+        let meta = self.cf(Cf::Meta);
+        batch.put_cf(&meta, keys::meta::DARK_NEXT, state.next.to_le_bytes());
+        batch.put_cf(&meta, keys::meta::DARK_DONE, state.done.to_le_bytes());
+        self.db
+            .write_opt(batch, &self.write_options)
+            .map_err(|e| self.rocks(e))?;
+        crate::failpoint::hit("dict.mid_derive");
+        Ok(state)
+    }
+
+    /// The flip: the dark version serves from now on, in ONE write (the serving version and
+    /// slot); the retired version's slot is cleared after it. Refused unless every row has
+    /// been re-derived. Returns the retired version.
+    pub fn flip(&self) -> Result<String, StoreError> {
+        let mut writer = self.writer.lock().expect("writer lock");
+        let state = self
+            .dark()?
+            .ok_or_else(|| self.swap_refused("no dark version is installed".into()))?;
+        if !state.is_derived() {
+            return Err(self.swap_refused(format!(
+                "{} is not derived yet: {}/{} rows",
+                state.version, state.done, state.total
+            )));
+        }
+        let retired = self.dictionary_version()?.unwrap_or_default();
+        let slot = 1 - self.serving_slot.load(Ordering::Acquire);
+        let mut batch = WriteBatch::default();
+        let meta = self.cf(Cf::Meta);
+        let mut earlier = self.retired_versions()?;
+        earlier.retain(|v| *v != retired && *v != state.version);
+        earlier.push(retired.clone());
+        batch.put_cf(&meta, keys::meta::RETIRED, earlier.join("\n").as_bytes());
+        batch.put_cf(
+            &meta,
+            keys::meta::DICTIONARY_VERSION,
+            state.version.as_bytes(),
+        );
+        batch.put_cf(&meta, keys::meta::SERVING_SLOT, [slot as u8]);
+        for key in keys::meta::DARK {
+            batch.delete_cf(&meta, key);
+        }
+        crate::failpoint::hit("dict.before_flip");
+        self.db
+            .write_opt(batch, &self.write_options)
+            .map_err(|e| self.rocks(e))?;
+        crate::failpoint::hit("dict.after_flip");
+        self.serving_slot.store(slot, Ordering::Release);
+        writer.dark = None;
+        drop(writer);
+        self.clear_dark()?;
+        Ok(retired)
+    }
+
+    /// The versions that served before the serving one, oldest first.
+    pub fn retired_versions(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .meta(keys::meta::RETIRED)?
+            .map(|v| {
+                String::from_utf8_lossy(&v)
+                    .lines()
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// Empty the dark slot when it holds anything (what a retired version left behind).
+    fn clear_dark(&self) -> Result<(), StoreError> {
+        let mut batch = WriteBatch::default();
+        for cf in [Cf::DarkRetrieval, Cf::DarkCounts] {
+            if self.iter_all(cf).next().is_some() {
+                batch.delete_range_cf(&self.cf(cf), &[][..], &ALL_KEYS_END[..]);
+            }
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.db
+            .write_opt(batch, &self.write_options)
+            .map_err(|e| self.rocks(e))
     }
 
     /// A user's clock: tokens captured so far.
@@ -587,13 +953,21 @@ impl Store {
             return Ok(Vec::new());
         }
         let mut writer = self.writer.lock().expect("writer lock");
+        let dark = match &writer.dark {
+            None => None,
+            Some(dark) => Some(dark.dictionary.clone().ok_or_else(|| {
+                self.swap_refused(format!(
+                    "dark version {} is installed but its table is not attached",
+                    dark.version
+                ))
+            })?),
+        };
+        let tokenizer = Tokenizer::new();
         let mut batch = WriteBatch::default();
         let mut next_row = writer.next_row;
         let mut clocks: HashMap<UserId, u64> = HashMap::new();
         let mut bindings: HashMap<(UserId, ConversationId, Role), Option<Vec<u8>>> = HashMap::new();
-        let mut token_counts: HashMap<crate::types::TokenId, i64> = HashMap::new();
-        let mut term_counts: HashMap<crate::types::TermId, i64> = HashMap::new();
-        let (mut rows_total, mut tokens_total, mut terms_total) = (0i64, 0i64, 0i64);
+        let (mut deltas, mut dark_deltas) = (Deltas::default(), Deltas::default());
         let mut ids = Vec::with_capacity(messages.len());
 
         let (users_cf, rows_cf, retrieval_cf, activation_cf) = (
@@ -658,6 +1032,16 @@ impl Store {
                 let key = keys::user_row(user, id);
                 batch.put_cf(&rows_cf, key, row.encode());
                 batch.put_cf(&retrieval_cf, key, chunk.retrieval.encode());
+                if let Some(dictionary) = &dark {
+                    let retrieval = derive(
+                        dictionary,
+                        &tokenizer,
+                        message.name.as_deref(),
+                        &chunk.tokens,
+                    );
+                    batch.put_cf(&self.cf(Cf::DarkRetrieval), key, retrieval.encode());
+                    dark_deltas.add(&retrieval, 1);
+                }
                 let born = Activation {
                     last_clock: clock,
                     peak: message.born_peak,
@@ -666,16 +1050,7 @@ impl Store {
                 batch.put_cf(&activation_cf, key, born.encode());
                 batch.put_cf(&log_cf, keys::log(id), keys::user(user));
                 batch.put_cf(&chain_cf, keys::chain(user, conversation, id), []);
-
-                for &(token, count) in &chunk.retrieval.tokens {
-                    *token_counts.entry(token).or_default() += i64::from(count);
-                }
-                for &(term, _) in &chunk.retrieval.terms {
-                    *term_counts.entry(term).or_default() += 1;
-                }
-                rows_total += 1;
-                tokens_total += i64::from(chunk.retrieval.token_len);
-                terms_total += chunk.retrieval.term_len() as i64;
+                deltas.add(&chunk.retrieval, 1);
                 message_ids.push(id);
             }
             ids.push(message_ids);
@@ -685,12 +1060,10 @@ impl Store {
         for (user, clock) in &clocks {
             batch.put_cf(&clock_cf, keys::user(*user), clock.to_le_bytes());
         }
-        self.merge_counts(
-            &mut batch,
-            &token_counts,
-            &term_counts,
-            [rows_total, tokens_total, terms_total],
-        );
+        self.merge_counts(&mut batch, Cf::Counts, &deltas);
+        if dark.is_some() {
+            self.merge_counts(&mut batch, Cf::DarkCounts, &dark_deltas);
+        }
         batch.put_cf(
             &self.cf(Cf::Meta),
             keys::meta::NEXT_ROW,
@@ -702,24 +1075,19 @@ impl Store {
         Ok(ids)
     }
 
-    /// Add (or, negated, subtract) count deltas to the batch as merge operands.
-    fn merge_counts(
-        &self,
-        batch: &mut WriteBatch,
-        tokens: &HashMap<crate::types::TokenId, i64>,
-        terms: &HashMap<crate::types::TermId, i64>,
-        totals: [i64; 3],
-    ) {
-        let counts_cf = self.cf(Cf::Counts);
-        for (token, delta) in tokens {
+    /// Add count deltas to the batch as merge operands of family `cf` (`Counts` or
+    /// `DarkCounts`).
+    fn merge_counts(&self, batch: &mut WriteBatch, cf: Cf, deltas: &Deltas) {
+        let counts_cf = self.cf(cf);
+        for (token, delta) in &deltas.tokens {
             batch.merge_cf(&counts_cf, keys::count::token(*token), delta.to_le_bytes());
         }
-        for (term, delta) in terms {
+        for (term, delta) in &deltas.terms {
             batch.merge_cf(&counts_cf, keys::count::term(*term), delta.to_le_bytes());
         }
         for (key, delta) in [keys::count::ROWS, keys::count::TOKENS, keys::count::TERMS]
             .into_iter()
-            .zip(totals)
+            .zip(deltas.totals)
         {
             batch.merge_cf(&counts_cf, key, delta.to_le_bytes());
         }
@@ -789,28 +1157,11 @@ impl Store {
         let removed = {
             let _guard = self.writer.lock().expect("writer lock");
             let mut batch = WriteBatch::default();
-            let mut token_counts = HashMap::new();
-            let mut term_counts = HashMap::new();
-            let (mut rows, mut tokens, mut terms) = (0i64, 0i64, 0i64);
             let log_cf = self.cf(Cf::Log);
-            for entry in self.iter_user(Cf::Retrieval, user) {
-                let (key, value) = entry?;
-                let retrieval =
-                    RetrievalRow::decode(&value).map_err(|source| StoreError::Corrupt {
-                        cf: Cf::Retrieval.name(),
-                        key: hex_key(&key),
-                        source,
-                    })?;
-                for &(token, count) in &retrieval.tokens {
-                    *token_counts.entry(token).or_insert(0i64) -= i64::from(count);
-                }
-                for &(term, _) in &retrieval.terms {
-                    *term_counts.entry(term).or_insert(0i64) -= 1;
-                }
-                rows -= 1;
-                tokens -= i64::from(retrieval.token_len);
-                terms -= retrieval.term_len() as i64;
-            }
+            let deltas = self.user_deltas(Cf::Retrieval, user)?;
+            self.merge_counts(&mut batch, Cf::Counts, &deltas);
+            let dark_deltas = self.user_deltas(Cf::DarkRetrieval, user)?;
+            self.merge_counts(&mut batch, Cf::DarkCounts, &dark_deltas);
             for entry in self.iter_user(Cf::Rows, user) {
                 let (key, _) = entry?;
                 if let Some((_, row)) = keys::parse_user_row(&key) {
@@ -820,12 +1171,6 @@ impl Store {
             for cf in Cf::PER_USER {
                 batch.delete_range_cf(&self.cf(cf), keys::user(user), keys::user_end(user));
             }
-            self.merge_counts(
-                &mut batch,
-                &token_counts,
-                &term_counts,
-                [rows, tokens, terms],
-            );
             batch.put_cf(
                 &self.cf(Cf::Meta),
                 keys::meta::PURGES,
@@ -833,10 +1178,25 @@ impl Store {
             );
             self.write(batch)?;
             crate::failpoint::hit("purge.after_batch");
-            (-rows) as u64
+            (-deltas.totals[0]) as u64
         };
         self.compact_user(user)?;
         Ok(removed)
+    }
+
+    /// The count deltas that remove `user`'s retrieval rows of family `cf` (negated counts).
+    fn user_deltas(&self, cf: Cf, user: UserId) -> Result<Deltas, StoreError> {
+        let mut deltas = Deltas::default();
+        for entry in self.iter_user(cf, user) {
+            let (key, value) = entry?;
+            let retrieval = RetrievalRow::decode(&value).map_err(|source| StoreError::Corrupt {
+                cf: cf.name(),
+                key: hex_key(&key),
+                source,
+            })?;
+            deltas.add(&retrieval, -1);
+        }
+        Ok(deltas)
     }
 
     /// Flush every family and compact `user`'s ranges (and the log and counts), so deleted
@@ -855,7 +1215,7 @@ impl Store {
                 Some(keys::user_end(user)),
             );
         }
-        for cf in [Cf::Log, Cf::Counts] {
+        for cf in [Cf::Log, Cf::Counts, Cf::DarkCounts] {
             self.db
                 .compact_range_cf(&self.cf(cf), None::<&[u8]>, None::<&[u8]>);
         }
@@ -981,10 +1341,20 @@ impl Store {
 
     /// One retrieval row.
     pub fn retrieval(&self, user: UserId, id: RowId) -> Result<Option<RetrievalRow>, StoreError> {
+        self.retrieval_in(Cf::Retrieval, user, id)
+    }
+
+    /// One retrieval row of family `cf` (`Retrieval` or `DarkRetrieval`).
+    pub fn retrieval_in(
+        &self,
+        cf: Cf,
+        user: UserId,
+        id: RowId,
+    ) -> Result<Option<RetrievalRow>, StoreError> {
         let key = keys::user_row(user, id);
         let Some(bytes) = self
             .db
-            .get_pinned_cf(&self.cf(Cf::Retrieval), key)
+            .get_pinned_cf(&self.cf(cf), key)
             .map_err(|e| self.rocks(e))?
         else {
             return Ok(None);
@@ -992,7 +1362,7 @@ impl Store {
         RetrievalRow::decode(&bytes)
             .map(Some)
             .map_err(|source| StoreError::Corrupt {
-                cf: Cf::Retrieval.name(),
+                cf: cf.name(),
                 key: hex_key(&key),
                 source,
             })
@@ -1010,11 +1380,16 @@ impl Store {
     /// The stored frequency counts as a table (zero counts are absent). A negative or
     /// malformed count is corruption.
     pub fn frequency_table(&self) -> Result<FrequencyTable, StoreError> {
+        self.frequency_table_in(Cf::Counts)
+    }
+
+    /// [`Store::frequency_table`] of one family of counts (`Counts` or `DarkCounts`).
+    pub fn frequency_table_in(&self, cf: Cf) -> Result<FrequencyTable, StoreError> {
         let mut table = FrequencyTable::default();
-        for entry in self.iter_all(Cf::Counts) {
+        for entry in self.iter_all(cf) {
             let (key, value) = entry?;
             let corrupt = |reason: String| StoreError::Corrupt {
-                cf: Cf::Counts.name(),
+                cf: cf.name(),
                 key: hex_key(&key),
                 source: CodecError {
                     what: "count",

@@ -28,7 +28,7 @@ pub fn memory(dir: &Path) -> Memory {
     Memory::open(
         dir,
         &default_dictionaries_root(),
-        DEFAULT_VERSION,
+        Some(DEFAULT_VERSION),
         &StoreOptions::default(),
     )
     .unwrap()

@@ -237,6 +237,7 @@ impl Harness {
         loop {
             let rows: Vec<_> = self
                 .state
+                .generation()
                 .memory
                 .store
                 .rows_of(user)
