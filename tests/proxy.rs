@@ -539,7 +539,9 @@ async fn admin_endpoints_need_the_token_and_purge_forgets_a_user() {
     assert_eq!(purged["rows_removed"], 2);
     assert!(h.rows_of("sk-alice", 0).is_empty());
     let response = h.send("GET", "/admin/integrity", &admin, b"").await;
-    assert_eq!(response.status(), StatusCode::OK, "clean after the purge");
+    let status = response.status();
+    let report = String::from_utf8_lossy(&body_of(response).await).into_owned();
+    assert_eq!(status, StatusCode::OK, "clean after the purge: {report}");
 
     h.answer(Answer::Whole(200, "text/event-stream", stream));
     body_of(

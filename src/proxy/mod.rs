@@ -205,9 +205,10 @@ pub struct Generation {
 pub struct State {
     /// The serving generation, swapped whole by a dictionary flip.
     serving: RwLock<Arc<Generation>>,
-    /// The dark version's arena generation, put here by the re-derivation job once it is built
-    /// and taken by the flip; locked by the job while it runs.
-    dark_arena: Mutex<Option<Arena>>,
+    /// The dark version's arena generation and the store's purge count it was built at, put
+    /// here by the re-derivation job once it is built and taken by the flip (which rebuilds it
+    /// when a purge ran since); locked by the job while it runs.
+    dark_arena: Mutex<Option<(Arena, u64)>>,
     pub kernels: Kernels,
     pub secret: Secret,
     pub config: ProxyConfig,
@@ -441,15 +442,24 @@ async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
         );
     }
     let path = req.uri().path().to_owned();
-    let param = |name: &str| {
-        req.uri().query().and_then(|q| {
-            q.split('&')
-                .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
-                .map(str::to_owned)
-                .filter(|value| !value.is_empty())
-        })
+    let query = req.uri().query().unwrap_or("");
+    let param = |name: &str| -> Result<Option<String>, String> {
+        query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+            .filter(|value| !value.is_empty())
+            .map(|value| {
+                percent_decoded(value)
+                    .ok_or_else(|| format!("?{name}= is not percent-encoded UTF-8: {value:?}"))
+            })
+            .transpose()
     };
-    let user = param("user");
+    let (user, path_param, version) = match (param("user"), param("path"), param("version")) {
+        (Ok(user), Ok(path), Ok(version)) => (user, path, version),
+        (Err(reason), _, _) | (_, Err(reason), _) | (_, _, Err(reason)) => {
+            return plain(StatusCode::BAD_REQUEST, &reason);
+        }
+    };
     let work = match (req.method(), path.as_str()) {
         (&Method::GET, "/admin/stats") => return json(StatusCode::OK, &ops::stats(&state)),
         (&Method::GET, "/admin/integrity") => tokio::task::spawn_blocking(move || {
@@ -469,7 +479,7 @@ async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
             ops::dictionaries(&state).map(|listed| (StatusCode::OK, listed))
         }),
         (&Method::POST, "/admin/dictionary/install") => {
-            let Some(path) = param("path") else {
+            let Some(path) = path_param else {
                 return plain(StatusCode::BAD_REQUEST, "install needs ?path=DIR");
             };
             tokio::task::spawn_blocking(move || {
@@ -477,7 +487,7 @@ async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
             })
         }
         (&Method::POST, "/admin/dictionary/flip") => {
-            let Some(version) = param("version") else {
+            let Some(version) = version else {
                 return plain(StatusCode::BAD_REQUEST, "flip needs ?version=VERSION");
             };
             tokio::task::spawn_blocking(move || {
@@ -510,6 +520,35 @@ async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
         Ok(Err(err)) => plain(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
         Err(err) => plain(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
     }
+}
+
+/// A query value percent-decoded (`%2F` is `/`, `+` a space); `None` for a broken escape or
+/// bytes that are not UTF-8.
+fn percent_decoded(value: &str) -> Option<String> {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3)?;
+                if !hex.iter().all(u8::is_ascii_hexdigit) {
+                    return None;
+                }
+                out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            byte => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// The per-request switches (headers; `docs/proxy.md`).
@@ -1310,5 +1349,22 @@ impl hyper::body::Body for Channel {
         self.0
             .poll_recv(cx)
             .map(|next| next.map(|data| Ok(Frame::data(data))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_decoded;
+
+    #[test]
+    fn query_values_are_percent_decoded() {
+        assert_eq!(
+            percent_decoded("%2Fsrv%2Fmy+tables%2Fv%C3%A9").as_deref(),
+            Some("/srv/my tables/vé")
+        );
+        assert_eq!(percent_decoded("plain-v2").as_deref(), Some("plain-v2"));
+        for broken in ["%2", "%zz", "%+1a", "%FF"] {
+            assert_eq!(percent_decoded(broken), None, "{broken}");
+        }
     }
 }

@@ -324,7 +324,9 @@ pub fn purge(state: &State, user_key: &str) -> Result<u64, crate::error::Error> 
     let generation = state.generation();
     let memory = &generation.memory;
     let removed = memory.store.purge_user(UserId::from_key(user_key))?;
-    // A dark generation built before the purge holds the user's rows: the flip rebuilds it.
+    // A dark generation built before the purge holds the user's rows: drop it now where it is
+    // not being built; one being built records the purge count it started at, and the flip
+    // rebuilds it when that count has moved.
     if let Ok(mut dark) = state.dark_arena.try_lock() {
         *dark = None;
     }
@@ -364,6 +366,7 @@ pub fn start_rederive(state: &Arc<State>) {
         let version = dictionary.version().to_owned();
         let started = Instant::now();
         let prepared = swap::background_pool().install(|| {
+            let purges = store.purges()?;
             swap::rederive(&store, |progress| {
                 tracing::info!(
                     version,
@@ -373,16 +376,17 @@ pub fn start_rederive(state: &Arc<State>) {
                 );
             })
             .and_then(|_| swap::build_arena(&store, &dictionary))
+            .map(|arena| (arena, purges))
         });
         match prepared {
-            Ok(arena) => {
+            Ok((arena, purges)) => {
                 tracing::info!(
                     version,
                     rows = arena.rows(),
                     elapsed_ms = started.elapsed().as_millis() as u64,
                     "dark dictionary version ready to flip"
                 );
-                *slot = Some(arena);
+                *slot = Some((arena, purges));
             }
             Err(err) => tracing::error!(version, %err, "re-deriving the dark version failed"),
         }
@@ -406,13 +410,24 @@ pub fn flip(state: &State, version: &str) -> Result<serde_json::Value, crate::er
         .dark_dictionary()
         .filter(|d| d.version() == version)
         .ok_or_else(|| refused(format!("{version} is not the installed dark version")))?;
-    let mut arena = match slot.take() {
-        Some(arena) => arena,
-        None => swap::build_arena(&store, &dictionary)?,
+    let (mut arena, mut built_at) = match slot.take() {
+        Some(built) => built,
+        None => (swap::build_arena(&store, &dictionary)?, store.purges()?),
     };
     arena.catch_up(&store, &dictionary)?;
     let started = Instant::now();
     let _quiet = state.writes.write().expect("writes gate");
+    // A purge since the build left the purged user's rows in it: build it again from the store
+    // (no purge can run now).
+    if store.purges()? != built_at {
+        arena::remove_version(store.path(), version)?;
+        (arena, built_at) = (swap::build_arena(&store, &dictionary)?, store.purges()?);
+        tracing::info!(
+            version,
+            built_at,
+            "a purge ran during the build: rebuilt the dark arena"
+        );
+    }
     let retired = swap::flip(&store, &dictionary, &mut arena)?;
     *state.serving.write().expect("serving lock") = Arc::new(Generation {
         memory: Memory { store, dictionary },

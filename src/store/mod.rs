@@ -1085,9 +1085,11 @@ impl Store {
         for (term, delta) in &deltas.terms {
             batch.merge_cf(&counts_cf, keys::count::term(*term), delta.to_le_bytes());
         }
+        // A zero total (no rows of this family) writes nothing: an empty family stays empty.
         for (key, delta) in [keys::count::ROWS, keys::count::TOKENS, keys::count::TERMS]
             .into_iter()
             .zip(deltas.totals)
+            .filter(|&(_, delta)| delta != 0)
         {
             batch.merge_cf(&counts_cf, key, delta.to_le_bytes());
         }
