@@ -9,7 +9,7 @@
 //! - every row has a log entry naming its user, an activation whose decay equals the row's
 //!   birth decay (decay is never rewritten) and whose last clock lies between the row's birth
 //!   and the user's clock, a chain entry under its conversation, and a user entry;
-//! - no orphans: every activation, log, chain, binding, clock and user entry belongs to a row
+//! - no orphans: every activation, exclusion, log, chain, binding, clock and user entry belongs to a row
 //!   or a user with rows; every binding matches its row's role and name; every entry of the
 //!   warm index equals its row's activation;
 //! - each user's clock equals the tokens of the user's rows, and equals the newest row's birth
@@ -357,7 +357,7 @@ fn check_orphans(
     users: &HashMap<UserId, UserFacts>,
     report: &mut Report,
 ) -> Result<(), StoreError> {
-    for cf in [Cf::Retrieval, Cf::Activation] {
+    for cf in [Cf::Retrieval, Cf::Activation, Cf::Exclusions] {
         for entry in store.iter_all(cf) {
             let (key, _) = entry?;
             match keys::parse_user_row(&key) {

@@ -143,6 +143,24 @@ enum Command {
         #[arg(long)]
         user: String,
     },
+    /// Exclude rows from a user's recall: they stay stored, and retrieval, the frame and the
+    /// memory tools pass over them (`--undo` includes them again). Prints the user's
+    /// exclusions; with no rows and no conversation, only prints them.
+    Exclude {
+        #[command(flatten)]
+        data: DataArgs,
+        /// The user's key.
+        #[arg(long)]
+        user: String,
+        /// Every row of this conversation, besides the ids given.
+        #[arg(long)]
+        conversation: Option<String>,
+        /// Include the rows again.
+        #[arg(long)]
+        undo: bool,
+        /// Row ids (a memory tool's item `#N` is row N).
+        rows: Vec<u64>,
+    },
     /// Inspect dictionaries.
     Dict {
         #[command(subcommand)]
@@ -570,6 +588,46 @@ fn main() -> anyhow::Result<()> {
             println!(
                 "purged user {user:?}: {rows} rows removed, compacted in {:.2?}",
                 started.elapsed()
+            );
+            Ok(())
+        }
+        Command::Exclude {
+            data,
+            user,
+            conversation,
+            undo,
+            rows,
+        } => {
+            let store = Store::open(data.existing()?, &data.options())?;
+            let user_id = UserId::from_key(&user);
+            if store.user_key(user_id)?.is_none() {
+                anyhow::bail!("no memory for user {user:?} in {}", store.path().display());
+            }
+            let mut rows: Vec<RowId> = rows.into_iter().map(RowId).collect();
+            if let Some(conversation) = &conversation {
+                for row in store.conversation_rows_newest_first(user_id, conversation) {
+                    rows.push(row?);
+                }
+            }
+            let changed = store.set_excluded(user_id, &rows, !undo)?;
+            if !rows.is_empty() {
+                println!(
+                    "{} {} of {} rows ({} were not the user's or already so)",
+                    if undo { "included" } else { "excluded" },
+                    changed.len(),
+                    rows.len(),
+                    rows.len() - changed.len()
+                );
+            }
+            let mut excluded: Vec<u64> = store
+                .exclusions(user_id)?
+                .into_iter()
+                .map(|r| r.0)
+                .collect();
+            excluded.sort_unstable();
+            println!(
+                "user {user:?} excludes {} rows: {excluded:?}",
+                excluded.len()
             );
             Ok(())
         }

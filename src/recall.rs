@@ -13,7 +13,7 @@ use crate::budget::Budget;
 use crate::frame::{self, Candidate, Frame, Layout, Omitted, Pick, Turn};
 use crate::heat;
 use crate::memory::Memory;
-use crate::retrieve::{PreparedQuery, Retrieved, search};
+use crate::retrieve::{PreparedQuery, Retrieved, search_without};
 use crate::scan::kernels::Kernels;
 use crate::store::{Activation, StoreError};
 use crate::tokens::Tokenizer;
@@ -102,13 +102,15 @@ pub fn recall(
     let store = &memory.store;
     let started = std::time::Instant::now();
     let query = PreparedQuery::new(&memory.dictionary, arena, ask.question);
-    let hits = search(
+    let excluded = store.exclusions(ask.user)?;
+    let hits = search_without(
         &memory.dictionary,
         arena,
         kernels,
         ask.scope,
         &query,
         config.depth,
+        &excluded,
     );
     let scan_us = started.elapsed().as_micros() as u64;
     let scanned_rows = arena
@@ -118,6 +120,7 @@ pub fn recall(
         .sum();
     let clock = store.clock(ask.user)?;
     let mut states = warm_states(store, arena, ask, clock, config.warm_floor, &hits)?;
+    states.retain(|row, _| !excluded.contains(row));
     let ranked: Vec<RowId> = hits.iter().map(|h| h.row).collect();
     let mut updates = reheat(ask.user, &ranked, &mut states, clock);
     let foreign: HashSet<RowId> = hits
@@ -139,7 +142,7 @@ pub fn recall(
         let mut stretch = 0;
         for id in store.conversation_rows_newest_first(ask.user, conversation) {
             let id = id?;
-            let Some(slot) = arena.slot(id) else {
+            let Some(slot) = arena.slot(id).filter(|_| !excluded.contains(&id)) else {
                 continue;
             };
             stretch += arena.page(slot.page).token_lens[slot.index as usize] as usize;

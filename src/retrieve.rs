@@ -14,6 +14,8 @@
 //! against the store by `perpetuity integrity`). No approximate index anywhere: the first pass
 //! reads every row of the scope.
 
+use std::collections::HashSet;
+
 use rayon::prelude::*;
 
 use crate::arena::codebook::Codebook;
@@ -429,6 +431,26 @@ pub fn search(
     let live: usize = pages.iter().map(|p| p.rows as usize).sum();
     let wide = first_pass(&pages, kernels, query, first_pass_k(live));
     search_from(dictionary, arena, kernels, query, &wide, k)
+}
+
+/// [`search`] passing over the rows in `excluded` (the asker's exclusions): asks for `k` more
+/// than `excluded` holds and drops those, so the result is exactly the `k` best of the other
+/// rows. An excluded row still reads as a neighbour in context (its conversation as it was
+/// said), but is never returned.
+pub fn search_without(
+    dictionary: &Dictionary,
+    arena: &Arena,
+    kernels: &Kernels,
+    scope: &[UserId],
+    query: &PreparedQuery,
+    k: usize,
+    excluded: &HashSet<RowId>,
+) -> Vec<Retrieved> {
+    let deeper = k.saturating_add(excluded.len());
+    let mut hits = search(dictionary, arena, kernels, scope, query, deeper);
+    hits.retain(|hit| !excluded.contains(&hit.row));
+    hits.truncate(k);
+    hits
 }
 
 /// [`search`] from stage one's `wide` hits (in row id order) on: stage two, the exact rescore

@@ -23,7 +23,7 @@ use crate::arena::Arena;
 use crate::frame::{self, REOPEN_TOOL, Turn};
 use crate::memory::Memory;
 use crate::recall::Names;
-use crate::retrieve::{PreparedQuery, search};
+use crate::retrieve::{PreparedQuery, search_without};
 use crate::scan::kernels::Kernels;
 use crate::store::StoreError;
 use crate::types::{Role, RowId, UserId};
@@ -258,27 +258,29 @@ impl TurnState {
         call: &Call,
     ) -> Result<Outcome, StoreError> {
         let mut names = Names::default();
+        let excluded = memory.store.exclusions(self.user)?;
         let outcome = match call {
             Call::Search { query, limit } => {
                 let prepared = PreparedQuery::new(&memory.dictionary, arena, query);
                 // Every shown row may rank above the first unseen ones: ask for enough.
                 let depth = limit.saturating_add(self.shown.len());
-                let hits = search(
+                let hits = search_without(
                     &memory.dictionary,
                     arena,
                     kernels,
                     &self.scope,
                     &prepared,
                     depth,
+                    &excluded,
                 );
                 let mut rows = self.unseen(hits.iter().map(|h| h.row));
                 rows.truncate(*limit);
-                let turns = self.turns(memory, arena, &mut names, &rows)?;
+                let turns = self.turns(memory, arena, &mut names, &rows, &excluded)?;
                 self.items(SEARCH_TOOL, &turns)
             }
             Call::Reopen => {
                 let rows = self.unseen(self.retrieved.iter().copied());
-                let turns = self.turns(memory, arena, &mut names, &rows)?;
+                let turns = self.turns(memory, arena, &mut names, &rows, &excluded)?;
                 self.items(REOPEN_TOOL, &turns)
             }
             Call::Chain { item } => {
@@ -311,18 +313,19 @@ impl TurnState {
                     .position(|&r| r == last)
                     .map_or(around.len(), |p| (p + CHAIN_REACH + 1).min(around.len()));
                 let rows = self.unseen(around[from..to].iter().copied());
-                let turns = self.turns(memory, arena, &mut names, &rows)?;
+                let turns = self.turns(memory, arena, &mut names, &rows, &excluded)?;
                 self.items(CHAIN_TOOL, &turns)
             }
             Call::Count { query, by } => {
                 let prepared = PreparedQuery::new(&memory.dictionary, arena, query);
-                let hits = search(
+                let hits = search_without(
                     &memory.dictionary,
                     arena,
                     kernels,
                     &self.scope,
                     &prepared,
                     COUNT_DEPTH,
+                    &excluded,
                 );
                 let best = hits.first().map_or(0.0, |h| h.score);
                 let rows: Vec<RowId> = hits
@@ -330,7 +333,7 @@ impl TurnState {
                     .filter(|h| best > 0.0 && h.score >= best * COUNT_MATCH_SHARE)
                     .map(|h| h.row)
                     .collect();
-                let turns = self.turns(memory, arena, &mut names, &rows)?;
+                let turns = self.turns(memory, arena, &mut names, &rows, &excluded)?;
                 return Ok(Outcome {
                     text: render_count(query, *by, &count(&turns, *by)),
                     rows,
@@ -341,17 +344,18 @@ impl TurnState {
         Ok(outcome)
     }
 
-    /// The stored turns of `rows` that the scope holds (those still stored), speakers
-    /// resolved.
+    /// The stored turns of `rows` that the scope holds and the asker has not excluded (those
+    /// still stored), speakers resolved.
     fn turns(
         &self,
         memory: &Memory,
         arena: &Arena,
         names: &mut Names,
         rows: &[RowId],
+        excluded: &HashSet<RowId>,
     ) -> Result<Vec<Turn>, StoreError> {
         let mut turns = Vec::with_capacity(rows.len());
-        for &row in rows {
+        for &row in rows.iter().filter(|row| !excluded.contains(row)) {
             let Some(owner) = arena.owner_in(row, &self.scope) else {
                 continue;
             };

@@ -730,3 +730,127 @@ async fn a_gemini_stream_passes_through_and_its_text_is_captured() {
         "same credential, same memory"
     );
 }
+
+/// Exclusions: a row a user excluded stays stored but leaves its recall (frame and memory
+/// tools), until it is included again; another credential cannot touch it; bad requests get
+/// errors in the caller's shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_excluded_row_stays_stored_and_leaves_recall_until_included_again() {
+    fn reply(text: &str) -> Answer {
+        Answer::Whole(
+            200,
+            "application/json",
+            json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
+                .to_string()
+                .into_bytes(),
+        )
+    }
+    fn whole(question: &str) -> Vec<u8> {
+        json!({"model": "gpt-4o", "messages": [{"role": "user", "content": question}]})
+            .to_string()
+            .into_bytes()
+    }
+    /// Ask `ASK` as alice; the body the upstream received.
+    async fn asked(h: &Harness) -> String {
+        h.answer(reply("Let me look."));
+        body_of(
+            h.send("POST", "/v1/chat/completions", &OPENAI, &whole(ASK))
+                .await,
+        )
+        .await;
+        h.received().pop().unwrap().text()
+    }
+    let h = Harness::start(|_| {}).await;
+    const LOCKER: &str = "LOCKER5521";
+    const BIKE: &str = "BIKE7730";
+    const ASK: &str = "What are my locker code and my bike lock code?";
+    for said in [
+        format!("Remember: my locker code is {LOCKER}."),
+        format!("Remember: my bike lock code is {BIKE}."),
+    ] {
+        h.answer(reply("Noted."));
+        body_of(
+            h.send("POST", "/v1/chat/completions", &OPENAI, &whole(&said))
+                .await,
+        )
+        .await;
+    }
+    let sent = asked(&h).await;
+    assert!(sent.contains(LOCKER) && sent.contains(BIKE), "{sent}");
+
+    let locker = h
+        .rows_of("sk-alice", 4)
+        .into_iter()
+        .find(|r| r.text.contains(LOCKER))
+        .unwrap()
+        .id;
+    let change = |body: Value, headers: &'static [(&'static str, &'static str)]| {
+        let h = &h;
+        async move {
+            let response = h
+                .send(
+                    "POST",
+                    "/perpetuity/exclusions",
+                    headers,
+                    body.to_string().as_bytes(),
+                )
+                .await;
+            let status = response.status();
+            let body: Value = serde_json::from_slice(&body_of(response).await).unwrap();
+            (status, body)
+        }
+    };
+    const BOB: [(&str, &str); 1] = [("authorization", "Bearer sk-bob")];
+    let (status, body) = change(json!({"rows": [locker.0]}), &BOB).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body,
+        json!({"changed": [], "excluded": []}),
+        "not bob's row"
+    );
+    let (status, body) = change(json!({"rows": [locker.0]}), &OPENAI).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!({"changed": [locker.0], "excluded": [locker.0]}));
+
+    let sent = asked(&h).await;
+    assert!(
+        !sent.contains(LOCKER),
+        "the excluded row was recalled: {sent}"
+    );
+    assert!(sent.contains(BIKE), "{sent}");
+    assert!(
+        h.rows_of("sk-alice", 6).iter().any(|r| r.id == locker),
+        "an excluded row stays stored"
+    );
+    {
+        let generation = h.state.generation();
+        let memory = &generation.memory;
+        let arena = generation.arena.read().unwrap();
+        let user = UserId::from_key(&h.state.secret.user_key("sk-alice", None));
+        let outcome = perpetuity::tools::TurnState::new(user, &[user], None, Vec::new(), &[])
+            .run(
+                memory,
+                &arena,
+                &h.state.kernels,
+                &perpetuity::tools::Call::Search {
+                    query: "locker code".into(),
+                    limit: 10,
+                },
+            )
+            .unwrap();
+        assert!(!outcome.rows.is_empty() && !outcome.rows.contains(&locker));
+    }
+
+    let (status, body) = change(json!({"rows": [locker.0], "excluded": false}), &OPENAI).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!({"changed": [locker.0], "excluded": []}));
+    let sent = asked(&h).await;
+    assert!(sent.contains(LOCKER), "included again: {sent}");
+
+    let (status, body) = change(json!({"rows": "all"}), &OPENAI).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    let (status, body) = change(json!({"rows": [1]}), &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(body["error"]["type"], "authentication_error");
+}

@@ -218,6 +218,20 @@ fn calls(upstream_up: bool) -> Vec<Call> {
         ),
         ("GET", "/metrics".into(), bearer(), String::new(), None),
         ("GET", "/healthz".into(), google(), String::new(), None),
+        (
+            "POST",
+            "/perpetuity/exclusions".into(),
+            bearer(),
+            r#"{"rows": [0, 1]}"#.into(),
+            None,
+        ),
+        (
+            "POST",
+            "/perpetuity/exclusions".into(),
+            google(),
+            r#"{"rows": "all"}"#.into(),
+            None,
+        ),
     ];
     calls
 }

@@ -320,6 +320,7 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
     }
     Ok(match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => healthz(&state),
+        (&Method::GET | &Method::POST, EXCLUSIONS_PATH) => exclusions(req, state).await,
         (&Method::GET, "/metrics") => {
             let mut response =
                 Response::new(Full::new(Bytes::from(ops::render_metrics(&state))).boxed());
@@ -816,6 +817,108 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         Some(permit),
     )
     .await
+}
+
+/// Where a credential's user reads and changes its exclusions.
+pub const EXCLUSIONS_PATH: &str = "/perpetuity/exclusions";
+
+/// `POST /perpetuity/exclusions`' body: rows to exclude (or include again, with
+/// `"excluded": false`), by id or as every row of a conversation.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExclusionChange {
+    #[serde(default)]
+    rows: Vec<u64>,
+    conversation: Option<String>,
+    #[serde(default = "yes")]
+    excluded: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `GET` or `POST` [`EXCLUSIONS_PATH`]: the asking user's exclusions (`docs/proxy.md`). The user
+/// is the request's credential, narrowed by `x-perpetuity-user`, as for a chat request; errors
+/// come in the shape of the provider the credential's header names.
+async fn exclusions(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let provider = Provider::from_headers(&parts.headers).unwrap_or(Provider::OpenAi);
+    let Some(credential) = provider.credential(&parts.headers) else {
+        return failure(
+            provider,
+            Failure::Authentication,
+            "no API key: exclusions belong to the credential's memory (send it as for a chat request)",
+        );
+    };
+    let narrow = match utf8_header(&parts.headers, USER_HEADER) {
+        Ok(narrow) => narrow.map(str::to_owned),
+        Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
+    };
+    let change = if parts.method == Method::POST {
+        let bytes = match read_body(
+            body,
+            state.config.body_limit,
+            state.config.header_timeout,
+            Failure::InvalidRequest,
+        )
+        .await
+        {
+            Ok(bytes) => bytes,
+            Err(failed) => return failure(provider, failed.0, &failed.1),
+        };
+        match serde_json::from_slice::<ExclusionChange>(&bytes) {
+            Ok(change) => Some(change),
+            Err(err) => {
+                return failure(
+                    provider,
+                    Failure::InvalidRequest,
+                    &format!(
+                        "the body must be {{\"rows\": [ids], \"conversation\": \"name\", \"excluded\": true|false}}: {err}"
+                    ),
+                );
+            }
+        }
+    } else {
+        None
+    };
+    let user = UserId::from_key(&state.secret.user_key(&credential, narrow.as_deref()));
+    let done = tokio::task::spawn_blocking(move || -> Result<serde_json::Value, Error> {
+        let _writing = state.writes.read().expect("writes gate");
+        let store = &state.generation().memory.store;
+        let mut changed = Vec::new();
+        if let Some(change) = change {
+            let mut rows: Vec<RowId> = change.rows.into_iter().map(RowId).collect();
+            if let Some(conversation) = &change.conversation {
+                for row in store.conversation_rows_newest_first(user, conversation) {
+                    rows.push(row?);
+                }
+            }
+            changed = store.set_excluded(user, &rows, change.excluded)?;
+            changed.sort_unstable();
+        }
+        let mut excluded: Vec<RowId> = store.exclusions(user)?.into_iter().collect();
+        excluded.sort_unstable();
+        let ids = |rows: &[RowId]| rows.iter().map(|r| r.0).collect::<Vec<_>>();
+        Ok(serde_json::json!({"changed": ids(&changed), "excluded": ids(&excluded)}))
+    })
+    .await;
+    match done {
+        Ok(Ok(body)) => json(StatusCode::OK, &body),
+        Ok(Err(err)) => {
+            tracing::error!(%err, "exclusions failed");
+            failure(
+                provider,
+                Failure::Overloaded,
+                &format!("the memory is unavailable: {err}"),
+            )
+        }
+        Err(err) => failure(
+            provider,
+            Failure::Overloaded,
+            &format!("the memory task failed: {err}"),
+        ),
+    }
 }
 
 /// A header's value as text, `Ok(None)` when absent. Any UTF-8 is taken (a user's name may be

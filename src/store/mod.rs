@@ -15,6 +15,7 @@
 //! | `clock` | user | u64 tokens processed | [`Store::write_captures`] |
 //! | `chain` | user ++ conversation ++ row | empty | [`Store::write_captures`] |
 //! | `bindings` | user ++ conversation ++ role ++ row | name (UTF-8) | [`Store::write_captures`] |
+//! | `exclusions` | user ++ row | empty | [`Store::set_excluded`] |
 //! | `meta` | name | value | [`Store::open`], [`Store::write_captures`] (`next_row`), the swap ([`Store::install_dark`], [`Store::rederive_step`], [`Store::flip`]), [`Store::probe`] (`probe`) |
 //! | `warm` | user ++ row | [`Activation`] of a reheated row, a copy of its `activation` entry | [`Store::patch_activation`]; [`Store::forget_cold`] removes cold ones |
 //!
@@ -35,7 +36,7 @@
 pub mod keys;
 pub mod row;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -80,6 +81,8 @@ pub enum Cf {
     DarkRetrieval,
     /// The dark dictionary version's frequency counts.
     DarkCounts,
+    /// Rows a user excluded from its own recall (kept, never shown).
+    Exclusions,
 }
 
 /// The physical families of the two slots: `[retrieval, counts]` each.
@@ -89,7 +92,7 @@ const SLOTS: [[&str; 2]; 2] = [["retrieval", "counts"], ["retrieval_1", "counts_
 const ALL_KEYS_END: [u8; 17] = [0xff; 17];
 
 impl Cf {
-    pub const ALL: [Cf; 13] = [
+    pub const ALL: [Cf; 14] = [
         Cf::Users,
         Cf::Rows,
         Cf::Retrieval,
@@ -103,6 +106,7 @@ impl Cf {
         Cf::Warm,
         Cf::DarkRetrieval,
         Cf::DarkCounts,
+        Cf::Exclusions,
     ];
 
     /// The family's name in reports. The four slotted families are named by role
@@ -123,6 +127,7 @@ impl Cf {
             Cf::Warm => "warm",
             Cf::DarkRetrieval => "dark_retrieval",
             Cf::DarkCounts => "dark_counts",
+            Cf::Exclusions => "exclusions",
         }
     }
 
@@ -138,7 +143,7 @@ impl Cf {
     }
 
     /// Families whose keys all start with the user id.
-    const PER_USER: [Cf; 9] = [
+    const PER_USER: [Cf; 10] = [
         Cf::Users,
         Cf::Rows,
         Cf::Retrieval,
@@ -148,6 +153,7 @@ impl Cf {
         Cf::Chain,
         Cf::Bindings,
         Cf::Warm,
+        Cf::Exclusions,
     ];
 }
 
@@ -1125,6 +1131,63 @@ impl Store {
             batch.put_cf(&warm, key, next.encode());
         }
         self.write(batch)
+    }
+
+    /// Exclude `rows` of `user` from the user's recall (or, with `excluded` false, include them
+    /// again): the rows stay stored, and retrieval, the frame and the memory tools pass over
+    /// them. The single writer of the exclusions. Rows that are not the user's are left alone;
+    /// returns the rows whose state changed.
+    pub fn set_excluded(
+        &self,
+        user: UserId,
+        rows: &[RowId],
+        excluded: bool,
+    ) -> Result<Vec<RowId>, StoreError> {
+        let _guard = self.writer.lock().expect("writer lock");
+        let (rows_cf, exclusions) = (self.cf(Cf::Rows), self.cf(Cf::Exclusions));
+        let mut batch = WriteBatch::default();
+        let mut changed = Vec::new();
+        for &row in rows {
+            let key = keys::user_row(user, row);
+            let stored = self
+                .db
+                .get_pinned_cf(&rows_cf, key)
+                .map_err(|e| self.rocks(e))?;
+            let listed = self
+                .db
+                .get_pinned_cf(&exclusions, key)
+                .map_err(|e| self.rocks(e))?;
+            if stored.is_none() || listed.is_some() == excluded || changed.contains(&row) {
+                continue;
+            }
+            if excluded {
+                batch.put_cf(&exclusions, key, []);
+            } else {
+                batch.delete_cf(&exclusions, key);
+            }
+            changed.push(row);
+        }
+        self.write(batch)?;
+        Ok(changed)
+    }
+
+    /// The rows `user` excluded from its recall ([`Store::set_excluded`]).
+    pub fn exclusions(&self, user: UserId) -> Result<HashSet<RowId>, StoreError> {
+        self.iter_user(Cf::Exclusions, user)
+            .map(|entry| {
+                let (key, _) = entry?;
+                keys::parse_user_row(&key)
+                    .map(|(_, row)| row)
+                    .ok_or_else(|| StoreError::Corrupt {
+                        cf: Cf::Exclusions.name(),
+                        key: hex_key(&key),
+                        source: CodecError {
+                            what: "exclusion key",
+                            reason: "not user ++ row".into(),
+                        },
+                    })
+            })
+            .collect()
     }
 
     /// The warm index of a user: every reheated row still listed, with its activation, in row
