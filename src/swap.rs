@@ -162,13 +162,28 @@ fn upload(source: &Path, uploads: &Path, version: &str) -> Result<(), (PathBuf, 
 }
 
 /// The pool a re-derivation running beside serving derives on: half the cores (at least one),
-/// so the queries keep the other half.
+/// each thread at the lowest CPU priority ([`BACKGROUND_NICE`]), so the queries keep the other
+/// half and take what they need of this one.
 pub fn background_pool() -> rayon::ThreadPool {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     rayon::ThreadPoolBuilder::new()
         .num_threads((cores / 2).max(1))
+        .start_handler(|_| yield_to_serving())
         .build()
         .expect("a thread pool")
+}
+
+/// The nice value of a background re-derivation thread: the lowest priority, so a query thread
+/// (nice 0) wanting the same core gets nearly all of it.
+pub const BACKGROUND_NICE: i32 = 19;
+
+/// Lower the calling thread to [`BACKGROUND_NICE`] (Linux sets the nice value per thread).
+/// Best effort: a refusal is logged and the work runs at normal priority.
+fn yield_to_serving() {
+    let thread = rustix::thread::gettid();
+    if let Err(err) = rustix::process::setpriority_process(Some(thread), BACKGROUND_NICE) {
+        tracing::warn!(%err, "could not lower a background thread's priority");
+    }
 }
 
 /// Re-derive every row stored before the install under the dark version, a batch at a time
