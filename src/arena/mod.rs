@@ -338,8 +338,11 @@ impl Arena {
         Ok((arena, opened))
     }
 
-    /// Check mapped files and index their pages, cutting away what the header does not count.
-    fn map_existing(
+    /// Check mapped files and index their pages, cutting away what the header does not count:
+    /// the reader of [`Arena::open`], given the files' mappings, the serving dictionary's id,
+    /// the store's purge count and its next row. Public for the fuzz targets (`fuzz/`), which
+    /// hand it arbitrary bytes: whatever they hold, the answer is an arena or a typed reason.
+    pub fn map_existing(
         mut pages: MappedFile,
         terms: MappedFile,
         dictionary: [u8; 32],
