@@ -39,7 +39,7 @@ fi
 rustflags=$(sed -n 's/^rustflags = \[\(.*\)\]$/\1/p' .cargo/config.toml | tr -d '",')
 export RUSTFLAGS="${RUSTFLAGS:-} ${rustflags}"
 
-fuzz() { cargo "+${toolchain}" fuzz "$@" --target-dir "$fuzz_target"; }
+fuzz() { cargo "+${toolchain}" fuzz "$1" --target-dir "$fuzz_target" "${@:2}"; }
 started=$(date +%s)
 fuzz build
 echo "fuzz: built in $(( $(date +%s) - started ))s"

@@ -186,13 +186,12 @@ pub fn dictionary_manifest(data: &[u8]) {
     }
 }
 
-/// A real arena, written once per process: its files' bytes and what opening them checks
-/// against.
+/// A real arena, written once per process: its files (their lengths, and their bytes up to the
+/// zeros that end them) and what opening them checks against.
 struct Base {
     dictionary: Dictionary,
     kernels: Kernels,
-    pages: Vec<u8>,
-    terms: Vec<u8>,
+    files: [(usize, Vec<u8>); 2],
     header: PagesHeader,
 }
 
@@ -224,16 +223,21 @@ fn base() -> &'static Base {
                 .catch_up(&store, &dictionary)
                 .expect("the arena catches up");
             let files = arena_dir(store.path(), dictionary.version());
-            let read = |name| std::fs::read(files.join(name)).expect("an arena file reads");
+            let read = |name| {
+                let mut bytes = std::fs::read(files.join(name)).expect("an arena file reads");
+                let len = bytes.len();
+                let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |at| at + 1);
+                bytes.truncate(end);
+                (len, bytes)
+            };
             (read("pages.bin"), read("terms.bin"))
         };
         std::fs::remove_dir_all(&dir).expect("the scratch store is removed");
-        let header = bytemuck::pod_read_unaligned(&pages[..PAGES_HEADER_BYTES]);
+        let header = bytemuck::pod_read_unaligned(&pages.1[..PAGES_HEADER_BYTES]);
         Base {
             dictionary,
             kernels: Kernels::detect(false),
-            pages,
-            terms,
+            files: [pages, terms],
             header,
         }
     })
@@ -248,15 +252,14 @@ fn base() -> &'static Base {
 /// row's slot holds that row, and a row's neighbours are its own user's.
 pub fn arena(data: &[u8]) {
     let base = base();
-    let [flags, mut records @ ..] = data else {
+    let Some((flags, mut records)) = data.split_first() else {
         return;
     };
-    let map = |bytes: &[u8]| {
-        let mut file = MappedFile::anonymous(bytes.len()).expect("anonymous memory maps");
+    let mut files = base.files.each_ref().map(|(len, bytes)| {
+        let mut file = MappedFile::anonymous(*len).expect("anonymous memory maps");
         file.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
         file
-    };
-    let mut files = [map(&base.pages), map(&base.terms)];
+    });
     while let [what, a, b, c, len, rest @ ..] = records {
         let bytes = files[usize::from(what & 1)].bytes_mut();
         let at = u32::from_le_bytes([*a, *b, *c, 0]) as usize % bytes.len();

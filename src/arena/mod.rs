@@ -400,7 +400,9 @@ impl Arena {
                 needed,
             });
         }
-        let needed = TERMS_HEADER_BYTES + header.terms as usize * ENTRY_BYTES;
+        let needed = (header.terms as usize)
+            .saturating_mul(ENTRY_BYTES)
+            .saturating_add(TERMS_HEADER_BYTES);
         if terms.bytes().len() < needed {
             return Err(Unusable::Truncated {
                 file: "terms.bin",
@@ -886,7 +888,10 @@ fn write_heads(
 
 /// End of the committed pages in `pages.bin`.
 fn needed_pages(header: &PagesHeader) -> usize {
-    PAGES_OFFSET + header.pages as usize * PAGE_BYTES
+    // Saturating: a header can claim any count, and no file is `usize::MAX` bytes long.
+    (header.pages as usize)
+        .saturating_mul(PAGE_BYTES)
+        .saturating_add(PAGES_OFFSET)
 }
 
 /// CRC-32 of a page (its checksum field taken as zero) followed by its rows' entries.
