@@ -489,16 +489,19 @@ impl Splice {
     }
 
     /// This round's stream has ended: what reaches the client of its last event when the
-    /// upstream left off the blank line after it (the client gets one).
+    /// upstream left off the blank line after it, or part of it (the client gets one whole).
     pub fn flush(&mut self) -> Option<Vec<u8>> {
         let tail = std::mem::take(&mut self.pending);
         if tail.iter().all(u8::is_ascii_whitespace) {
             return None;
         }
         let mut out = self.event(&tail)?;
-        if !out.ends_with(b"\n\n") {
-            out.extend_from_slice(b"\n\n");
-        }
+        let line_ends = out
+            .iter()
+            .rev()
+            .take_while(|&&b| matches!(b, b'\r' | b'\n'));
+        out.truncate(out.len() - line_ends.count());
+        out.extend_from_slice(b"\n\n");
         Some(out)
     }
 
@@ -1426,6 +1429,30 @@ async fn whole(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the SSE fuzz target (`fuzz/`) on a recorded gateway stream that ends
+    /// `data: [DONE]\n`: the client got the event and a stray line end after its blank line.
+    #[test]
+    fn a_last_event_without_its_blank_line_is_relayed_as_one_whole_event() {
+        for (tail, relayed) in [
+            ("data: [DONE]", "data: [DONE]\n\n"),
+            ("data: [DONE]\n", "data: [DONE]\n\n"),
+            ("data: [DONE]\r\n\r", "data: [DONE]\n\n"),
+            ("event: ping\r\ndata: {}\r", "event: ping\r\ndata: {}\n\n"),
+        ] {
+            let mut splice = Splice::new(Format::Messages);
+            assert!(splice.feed(tail.as_bytes()).is_empty(), "{tail:?}");
+            let out = splice.flush().unwrap();
+            assert_eq!(String::from_utf8(out).unwrap(), relayed, "{tail:?}");
+        }
+        let mut splice = Splice::new(Format::Chat);
+        splice.feed(b"data: [DONE]\n\n \n");
+        assert_eq!(
+            splice.flush(),
+            None,
+            "whitespace after the last event is no event"
+        );
+    }
 
     #[test]
     fn usage_sums_numbers_field_by_field() {
