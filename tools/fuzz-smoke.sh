@@ -77,7 +77,7 @@ for target in $targets; do
   [ -d "fuzz/seeds/$target" ] && seeds=("fuzz/seeds/$target")
   log="$corpus/$target.log"
   if ! fuzz run "$target" "$corpus/$target" "${seeds[@]}" -- \
-    -max_total_time="$seconds" -timeout=10 -print_final_stats=1 >"$log" 2>&1; then
+    -max_total_time="$seconds" -max_len=8192 -timeout=10 -print_final_stats=1 >"$log" 2>&1; then
     tail -n 40 "$log" >&2
     echo "fuzz: $target failed; the input is in fuzz/artifacts/$target/" >&2
     exit 1
