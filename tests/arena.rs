@@ -294,6 +294,35 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
     );
 }
 
+/// Found by the arena fuzz target (`fuzz/`): a header, checksum intact, claiming so many pages
+/// or term entries that their length overflowed, panicked in `Arena::open`. It is a file too
+/// short for its header, rebuilt.
+#[test]
+fn a_header_claiming_more_than_any_file_holds_is_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_rows(dir.path(), 100);
+    write_arena(&store);
+    let expected = reference(&store);
+    let (pages_path, _) = files(&store);
+    let good = std::fs::read(&pages_path).unwrap();
+    for short in ["pages.bin", "terms.bin"] {
+        let mut head = header(&good);
+        match short {
+            "pages.bin" => head.pages = 0x0400_0000_0000_0009,
+            _ => head.terms = u64::MAX,
+        }
+        head.checksum = head.compute_checksum();
+        let mut bytes = good.clone();
+        bytes[..PAGES_HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&head));
+        std::fs::write(&pages_path, bytes).unwrap();
+        let opened = open_and_check(&store, &expected);
+        assert!(
+            matches!(&opened, Opened::Rebuilt { reason: Unusable::Truncated { file, .. } } if *file == short),
+            "{opened:?}"
+        );
+    }
+}
+
 #[test]
 fn a_purge_makes_the_next_open_rebuild_without_reporting_damage() {
     let dir = tempfile::tempdir().unwrap();

@@ -370,8 +370,11 @@ impl Arena {
         Ok((arena, opened))
     }
 
-    /// Check mapped files and index their pages, cutting away what the header does not count.
-    fn map_existing(
+    /// Check mapped files and index their pages, cutting away what the header does not count:
+    /// the reader of [`Arena::open`], given the files' mappings, the serving dictionary's id,
+    /// the store's purge count and its next row. Public for the fuzz targets (`fuzz/`), which
+    /// hand it arbitrary bytes: whatever they hold, the answer is an arena or a typed reason.
+    pub fn map_existing(
         mut pages: MappedFile,
         terms: MappedFile,
         dictionary: [u8; 32],
@@ -429,7 +432,9 @@ impl Arena {
                 needed,
             });
         }
-        let needed = TERMS_HEADER_BYTES + header.terms as usize * ENTRY_BYTES;
+        let needed = (header.terms as usize)
+            .saturating_mul(ENTRY_BYTES)
+            .saturating_add(TERMS_HEADER_BYTES);
         if terms.bytes().len() < needed {
             return Err(Unusable::Truncated {
                 file: "terms.bin",
@@ -924,7 +929,10 @@ fn write_heads(
 
 /// End of the committed pages in `pages.bin`.
 fn needed_pages(header: &PagesHeader) -> usize {
-    PAGES_OFFSET + header.pages as usize * PAGE_BYTES
+    // Saturating: a header can claim any count, and no file is `usize::MAX` bytes long.
+    (header.pages as usize)
+        .saturating_mul(PAGE_BYTES)
+        .saturating_add(PAGES_OFFSET)
 }
 
 /// CRC-32 of a page (its checksum field taken as zero) followed by its rows' entries.

@@ -350,27 +350,35 @@ impl Dictionary {
     }
 }
 
-/// Read `dictionary.json`, checking the format version before the fields so that a newer
-/// header is reported as such rather than as a missing field.
+/// Read `dictionary.json`.
 fn read_manifest(path: &Path) -> Result<Manifest, DictionaryError> {
     let text = std::fs::read(path).map_err(|source| DictionaryError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    let malformed = |source| DictionaryError::Manifest {
-        path: path.to_path_buf(),
-        source,
-    };
-    let value: serde_json::Value = serde_json::from_slice(&text).map_err(malformed)?;
-    let found = value
-        .get("format_version")
-        .and_then(serde_json::Value::as_u64);
-    if found != Some(u64::from(MANIFEST_FORMAT_VERSION)) {
-        return Err(DictionaryError::UnsupportedFormatVersion {
+    Manifest::parse(path, &text)
+}
+
+impl Manifest {
+    /// Decode `dictionary.json`'s bytes, read from `path` (named in every error), checking the
+    /// format version before the fields so that a newer header is reported as such rather than
+    /// as a missing field.
+    pub fn parse(path: &Path, text: &[u8]) -> Result<Self, DictionaryError> {
+        let malformed = |source| DictionaryError::Manifest {
             path: path.to_path_buf(),
-            found: found.map_or(0, |v| u32::try_from(v).unwrap_or(u32::MAX)),
-            supported: MANIFEST_FORMAT_VERSION,
-        });
+            source,
+        };
+        let value: serde_json::Value = serde_json::from_slice(text).map_err(malformed)?;
+        let found = value
+            .get("format_version")
+            .and_then(serde_json::Value::as_u64);
+        if found != Some(u64::from(MANIFEST_FORMAT_VERSION)) {
+            return Err(DictionaryError::UnsupportedFormatVersion {
+                path: path.to_path_buf(),
+                found: found.map_or(0, |v| u32::try_from(v).unwrap_or(u32::MAX)),
+                supported: MANIFEST_FORMAT_VERSION,
+            });
+        }
+        serde_json::from_value(value).map_err(malformed)
     }
-    serde_json::from_value(value).map_err(malformed)
 }

@@ -334,10 +334,14 @@ struct Ended {
     again: bool,
 }
 
-/// The splice of rounds into one response: which events pass, renumbered how.
+/// The splice of rounds into one response: which events pass, renumbered how. Public for the
+/// fuzz targets (`fuzz/`), which feed it arbitrary streams: [`Splice::new`], [`Splice::feed`]
+/// and [`Splice::flush`] relay one round as a streamed reply does.
 #[derive(Debug)]
-struct Splice {
+pub struct Splice {
     format: Format,
+    /// This round's bytes after its last complete event.
+    pending: Vec<u8>,
     /// Whether our calls are intercepted this round (not on the last one: the tools are gone).
     intercept: bool,
     /// Rounds finished before this one.
@@ -373,9 +377,11 @@ struct Splice {
 }
 
 impl Splice {
-    fn new(format: Format) -> Self {
+    /// The splice of a new response in `format`, its first round about to start.
+    pub fn new(format: Format) -> Self {
         Self {
             format,
+            pending: Vec::new(),
             intercept: true,
             finished: 0,
             next_index: 0,
@@ -469,6 +475,35 @@ impl Splice {
         if let Some(&i) = self.ours_at.get(&at) {
             self.ours[i].arguments.push_str(piece);
         }
+    }
+
+    /// Take in the next bytes of this round's stream: what reaches the client of the events
+    /// they complete, in order, each one whole event.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
+        self.pending.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        while let Some((end, gap)) = wire::event_end(&self.pending) {
+            let raw: Vec<u8> = self.pending.drain(..end + gap).collect();
+            out.extend(self.event(&raw));
+        }
+        out
+    }
+
+    /// This round's stream has ended: what reaches the client of its last event when the
+    /// upstream left off the blank line after it, or part of it (the client gets one whole).
+    pub fn flush(&mut self) -> Option<Vec<u8>> {
+        let tail = std::mem::take(&mut self.pending);
+        if tail.iter().all(u8::is_ascii_whitespace) {
+            return None;
+        }
+        let mut out = self.event(&tail)?;
+        let line_ends = out
+            .iter()
+            .rev()
+            .take_while(|&&b| matches!(b, b'\r' | b'\n'));
+        out.truncate(out.len() - line_ends.count());
+        out.extend_from_slice(b"\n\n");
+        Some(out)
     }
 
     /// What of one upstream event (`raw`, its blank line included) reaches the client.
@@ -573,9 +608,7 @@ impl Splice {
         if !said && finished.is_none() && !chunk.get("usage").is_some_and(Value::is_object) {
             return None;
         }
-        Some(Some(
-            format!("data: {}\n\n", Value::Object(chunk)).into_bytes(),
-        ))
+        Some(Some(wire::encode_event(self.format, &chunk)))
     }
 
     /// Take our calls out of a Gemini response (a streamed chunk or a whole body), recording
@@ -662,9 +695,7 @@ impl Splice {
         if !left && finish.is_none() && !usage {
             return None;
         }
-        Some(Some(
-            format!("data: {}\r\n\r\n", Value::Object(chunk)).into_bytes(),
-        ))
+        Some(Some(wire::encode_event(self.format, &chunk)))
     }
 
     /// An OpenAI Responses event, answered as [`Splice::chat_event`] answers. Output indices
@@ -696,10 +727,7 @@ impl Splice {
             }
             self.last_sequence = Some(out);
         }
-        Some(
-            changed
-                .then(|| format!("event: {kind}\ndata: {}\n\n", Value::Object(event)).into_bytes()),
-        )
+        Some(changed.then(|| wire::encode_event(self.format, &event)))
     }
 
     /// Whether a Responses event passes (`None`: held back) and whether it was rewritten.
@@ -862,10 +890,7 @@ impl Splice {
         if self.holding {
             return None;
         }
-        Some(
-            changed
-                .then(|| format!("event: {kind}\ndata: {}\n\n", Value::Object(event)).into_bytes()),
-        )
+        Some(changed.then(|| wire::encode_event(self.format, &event)))
     }
 
     /// One whole (non-streamed) reply body: our calls taken out and the round recorded.
@@ -1254,7 +1279,6 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
     };
     'rounds: loop {
         splice.intercept = rounds.len() + 1 < lp.rounds();
-        let mut pending: Vec<u8> = Vec::new();
         loop {
             let next = tokio::select! {
                 next = tokio::time::timeout(idle, body.frame()) => next,
@@ -1272,28 +1296,18 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
             let Ok(data) = frame.into_data() else {
                 continue;
             };
-            pending.extend_from_slice(&data);
-            while let Some((end, gap)) = wire::event_end(&pending) {
-                let raw: Vec<u8> = pending.drain(..end + gap).collect();
-                if let Some(out) = splice.event(&raw)
-                    && send(out, &mut reader).await.is_err()
-                {
+            for out in splice.feed(&data) {
+                if send(out, &mut reader).await.is_err() {
                     client_gone = true;
                     break 'rounds;
                 }
             }
         }
-        if !pending.iter().all(u8::is_ascii_whitespace) {
-            // The upstream's last event lacked its blank line: the client gets one.
-            if let Some(mut out) = splice.event(&pending) {
-                if !out.ends_with(b"\n\n") {
-                    out.extend_from_slice(b"\n\n");
-                }
-                if send(out, &mut reader).await.is_err() {
-                    client_gone = true;
-                    break;
-                }
-            }
+        if let Some(out) = splice.flush()
+            && send(out, &mut reader).await.is_err()
+        {
+            client_gone = true;
+            break;
         }
         let (ended, mut round) = splice.end_round();
         if ended.ours.is_empty() {
@@ -1321,13 +1335,8 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
             Err(message) => {
                 tracing::warn!(%message, "a memory tool round failed");
                 let error = lp.format.provider().error_body(Failure::Upstream, &message);
-                let event = match format {
-                    Format::Messages => format!("event: error\ndata: {error}\n\n"),
-                    Format::Chat | Format::Responses | Format::Gemini => {
-                        format!("data: {error}\n\n")
-                    }
-                };
-                let _ = send(event.into_bytes(), &mut reader).await;
+                let error = error.as_object().expect("an error body is a JSON object");
+                let _ = send(wire::encode_event(format, error), &mut reader).await;
                 break;
             }
         }
@@ -1429,6 +1438,30 @@ async fn whole(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the SSE fuzz target (`fuzz/`) on a recorded gateway stream that ends
+    /// `data: [DONE]\n`: the client got the event and a stray line end after its blank line.
+    #[test]
+    fn a_last_event_without_its_blank_line_is_relayed_as_one_whole_event() {
+        for (tail, relayed) in [
+            ("data: [DONE]", "data: [DONE]\n\n"),
+            ("data: [DONE]\n", "data: [DONE]\n\n"),
+            ("data: [DONE]\r\n\r", "data: [DONE]\n\n"),
+            ("event: ping\r\ndata: {}\r", "event: ping\r\ndata: {}\n\n"),
+        ] {
+            let mut splice = Splice::new(Format::Messages);
+            assert!(splice.feed(tail.as_bytes()).is_empty(), "{tail:?}");
+            let out = splice.flush().unwrap();
+            assert_eq!(String::from_utf8(out).unwrap(), relayed, "{tail:?}");
+        }
+        let mut splice = Splice::new(Format::Chat);
+        splice.feed(b"data: [DONE]\n\n \n");
+        assert_eq!(
+            splice.flush(),
+            None,
+            "whitespace after the last event is no event"
+        );
+    }
 
     #[test]
     fn usage_sums_numbers_field_by_field() {

@@ -371,6 +371,28 @@ pub fn event_data(event: &[u8]) -> String {
     data
 }
 
+/// One SSE event carrying `data`, as `format`'s stream carries it: Responses and Messages name
+/// the event's `type` in an `event:` line (left out when there is none, or when it holds a line
+/// break and so could not stay one line); Gemini ends events with CRLF pairs, as its API does.
+/// [`event_end`] finds exactly this one event in it, and [`event_data`] reads `data` back.
+pub fn encode_event(format: Format, data: &Map<String, Value>) -> Vec<u8> {
+    let mut out = Vec::new();
+    if matches!(format, Format::Responses | Format::Messages)
+        && let Some(kind) = data.get("type").and_then(Value::as_str)
+        && !kind.contains(['\r', '\n'])
+    {
+        out.extend_from_slice(format!("event: {kind}\n").as_bytes());
+    }
+    let end = match format {
+        Format::Gemini => "\r\n\r\n",
+        Format::Chat | Format::Responses | Format::Messages => "\n\n",
+    };
+    out.extend_from_slice(b"data: ");
+    serde_json::to_writer(&mut out, data).expect("a JSON map serialises");
+    out.extend_from_slice(end.as_bytes());
+    out
+}
+
 /// The end of the first complete event in `bytes` and the length of the blank line after it.
 pub fn event_end(bytes: &[u8]) -> Option<(usize, usize)> {
     let mut i = 0;
@@ -661,5 +683,43 @@ mod tests {
         reader.feed(stream.as_bytes());
         assert!(!reader.terminated());
         assert_eq!(reader.finish(), ("Hi".to_owned(), true));
+    }
+
+    #[test]
+    fn an_encoded_event_is_one_event_holding_its_data() {
+        let cases = [
+            (Format::Chat, json!({"id": "a", "choices": []}), "data: "),
+            (Format::Gemini, json!({"candidates": []}), "data: "),
+            (
+                Format::Messages,
+                json!({"type": "message_stop"}),
+                "event: message_stop\ndata: ",
+            ),
+            (
+                Format::Responses,
+                json!({"type": "response.completed"}),
+                "event: response.completed\ndata: ",
+            ),
+            (Format::Responses, json!({"error": {}}), "data: "),
+            // A type holding a blank line would end the event early and make its data a
+            // second event: the event line is left out.
+            (
+                Format::Messages,
+                json!({"type": "a\n\ndata: {}", "text": "x\r\ny"}),
+                "data: ",
+            ),
+        ];
+        for (format, data, head) in cases {
+            let Value::Object(data) = data else {
+                unreachable!()
+            };
+            let event = encode_event(format, &data);
+            let text = String::from_utf8(event.clone()).unwrap();
+            assert!(text.starts_with(head), "{text:?}");
+            let (end, gap) = event_end(&event).unwrap();
+            assert_eq!(end + gap, event.len(), "{text:?}");
+            let back: Value = serde_json::from_str(&event_data(&event[..end])).unwrap();
+            assert_eq!(back, Value::Object(data));
+        }
     }
 }
