@@ -20,7 +20,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::server::{Answer, Server};
-use common::upstream::{Answer as Scripted, Upstream};
+use common::upstream::{Upstream, chat_reply, chat_request};
 use perpetuity::proxy::identity::Secret;
 use perpetuity::store::{Store, StoreOptions};
 use perpetuity::types::UserId;
@@ -74,21 +74,13 @@ impl Ledger {
             "The tide tables for the northern harbour change every spring. ".repeat(filler)
         );
         let reply = format!("Noted canary disk-{n}.");
-        upstream.answer(Scripted::Whole(
-            200,
-            "application/json",
-            serde_json::json!({"choices": [{"message": {"content": reply}}]})
-                .to_string()
-                .into_bytes(),
-        ));
-        let body = serde_json::json!({"model": "gpt-4o",
-            "messages": [{"role": "user", "content": text}]});
+        upstream.answer(chat_reply(&reply));
         let answer = server
             .request(
                 "POST",
                 "/v1/chat/completions",
                 &[("authorization", &format!("Bearer {credential}"))],
-                body.to_string().as_bytes(),
+                &chat_request(&text),
             )
             .unwrap();
         assert_eq!(answer.status, 200, "{}", answer.text());

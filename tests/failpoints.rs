@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::server::Server;
-use common::upstream::{Answer, Upstream};
+use common::upstream::{Upstream, chat_reply, chat_request};
 use perpetuity::proxy::identity::Secret;
 use perpetuity::store::{Store, StoreOptions};
 use perpetuity::types::{Role, UserId};
@@ -51,21 +51,13 @@ fn spawn(data: &Path, upstream: &Upstream, log: &Path, failpoint: Option<&str>) 
 /// read from it: a request that died before the upstream leaves its scripted answer queued).
 fn ask(server: &Server, upstream: &Upstream, credential: &str, text: &str) -> Option<String> {
     let reply = format!("Noted: {text}");
-    upstream.answer(Answer::Whole(
-        200,
-        "application/json",
-        serde_json::json!({"choices": [{"message": {"content": reply}}]})
-            .to_string()
-            .into_bytes(),
-    ));
-    let body = serde_json::json!({"model": "gpt-4o",
-        "messages": [{"role": "user", "content": text}]});
+    upstream.answer(chat_reply(&reply));
     let answer = server
         .request(
             "POST",
             "/v1/chat/completions",
             &[("authorization", &format!("Bearer {credential}"))],
-            body.to_string().as_bytes(),
+            &chat_request(text),
         )
         .ok()?;
     assert_eq!(answer.status, 200, "{}", answer.text());

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use hyper::StatusCode;
 use serde_json::{Value, json};
 
-use common::upstream::{Answer, Harness, body_of, header};
+use common::upstream::{Harness, body_of, chat_reply, chat_request, header};
 use perpetuity::proxy::identity::Groups;
 use perpetuity::recall::{Ask, RecallConfig, recall};
 use perpetuity::types::{RowId, UserId};
@@ -70,31 +70,20 @@ fn canaries(i: usize) -> [String; 2] {
 /// One request of the spoofing matrix: what it tries, path, headers, body.
 type Case<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, Vec<u8>);
 
-fn chat(question: &str) -> Vec<u8> {
-    json!({"model": "gpt-4o", "messages": [{"role": "user", "content": question}]})
-        .to_string()
-        .into_bytes()
-}
-
-fn whole_reply(text: &str) -> Answer {
-    Answer::Whole(
-        200,
-        "application/json",
-        json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
-            .to_string()
-            .into_bytes(),
-    )
-}
-
 /// Send `question` as `tenant` (credential as an OpenAI bearer), the upstream answering
 /// `reply`; returns the body the upstream received.
 async fn ask(h: &Harness, tenant: &Tenant, question: &str, reply: &str) -> String {
-    h.answer(whole_reply(reply));
+    h.answer(chat_reply(reply));
     let auth = format!("Bearer {}", tenant.credential);
     let mut headers = tenant.headers();
     headers.push(("authorization", &auth));
     let response = h
-        .send("POST", "/v1/chat/completions", &headers, &chat(question))
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &headers,
+            &chat_request(question),
+        )
         .await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(header(&response, "x-perpetuity-memory"), "ok");
@@ -228,7 +217,7 @@ async fn no_header_reaches_another_credentials_memory() {
     };
     let secret = "QXALICEVAULT4417";
     let question = format!("Remember: the vault code of the project is {secret}.");
-    h.answer(whole_reply("Noted."));
+    h.answer(chat_reply("Noted."));
     let stored = h
         .send(
             "POST",
@@ -237,7 +226,7 @@ async fn no_header_reaches_another_credentials_memory() {
                 ("authorization", "Bearer sk-alice-isolation"),
                 ("x-perpetuity-conversation", "alice-private"),
             ],
-            &chat(&question),
+            &chat_request(&question),
         )
         .await;
     assert_eq!(stored.status(), StatusCode::OK);
@@ -264,7 +253,7 @@ async fn no_header_reaches_another_credentials_memory() {
                 ("authorization", "Bearer sk-mallory"),
                 ("x-perpetuity-user", &alice_key),
             ],
-            chat(QUESTION),
+            chat_request(QUESTION),
         ),
         (
             "alice's credential as the user name",
@@ -273,7 +262,7 @@ async fn no_header_reaches_another_credentials_memory() {
                 ("authorization", "Bearer sk-mallory"),
                 ("x-perpetuity-user", "sk-alice-isolation"),
             ],
-            chat(QUESTION),
+            chat_request(QUESTION),
         ),
         (
             "alice's conversation",
@@ -282,7 +271,7 @@ async fn no_header_reaches_another_credentials_memory() {
                 ("authorization", "Bearer sk-mallory"),
                 ("x-perpetuity-conversation", "alice-private"),
             ],
-            chat(QUESTION),
+            chat_request(QUESTION),
         ),
         (
             "OpenAI bearer mine, alice's Anthropic key beside it",
@@ -291,7 +280,7 @@ async fn no_header_reaches_another_credentials_memory() {
                 ("authorization", "Bearer sk-mallory"),
                 ("x-api-key", "sk-alice-isolation"),
             ],
-            chat(QUESTION),
+            chat_request(QUESTION),
         ),
         (
             "Anthropic key mine, alice's in a Gemini header",
@@ -316,11 +305,11 @@ async fn no_header_reaches_another_credentials_memory() {
                 ("authorization", "Bearer sk-mallory"),
                 ("x-perpetuity-admin-token", "sk-alice-isolation"),
             ],
-            chat(QUESTION),
+            chat_request(QUESTION),
         ),
     ];
     for (case, path, headers, body) in &forwarded {
-        h.answer(whole_reply("I do not know."));
+        h.answer(chat_reply("I do not know."));
         let mut headers = headers.clone();
         headers.push(("content-type", "application/json"));
         let response = h.send("POST", path, &headers, body).await;
@@ -341,19 +330,19 @@ async fn no_header_reaches_another_credentials_memory() {
             "no credential",
             openai_path,
             vec![("x-perpetuity-user", &alice_key)],
-            chat(QUESTION),
+            chat_request(QUESTION),
         ),
         (
             "an empty bearer",
             openai_path,
             vec![("authorization", "Bearer  ")],
-            chat(QUESTION),
+            chat_request(QUESTION),
         ),
         (
             "basic credentials",
             openai_path,
             vec![("authorization", "Basic c2stYWxpY2U=")],
-            chat(QUESTION),
+            chat_request(QUESTION),
         ),
         (
             "Anthropic without a key",

@@ -12,7 +12,9 @@ use hyper::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use common::upstream::{Answer, Harness, body_of, fixture, header, jsonl_as_sse};
+use common::upstream::{
+    Answer, Harness, body_of, chat_reply, chat_request, fixture, header, jsonl_as_sse,
+};
 use perpetuity::dictionary::DEFAULT_VERSION;
 use perpetuity::types::{Role, RowId, UserId};
 
@@ -736,25 +738,11 @@ async fn a_gemini_stream_passes_through_and_its_text_is_captured() {
 /// errors in the caller's shape.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_excluded_row_stays_stored_and_leaves_recall_until_included_again() {
-    fn reply(text: &str) -> Answer {
-        Answer::Whole(
-            200,
-            "application/json",
-            json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
-                .to_string()
-                .into_bytes(),
-        )
-    }
-    fn whole(question: &str) -> Vec<u8> {
-        json!({"model": "gpt-4o", "messages": [{"role": "user", "content": question}]})
-            .to_string()
-            .into_bytes()
-    }
     /// Ask `ASK` as alice; the body the upstream received.
     async fn asked(h: &Harness) -> String {
-        h.answer(reply("Let me look."));
+        h.answer(chat_reply("Let me look."));
         body_of(
-            h.send("POST", "/v1/chat/completions", &OPENAI, &whole(ASK))
+            h.send("POST", "/v1/chat/completions", &OPENAI, &chat_request(ASK))
                 .await,
         )
         .await;
@@ -768,10 +756,15 @@ async fn an_excluded_row_stays_stored_and_leaves_recall_until_included_again() {
         format!("Remember: my locker code is {LOCKER}."),
         format!("Remember: my bike lock code is {BIKE}."),
     ] {
-        h.answer(reply("Noted."));
+        h.answer(chat_reply("Noted."));
         body_of(
-            h.send("POST", "/v1/chat/completions", &OPENAI, &whole(&said))
-                .await,
+            h.send(
+                "POST",
+                "/v1/chat/completions",
+                &OPENAI,
+                &chat_request(&said),
+            )
+            .await,
         )
         .await;
     }

@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::server::Server;
-use common::upstream::{Answer, Upstream};
+use common::upstream::{Upstream, chat_reply, chat_request};
 use perpetuity::arena::file::{
     Entry, PAGES_HEADER_BYTES, PAGES_OFFSET, PagesHeader, TERMS_HEADER_BYTES,
 };
@@ -42,20 +42,14 @@ fn start(data: &Path, upstream: &str, log: &Path) -> Server {
 }
 
 fn chat(server: &Server, upstream: &Upstream, text: &str, probe: bool) {
-    upstream.answer(Answer::Whole(
-        200,
-        "application/json",
-        br#"{"choices":[{"message":{"content":"Noted."}}]}"#.to_vec(),
-    ));
-    let body = serde_json::json!({"model": "gpt-4o",
-        "messages": [{"role": "user", "content": text}]});
+    upstream.answer(chat_reply("Noted."));
     let probe = ("x-perpetuity-probe", if probe { "on" } else { "off" });
     let answer = server
         .request(
             "POST",
             "/v1/chat/completions",
             &[AUTH, probe],
-            body.to_string().as_bytes(),
+            &chat_request(text),
         )
         .unwrap();
     assert_eq!(answer.status, 200, "{}", answer.text());

@@ -652,16 +652,9 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             "the anthropic-version header is required",
         );
     }
-    let bytes = match read_body(
-        body,
-        state.config.body_limit,
-        state.config.header_timeout,
-        Failure::InvalidRequest,
-    )
-    .await
-    {
+    let bytes = match request_body(body, &state.config, provider).await {
         Ok(bytes) => bytes,
-        Err(failed) => return failure(provider, failed.0, &failed.1),
+        Err(refused) => return *refused,
     };
     let path_model = gemini_model(parts.uri.path()).map(str::to_owned);
     let request = match wire::parse(format, &bytes, path_model.as_deref()) {
@@ -856,16 +849,9 @@ async fn exclusions(req: Request<Incoming>, state: Arc<State>) -> Response<Body>
         Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
     };
     let change = if parts.method == Method::POST {
-        let bytes = match read_body(
-            body,
-            state.config.body_limit,
-            state.config.header_timeout,
-            Failure::InvalidRequest,
-        )
-        .await
-        {
+        let bytes = match request_body(body, &state.config, provider).await {
             Ok(bytes) => bytes,
-            Err(failed) => return failure(provider, failed.0, &failed.1),
+            Err(refused) => return *refused,
         };
         match serde_json::from_slice::<ExclusionChange>(&bytes) {
             Ok(change) => Some(change),
@@ -1223,16 +1209,9 @@ async fn pass_through(req: Request<Incoming>, state: Arc<State>) -> Response<Bod
         Ok(permit) => permit,
         Err(refused) => return *refused,
     };
-    let bytes = match read_body(
-        body,
-        state.config.body_limit,
-        state.config.header_timeout,
-        Failure::InvalidRequest,
-    )
-    .await
-    {
+    let bytes = match request_body(body, &state.config, provider).await {
         Ok(bytes) => bytes,
-        Err(failed) => return failure(provider, failed.0, &failed.1),
+        Err(refused) => return *refused,
     };
     match forward(&state, provider, &parts, bytes.to_vec()).await {
         Ok(upstream) => {
@@ -1311,6 +1290,23 @@ async fn forward(
             ),
         )),
     }
+}
+
+/// A client's request body within the size limit and the idle timeout, or the error to answer
+/// in `provider`'s shape (413 over the limit, 400 when it stalls or breaks off).
+async fn request_body(
+    body: Incoming,
+    config: &ProxyConfig,
+    provider: Provider,
+) -> Result<Bytes, Box<Response<Body>>> {
+    read_body(
+        body,
+        config.body_limit,
+        config.header_timeout,
+        Failure::InvalidRequest,
+    )
+    .await
+    .map_err(|(failed, message)| Box::new(failure(provider, failed, &message)))
 }
 
 /// Read a whole body, refusing more than `limit` bytes, and giving up when nothing arrives for

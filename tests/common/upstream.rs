@@ -43,6 +43,24 @@ impl Received {
     }
 }
 
+/// A non-streamed Chat Completions request asking `question`.
+pub fn chat_request(question: &str) -> Vec<u8> {
+    serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user", "content": question}]})
+        .to_string()
+        .into_bytes()
+}
+
+/// A whole (non-streamed) Chat Completions reply saying `text`.
+pub fn chat_reply(text: &str) -> Answer {
+    Answer::Whole(
+        200,
+        "application/json",
+        serde_json::json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
+            .to_string()
+            .into_bytes(),
+    )
+}
+
 /// One scripted answer.
 pub enum Answer {
     /// Status, content type, body sent whole.
