@@ -1408,6 +1408,8 @@ fn bench_scan(
     let (_place, memory) = synthetic_memory(data, settings, dictionary, "scan")?;
     let kernels = Kernels::detect(false);
     eprintln!("bench scan: kernels {}", kernels.describe());
+    let done = |store: &Store| store.dark().map(|dark| dark.map_or(0, |d| d.done));
+    let done_before = done(&memory.store)?;
     let rederiving = during_rederive.then(|| {
         let store = Arc::clone(&memory.store);
         std::thread::spawn(move || {
@@ -1420,9 +1422,10 @@ fn bench_scan(
     });
     let report = bench::scan(&memory, &kernels, settings)?;
     if let Some(thread) = rederiving {
+        let during = done(&memory.store)? - done_before;
         let (rows, version, elapsed) = thread.join().expect("the re-derivation thread")?;
         eprintln!(
-            "bench scan: re-derived {rows} rows under {version} in {elapsed:.2?} ({:.0} rows/s, half the cores) while the benchmark ran",
+            "bench scan: re-derived {rows} rows under {version} in {elapsed:.2?} ({:.0} rows/s, half the cores), {during} of them before the benchmark ended",
             rows as f64 / elapsed.as_secs_f64()
         );
     }

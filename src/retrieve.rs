@@ -15,6 +15,8 @@
 //! reads every row of the scope.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
@@ -31,6 +33,35 @@ use crate::scan::kernels::{
 use crate::scan::topk::{Hit, TopK, parallel_top_k};
 use crate::tokens::Tokenizer;
 use crate::types::{RowId, UserId};
+
+/// Searches running now in this process ([`yield_to_searches`]).
+static SEARCHES: AtomicUsize = AtomicUsize::new(0);
+
+/// One running search, counted in [`SEARCHES`] while it lives.
+struct Searching;
+
+impl Searching {
+    fn start() -> Self {
+        SEARCHES.fetch_add(1, Ordering::Relaxed);
+        Self
+    }
+}
+
+impl Drop for Searching {
+    fn drop(&mut self) {
+        SEARCHES.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Wait until no search is running, or for `most` at the longest: background work (a
+/// dictionary re-derivation) calls it between small steps, so a query has the cores and the
+/// memory bandwidth to itself and the work still advances under constant load.
+pub fn yield_to_searches(most: Duration) {
+    let started = Instant::now();
+    while SEARCHES.load(Ordering::Relaxed) > 0 && started.elapsed() < most {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
 
 /// Candidates the first pass keeps, never fewer than this (or the whole scope).
 pub const FIRST_PASS_MIN_K: usize = 512;
@@ -427,6 +458,7 @@ pub fn search(
     query: &PreparedQuery,
     k: usize,
 ) -> Vec<Retrieved> {
+    let _searching = Searching::start();
     let pages = arena.scope_pages(scope);
     let live: usize = pages.iter().map(|p| p.rows as usize).sum();
     let wide = first_pass(&pages, kernels, query, first_pass_k(live));

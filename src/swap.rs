@@ -21,8 +21,13 @@ use crate::memory::uploads_dir;
 use crate::store::{DarkVersion, Store, StoreError};
 
 /// Rows re-derived and committed per store batch: a crash loses at most this much work, and a
-/// batch's memory stays small.
-pub const REDERIVE_BATCH_ROWS: usize = 16_384;
+/// batch takes a few milliseconds on one core, so a query that arrives while one runs waits
+/// on little of it (the next batch waits for the query: [`rederive`]).
+pub const REDERIVE_BATCH_ROWS: usize = 256;
+
+/// The longest a re-derivation batch waits for running searches to end: under constant query
+/// load the work still advances, a batch at least this often.
+pub const YIELD_AT_MOST: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Errors of the swap's own file work.
 #[derive(Debug, thiserror::Error)]
@@ -188,11 +193,14 @@ fn yield_to_serving() {
 
 /// Re-derive every row stored before the install under the dark version, a batch at a time
 /// (resuming where the last committed batch stopped), calling `progress` after each batch.
+/// Each batch first waits for this process's running searches to end (at most
+/// [`YIELD_AT_MOST`]), so serving keeps its latency while a swap is prepared.
 pub fn rederive(
     store: &Store,
     mut progress: impl FnMut(&DarkVersion),
 ) -> Result<DarkVersion, Error> {
     loop {
+        crate::retrieve::yield_to_searches(YIELD_AT_MOST);
         let state = store.rederive_step(REDERIVE_BATCH_ROWS)?;
         progress(&state);
         if state.is_derived() {

@@ -352,6 +352,9 @@ pub fn install(state: &Arc<State>, path: &Path) -> Result<serde_json::Value, cra
     dictionaries(state)
 }
 
+/// How often a background re-derivation logs its progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
 /// Re-derive the installed dark version's rows and build its arena generation on a thread of
 /// its own and half the cores (progress logged after each batch), then leave the generation
 /// for the flip.
@@ -367,13 +370,17 @@ pub fn start_rederive(state: &Arc<State>) {
         let started = Instant::now();
         let prepared = swap::background_pool().install(|| {
             let purges = store.purges()?;
+            let mut logged = Instant::now();
             swap::rederive(&store, |progress| {
-                tracing::info!(
-                    version,
-                    done = progress.done,
-                    total = progress.total,
-                    "re-deriving the dark dictionary version"
-                );
+                if logged.elapsed() >= PROGRESS_EVERY || progress.is_derived() {
+                    logged = Instant::now();
+                    tracing::info!(
+                        version,
+                        done = progress.done,
+                        total = progress.total,
+                        "re-deriving the dark dictionary version"
+                    );
+                }
             })
             .and_then(|_| swap::build_arena(&store, &dictionary))
             .map(|arena| (arena, purges))
