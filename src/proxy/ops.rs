@@ -419,7 +419,21 @@ pub fn flip(state: &State, version: &str) -> Result<serde_json::Value, crate::er
         .ok_or_else(|| refused(format!("{version} is not the installed dark version")))?;
     let (mut arena, mut built_at) = match slot.take() {
         Some(built) => built,
-        None => (swap::build_arena(&store, &dictionary)?, store.purges()?),
+        // Not built yet: the job has not started (or a purge dropped what it built). Only a
+        // fully derived version can be built here; otherwise the job is still to run.
+        None => match store.dark()? {
+            Some(dark) if dark.is_derived() => {
+                (swap::build_arena(&store, &dictionary)?, store.purges()?)
+            }
+            Some(dark) => {
+                return Err(refused(format!(
+                    "{version} is still being derived ({}/{} rows)",
+                    dark.done, dark.total
+                ))
+                .into());
+            }
+            None => return Err(refused(format!("{version} is not installed")).into()),
+        },
     };
     arena.catch_up(&store, &dictionary)?;
     let started = Instant::now();
