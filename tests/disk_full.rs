@@ -31,19 +31,7 @@ const RECOVERY_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_ASKS_TO_FAIL: usize = 600;
 
 fn spawn(data: &Path, upstream: &Upstream, log: &Path, errors: Option<&Path>) -> Server {
-    let log = std::fs::File::options()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    let mut server = Server::spawn(|command| {
-        command
-            .args(["--data", data.to_str().unwrap()])
-            .args(["--upstream", &format!("openai={}", upstream.url())])
-            .env("RUST_LOG", "info")
-            .env_remove("PERPETUITY_FAILPOINT")
-            .env_remove("PERPETUITY_FAILPOINT_ERRORS")
-            .stderr(log);
+    let mut server = Server::spawn_logged(data, &upstream.url(), log, |command| {
         if let Some(folder) = errors {
             command.env("PERPETUITY_FAILPOINT_ERRORS", folder);
         }

@@ -26,19 +26,8 @@ use perpetuity::types::{Role, UserId};
 const ADMIN: (&str, &str) = ("x-perpetuity-admin-token", "failpoints-admin");
 
 fn spawn(data: &Path, upstream: &Upstream, log: &Path, failpoint: Option<&str>) -> Server {
-    let log = std::fs::File::options()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    let mut server = Server::spawn(|command| {
-        command
-            .args(["--data", data.to_str().unwrap(), "--uncompressed"])
-            .args(["--admin-token", ADMIN.1])
-            .args(["--upstream", &format!("openai={}", upstream.url())])
-            .env("RUST_LOG", "info")
-            .env_remove("PERPETUITY_FAILPOINT")
-            .stderr(log);
+    let mut server = Server::spawn_logged(data, &upstream.url(), log, |command| {
+        command.args(["--uncompressed", "--admin-token", ADMIN.1]);
         if let Some(point) = failpoint {
             command.env("PERPETUITY_FAILPOINT", point);
         }

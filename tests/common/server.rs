@@ -31,6 +31,32 @@ impl Server {
         }
     }
 
+    /// [`Server::spawn`] on data directory `data` in front of the upstream at `upstream`, its
+    /// log (`RUST_LOG=info`) appended to the file `log`, no crash point or injected error set;
+    /// `configure` adds the rest. Does not wait.
+    pub fn spawn_logged(
+        data: &std::path::Path,
+        upstream: &str,
+        log: &std::path::Path,
+        configure: impl FnOnce(&mut Command),
+    ) -> Self {
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        Self::spawn(|command| {
+            command
+                .args(["--data", data.to_str().unwrap()])
+                .args(["--upstream", &format!("openai={upstream}")])
+                .env("RUST_LOG", "info")
+                .env_remove("PERPETUITY_FAILPOINT")
+                .env_remove("PERPETUITY_FAILPOINT_ERRORS")
+                .stderr(log);
+            configure(command);
+        })
+    }
+
     /// [`Server::spawn`], then wait until `/healthz` answers; returns its answer too.
     pub fn start(configure: impl FnOnce(&mut Command)) -> (Self, Answer) {
         let mut server = Self::spawn(configure);
