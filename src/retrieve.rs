@@ -4,9 +4,9 @@
 //! The first pass reads every row of the scope in two steps. Stage one estimates the final score
 //! of each row from its 2-bit code (the arena's [`Codebook`]) and the query terms its lexical
 //! signature may hold (one page per task on the rayon pool, per-task top-k, deterministic merge)
-//! and keeps [`first_pass_k`] rows; stage two scores those with the
-//! exact lexical part and the int8 vectors' cosine and keeps [`RESCORE_K`] for the exact
-//! rescore. The exact rescore re-embeds each candidate from the tokens the arena holds under
+//! and keeps [`first_pass_k`] rows; stage two narrows those by the same estimate with the int8
+//! vectors' cosine ([`narrow_k`]), scores the rest with the exact lexical part and the int8
+//! cosine and keeps [`RESCORE_K`] for the exact rescore. The exact rescore re-embeds each candidate from the tokens the arena holds under
 //! the current frequency statistic and scores it by [`HybridScorer`] (its own score); the final
 //! order is each row's score in context ([`in_context`]): its own score lifted towards those of
 //! the turns around it in its conversation ([`Arena::neighbour`]); ties go to the lower row id.
@@ -203,20 +203,25 @@ fn signature_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
         .collect()
 }
 
+/// The query terms as the estimates read them: a signature match, or a stop word, counts at
+/// its share of the IDF ([`signature_share`]).
+fn estimate_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
+    signature_terms(query)
+        .into_iter()
+        .map(|term| SignatureTerm {
+            weight: term.weight * signature_share(term.mask == 0),
+            ..term
+        })
+        .collect()
+}
+
 /// Stage one over every row of a scope's `pages` ([`Arena::scope_pages`]): the `k` best by the
 /// estimate from the 2-bit codes ([`DenseEstimate`]) and the lexical signature
 /// ([`HybridScorer::estimate`]), ties by row id; returned in row id order, the order stage two
 /// reads them back from the arena (a user's pages hold its rows in row id order, so the reads
 /// move forward through memory).
 pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: usize) -> Vec<Hit> {
-    // The estimate counts a signature match, or a stop word, at its share of the IDF.
-    let terms: Vec<SignatureTerm> = signature_terms(query)
-        .into_iter()
-        .map(|term| SignatureTerm {
-            weight: term.weight * signature_share(term.mask == 0),
-            ..term
-        })
-        .collect();
+    let terms = estimate_terms(query);
     let top = parallel_top_k(pages.len(), k, |p, top: &mut TopK| {
         // The next page's columns are loaded a part at a time while this one is scored.
         let prefetch_next = |part| {
@@ -264,14 +269,12 @@ pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: 
     top.into_row_order()
 }
 
-/// Stage two: score stage one's hits with the exact lexical part (BM25 over the row's resident
-/// terms) and the int8 vectors' cosine, and keep the `k` best, ties by row id. It differs from
-/// the exact score only in the int8 rounding and in weights that may have moved since the row
-/// was caught up.
-///
-/// Once `k` rows are kept, a row is skipped without its BM25 when even the most its lexical
-/// part could reach (every query term its signature may hold, at BM25's ceiling
-/// `idf · (k1 + 1)`) cannot lift it past the worst kept row: the skip never changes the result.
+/// Stage two, in two steps. First it narrows stage one's hits to [`narrow_k`] by stage one's
+/// estimate with the int8 cosine in place of the 2-bit one ([`narrow`]: only the row's page is
+/// read). Then it scores those with the exact lexical part (BM25 over the row's resident terms)
+/// and the int8 cosine, and keeps the `k` best, ties by row id ([`score_lexical`]). The result
+/// differs from the exact score only in the int8 rounding and in weights that may have moved
+/// since the row was caught up.
 pub fn refine(
     arena: &Arena,
     kernels: &Kernels,
@@ -279,23 +282,49 @@ pub fn refine(
     hits: &[Hit],
     k: usize,
 ) -> Vec<Hit> {
-    let terms = signature_terms(query);
-    let ceiling = query.scorer.lexical_ceiling_factor();
-    // Chunks of hits are scored as tasks on the rayon pool; each task prunes against its own
-    // kept rows, which is never tighter than the merged ones, so the skip stays exact.
+    let keep = narrow_k(hits.len()).max(k);
+    if hits.len() > keep {
+        let narrowed = narrow(arena, kernels, query, hits, keep);
+        return score_lexical(arena, kernels, query, &narrowed, k);
+    }
+    score_lexical(arena, kernels, query, hits, k)
+}
+
+/// Hits stage two reads the terms of, out of stage one's `hits`: a quarter, at least 2,048 (4,000
+/// at a million rows). Most of stage one's error is in its 2-bit cosine; with the int8 one, a
+/// quarter of the candidates holds the brute-force top 10 as often as all of them: on a million
+/// synthetic rows 200 of 200 queries agree (199 with an eighth), on 100,000 rows 200 of 200
+/// with at least 2,048 (199 with 1,024), and LoCoMo is unchanged (`perpetuity bench fidelity`,
+/// `docs/benchmarks.md`).
+pub fn narrow_k(hits: usize) -> usize {
+    (hits / 4).max(2048)
+}
+
+/// Stage two's walk: `hits` in tasks of [`REFINE_CHUNK_HITS`] on the rayon pool, each with its
+/// own top `k` (merged deterministically). `score` sees each hit whose row the arena holds, with
+/// its page, its index there and its int8 cosine to the query; the hits are sparse in the arena,
+/// so each row's columns are loaded a few steps ahead, and its term entries too when `terms`
+/// (once its entry offset is at hand).
+fn walk_hits(
+    arena: &Arena,
+    kernels: &Kernels,
+    query: &PreparedQuery,
+    hits: &[Hit],
+    k: usize,
+    terms: bool,
+    score: impl Fn(&mut TopK, Hit, Slot, f32) + Sync,
+) -> TopK {
     let chunks = hits.len().div_ceil(REFINE_CHUNK_HITS);
-    let top = parallel_top_k(chunks, k, |c, top: &mut TopK| {
+    parallel_top_k(chunks, k, |c, top: &mut TopK| {
         let mut dot = [0i32; 1];
         let end = ((c + 1) * REFINE_CHUNK_HITS).min(hits.len());
         let chunk = &hits[c * REFINE_CHUNK_HITS..end];
         let slots: Vec<Option<Slot>> = chunk.iter().map(|hit| arena.slot(hit.row)).collect();
         for (n, (hit, slot)) in chunk.iter().zip(&slots).enumerate() {
-            // The candidates are sparse in the arena: start loading the rows a few steps ahead
-            // (their columns first, then, once their entry offsets are at hand, their terms).
             if let Some(&Some(ahead)) = slots.get(n + PREFETCH_ROWS_AHEAD) {
                 arena.prefetch_row(ahead);
             }
-            if let Some(&Some(ahead)) = slots.get(n + PREFETCH_TERMS_AHEAD) {
+            if terms && let Some(&Some(ahead)) = slots.get(n + PREFETCH_TERMS_AHEAD) {
                 arena.prefetch_terms(ahead);
             }
             let Some(slot) = *slot else {
@@ -305,15 +334,80 @@ pub fn refine(
             let i = slot.index as usize;
             (kernels.dot_i8)(&query.int8.values, page.vector(i), &mut dot);
             let cosine = dot[0] as f32 * query.int8.scale * page.scales[i];
+            score(top, *hit, slot, cosine);
+        }
+    })
+}
+
+/// The summed weights of `terms` whose bits the signature of row `i` of `page` holds.
+fn signature_sum(page: &Page, i: usize, terms: &[SignatureTerm]) -> f32 {
+    terms
+        .iter()
+        .filter(|t| page.signature_word(i, t.word) & t.mask == t.mask)
+        .map(|t| t.weight)
+        .sum()
+}
+
+/// The `keep` best of `hits` by stage one's estimate with the int8 cosine in place of the 2-bit
+/// one (the lexical part still from the signature): the vector, scale, signature and term
+/// length lie in the row's page, so no term entries are read. Returned in row id order.
+fn narrow(
+    arena: &Arena,
+    kernels: &Kernels,
+    query: &PreparedQuery,
+    hits: &[Hit],
+    keep: usize,
+) -> Vec<Hit> {
+    let terms = estimate_terms(query);
+    walk_hits(
+        arena,
+        kernels,
+        query,
+        hits,
+        keep,
+        false,
+        |top, hit, slot, cosine| {
+            let page = arena.page(slot.page);
+            let i = slot.index as usize;
+            let matched = signature_sum(page, i, &terms);
+            top.push(Hit {
+                score: query.scorer.estimate(cosine, matched, page.term_lens[i]),
+                row: hit.row,
+            });
+        },
+    )
+    .into_row_order()
+}
+
+/// The `k` best of `hits` by the int8 cosine and the exact lexical part.
+///
+/// Once `k` rows are kept, a row is skipped without its BM25 when even the most its lexical
+/// part could reach (every query term its signature may hold, at BM25's ceiling
+/// `idf · (k1 + 1)`) cannot lift it past the worst kept row: the skip never changes the result.
+/// Each task prunes against its own kept rows, never tighter than the merged ones, so the skip
+/// stays exact.
+fn score_lexical(
+    arena: &Arena,
+    kernels: &Kernels,
+    query: &PreparedQuery,
+    hits: &[Hit],
+    k: usize,
+) -> Vec<Hit> {
+    let terms = signature_terms(query);
+    let ceiling = query.scorer.lexical_ceiling_factor();
+    walk_hits(
+        arena,
+        kernels,
+        query,
+        hits,
+        k,
+        true,
+        |top, hit, slot, cosine| {
             if let Some(worst) = top.threshold() {
-                let may_hold: f32 = terms
-                    .iter()
-                    .filter(|t| page.signature_word(i, t.word) & t.mask == t.mask)
-                    .map(|t| t.weight)
-                    .sum();
+                let may_hold = signature_sum(arena.page(slot.page), slot.index as usize, &terms);
                 let bound = query.scorer.dense_part(cosine) + ceiling * may_hold;
                 if bound + PRUNE_MARGIN < worst.score {
-                    continue;
+                    return;
                 }
             }
             let entries = arena.row_entries(slot);
@@ -323,9 +417,9 @@ pub fn refine(
                     .score_with_cosine(entries.terms, entries.len, cosine),
                 row: hit.row,
             });
-        }
-    });
-    top.into_sorted()
+        },
+    )
+    .into_sorted()
 }
 
 /// The exact scores of the row in `slot` for each of `queries`: its vector re-embedded once
