@@ -252,11 +252,9 @@ pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: 
             *estimate = query.scorer.estimate(cosine, matched[i], page.term_lens[i]);
         }
         prefetch_next(3);
-        // Most rows fall below the worst kept hit: compare with it here, and offer only the
-        // rest (the same test `TopK::push` makes first, so the kept set is unchanged).
-        let floor = top
-            .threshold()
-            .map_or(f32::NEG_INFINITY, |worst| worst.score);
+        // Most rows fall below the floor: compare with it here, and offer only the rest (the
+        // same test `TopK::push` makes first, so the kept set is unchanged).
+        let floor = top.floor();
         for (&score, &row) in estimates[..rows].iter().zip(&page.row_ids) {
             if score >= floor {
                 top.push(Hit {
@@ -403,10 +401,11 @@ fn score_lexical(
         k,
         true,
         |top, hit, slot, cosine| {
-            if let Some(worst) = top.threshold() {
+            let floor = top.floor();
+            if floor > f32::NEG_INFINITY {
                 let may_hold = signature_sum(arena.page(slot.page), slot.index as usize, &terms);
                 let bound = query.scorer.dense_part(cosine) + ceiling * may_hold;
-                if bound + PRUNE_MARGIN < worst.score {
+                if bound + PRUNE_MARGIN < floor {
                     return;
                 }
             }

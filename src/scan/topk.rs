@@ -5,8 +5,14 @@
 //! partial lists are merged once. Because the global k best always lie in the union of the
 //! partial k-best lists under the same total order, the result is identical for any split of
 //! the blocks and any number of threads.
+//!
+//! The tasks of one [`parallel_top_k`] share a floor ([`SharedFloor`]): the worst score of the
+//! k hits some task holds. A hit scoring strictly below it cannot be among the k best, so no
+//! task keeps it; without it each task would keep its first 2k hits whatever they scored.
 
 use std::cmp::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering as MemoryOrdering};
 
 use rayon::prelude::*;
 
@@ -33,6 +39,51 @@ impl Hit {
     }
 }
 
+/// The highest floor any task of one [`parallel_top_k`] has published: the score of the worst
+/// of the k hits it kept at a selection. That task holds k hits scoring at least this to the
+/// end (it only drops a kept hit for a better one), so a hit scoring strictly below cannot rank
+/// among the k best; a hit scoring exactly this may still win a tie on row id, and is kept.
+#[derive(Debug)]
+pub struct SharedFloor(AtomicU32);
+
+impl Default for SharedFloor {
+    fn default() -> Self {
+        Self(AtomicU32::new(order_key(f32::NEG_INFINITY)))
+    }
+}
+
+impl SharedFloor {
+    /// The floor now (negative infinity until a task publishes one).
+    #[inline]
+    pub fn get(&self) -> f32 {
+        from_order_key(self.0.load(MemoryOrdering::Relaxed))
+    }
+
+    /// Raise the floor to `score` if that is higher.
+    fn raise(&self, score: f32) {
+        self.0.fetch_max(order_key(score), MemoryOrdering::Relaxed);
+    }
+}
+
+/// A score's bits mapped so that unsigned order is the scores' order (negative scores have
+/// every bit flipped, others the sign bit set).
+fn order_key(score: f32) -> u32 {
+    let bits = score.to_bits();
+    if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 1 << 31
+    }
+}
+
+fn from_order_key(key: u32) -> f32 {
+    f32::from_bits(if key >> 31 == 1 {
+        key & !(1 << 31)
+    } else {
+        !key
+    })
+}
+
 /// The k best hits pushed so far, kept as a selection buffer: hits are appended, and whenever
 /// the buffer reaches 2k the k best are selected in linear time (`select_nth_unstable_by`) and
 /// the rest dropped. A push costs amortised O(1) whatever k is, which matters when a first
@@ -43,6 +94,8 @@ pub struct TopK {
     hits: Vec<Hit>,
     /// The worst hit kept by the last selection: nothing that ranks after it can enter.
     bound: Option<Hit>,
+    /// The floor shared with the other tasks of the same [`parallel_top_k`], if any.
+    shared: Option<Arc<SharedFloor>>,
 }
 
 impl TopK {
@@ -52,6 +105,15 @@ impl TopK {
             // Grown on demand: a scan makes one per task, and most tasks see few rows.
             hits: Vec::with_capacity((2 * k).min(INITIAL_CAPACITY)),
             bound: None,
+            shared: None,
+        }
+    }
+
+    /// A top k that publishes its floor to `shared` and drops what scores below it.
+    pub fn sharing(k: usize, shared: Arc<SharedFloor>) -> Self {
+        Self {
+            shared: Some(shared),
+            ..Self::new(k)
         }
     }
 
@@ -63,6 +125,11 @@ impl TopK {
         }
         if let Some(bound) = self.bound
             && hit.rank_cmp(&bound) != Ordering::Less
+        {
+            return;
+        }
+        if let Some(shared) = &self.shared
+            && hit.score < shared.get()
         {
             return;
         }
@@ -80,6 +147,9 @@ impl TopK {
         }
         if self.hits.len() == self.k {
             self.bound = self.hits.iter().copied().max_by(Hit::rank_cmp);
+            if let (Some(shared), Some(bound)) = (&self.shared, self.bound) {
+                shared.raise(bound.score);
+            }
         }
     }
 
@@ -90,8 +160,20 @@ impl TopK {
         self.bound
     }
 
+    /// A score strictly below this cannot enter, by this top k's own bound or the shared
+    /// floor (negative infinity while neither is known). A scan may skip such hits without
+    /// calling [`TopK::push`].
+    #[inline]
+    pub fn floor(&self) -> f32 {
+        let own = self.bound.map_or(f32::NEG_INFINITY, |bound| bound.score);
+        self.shared
+            .as_ref()
+            .map_or(own, |shared| own.max(shared.get()))
+    }
+
     /// Fold another partial result in: both buffers together, then one selection.
     pub fn merge(mut self, other: TopK) -> TopK {
+        self.shared = None;
         self.hits.extend(other.hits);
         self.bound = None;
         self.select();
@@ -115,16 +197,17 @@ impl TopK {
 }
 
 /// The k best hits over `blocks` blocks, scored by `score_block(block, &mut top)` on the current
-/// rayon pool (each task keeps its own [`TopK`]; partial results are merged once). The result is
-/// the same for any number of threads.
+/// rayon pool (each task keeps its own [`TopK`], sharing one [`SharedFloor`]; partial results
+/// are merged once). The result is the same for any number of threads.
 pub fn parallel_top_k<F>(blocks: usize, k: usize, score_block: F) -> TopK
 where
     F: Fn(usize, &mut TopK) + Sync,
 {
+    let shared = Arc::new(SharedFloor::default());
     (0..blocks)
         .into_par_iter()
         .fold(
-            || TopK::new(k),
+            || TopK::sharing(k, shared.clone()),
             |mut top, block| {
                 score_block(block, &mut top);
                 top
@@ -171,6 +254,14 @@ mod tests {
     }
 
     proptest! {
+        /// The floor's integer keys keep the scores' order and give the score back.
+        #[test]
+        fn order_keys_keep_the_order(a in proptest::num::f32::NORMAL | proptest::num::f32::ZERO | proptest::num::f32::INFINITE, b in proptest::num::f32::ANY) {
+            prop_assume!(!b.is_nan());
+            prop_assert_eq!(a.total_cmp(&b), order_key(a).cmp(&order_key(b)));
+            prop_assert_eq!(from_order_key(order_key(a)).to_bits(), a.to_bits());
+        }
+
         /// Any split into blocks and any thread count give exactly the brute-force list, ties
         /// (frequent here: scores are drawn from a few values) broken by row id.
         #[test]
