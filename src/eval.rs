@@ -38,7 +38,7 @@ use crate::latency;
 use crate::memory::Memory;
 use crate::recall::{Ask, RecallConfig, recall};
 use crate::relevance::{Bm25, mean_row_len};
-use crate::retrieve::{PreparedQuery, RESCORE_K, search};
+use crate::retrieve::{PreparedQuery, search};
 use crate::scan::kernels::Kernels;
 use crate::store::{Store, StoreError, StoreOptions};
 use crate::types::{RowId, UserId};
@@ -49,10 +49,10 @@ pub const DEFAULT_KS: [usize; 5] = [1, 3, 5, 10, 20];
 /// LongMemEval marks its abstention questions (no answer in the haystack) by this id suffix.
 pub const ABSTENTION_SUFFIX: &str = "_abs";
 
-/// Rows each question retrieves (at least; more when a `k` is deeper). The exact rescore scores
-/// this many rows anyway, so ranks past the tenth cost nothing, and session-level ranks need many
-/// rows per distinct session.
-pub const RANKED_ROWS: usize = RESCORE_K;
+/// Rows each question retrieves (at least; more when a `k` is deeper): the exact rescore scores
+/// them all, so the ranks past the tenth are exact, and session-level ranks need many rows per
+/// distinct session.
+pub const RANKED_ROWS: usize = 256;
 
 /// Progress is reported about this often, and once at the end of each stage.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
