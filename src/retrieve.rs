@@ -386,8 +386,8 @@ fn narrow(
 /// Once `k` rows are kept, a row is skipped without its BM25 when even the most its lexical
 /// part could reach (every query term its signature may hold, at BM25's ceiling
 /// `idf · (k1 + 1)`) cannot lift it past the worst kept row: the skip never changes the result.
-/// Each task prunes against its own kept rows, never tighter than the merged ones, so the skip
-/// stays exact.
+/// Each task prunes against its floor (its own kept rows', or the tasks' shared one), never
+/// above the merged k-th score, so the skip stays exact.
 fn score_lexical(
     arena: &Arena,
     kernels: &Kernels,
