@@ -8,9 +8,11 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use perpetuity::arena::codebook::Codebook;
-use perpetuity::arena::file::{PAGES_HEADER_BYTES, PAGES_OFFSET, PagesHeader, TERMS_HEADER_BYTES};
+use perpetuity::arena::file::{
+    Entry, PAGES_HEADER_BYTES, PAGES_OFFSET, PagesHeader, TERMS_HEADER_BYTES,
+};
 use perpetuity::arena::{
-    Arena, CODE_BYTES, Opened, PAGE_ROWS, Page, Unusable, arena_dir, code_byte,
+    Arena, CODE_BYTES, Opened, PAGE_ROWS, Page, Unusable, arena_dir, code_byte, page_checksum,
 };
 use perpetuity::bench::synthetic_messages;
 use perpetuity::ingest::ingest;
@@ -133,6 +135,47 @@ fn a_reopened_arena_maps_what_was_committed() {
     let mut report = Report::default();
     integrity::check_arena_files(&store, dict, &mut report).unwrap();
     assert!(report.is_clean(), "{:#?}", report.violations);
+}
+
+/// A process killed while it recomputed the codebook leaves pages coded under a codebook the
+/// header does not name: some re-encoded but not sealed yet, some sealed again. The next open
+/// codes them again under the committed codebook and maps the arena, undamaged.
+#[test]
+fn a_codebook_recomputation_killed_before_its_commit_is_undone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_rows(dir.path(), 300);
+    write_arena(&store);
+    let expected = reference(&store);
+    let (pages_path, terms_path) = files(&store);
+    let mut bytes = std::fs::read(&pages_path).unwrap();
+    let committed = header(&bytes);
+    assert!(committed.pages >= 2, "two pages to tear");
+    let terms = std::fs::read(&terms_path).unwrap();
+    let entries: &[Entry] = bytemuck::cast_slice(
+        &terms[TERMS_HEADER_BYTES..][..committed.terms as usize * std::mem::size_of::<Entry>()],
+    );
+    let pages: &mut [Page] = bytemuck::cast_slice_mut(
+        &mut bytes[PAGES_OFFSET..][..committed.pages as usize * std::mem::size_of::<Page>()],
+    );
+    // A codebook over the first page alone: not the committed one.
+    let newer = Codebook::compute(&pages[..1]);
+    assert_ne!(newer.checksum, committed.codebook_checksum);
+    let before: Vec<Vec<u8>> = pages.iter().map(|p| p.codes.to_vec()).collect();
+    newer.encode_all(&mut pages[..2]);
+    assert_ne!(pages[0].codes.to_vec(), before[0], "page 0 coded anew");
+    // Page 0 re-encoded only; page 1 re-encoded and sealed, as the commit's loop would.
+    pages[1].checksum = page_checksum(&pages[1], entries);
+    std::fs::write(&pages_path, &bytes).unwrap();
+
+    assert_eq!(
+        open_and_check(&store, &expected),
+        Opened::Mapped { rows: 300 }
+    );
+    // Opened as committed, and it stays so.
+    assert_eq!(
+        open_and_check(&store, &expected),
+        Opened::Mapped { rows: 300 }
+    );
 }
 
 #[test]

@@ -220,6 +220,7 @@ impl Codebook {
                 let code = self.encode(page.vector(i), page.scales[i]);
                 page.set_code(i, &code);
             }
+            page.codebook = self.checksum;
         });
     }
 }

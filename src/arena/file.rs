@@ -15,7 +15,7 @@ use crate::relevance::TermCount;
 use crate::types::{TermId, TokenId};
 
 /// Layout version of both files; any other version is rebuilt from the store.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 pub const PAGES_MAGIC: [u8; 8] = *b"PPTYPAGE";
 pub const TERMS_MAGIC: [u8; 8] = *b"PPTYTERM";
 /// Bytes of the header at the start of `pages.bin`.

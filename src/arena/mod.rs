@@ -479,15 +479,20 @@ impl Arena {
                 // A commit stopped between sealing this page and writing the header leaves the
                 // page sealed over rows the header does not count yet; that newer checksum
                 // vouches for the counted rows too, so the page is cut and sealed again.
-                let torn_commit = kept < held
-                    && page.rows as usize == held
-                    && (0..held).all(|i| {
-                        page.term_offsets[i].saturating_add(page.entries_of(i) as u64)
-                            <= written as u64
-                    })
-                    && page.checksum == page_checksum(page, all_entries);
+                let sealed = (0..held).all(|i| {
+                    page.term_offsets[i].saturating_add(page.entries_of(i) as u64) <= written as u64
+                }) && page.checksum == page_checksum(page, all_entries);
+                let torn_commit = kept < held && sealed;
+                // A commit stopped while the codebook was recomputed leaves the page coded
+                // under a codebook the header does not name, sealed or not. Its codes are a
+                // function of its vectors: coded again under the committed codebook, the page
+                // is what was committed (unsealed) or what its newer checksum vouched for.
+                let recoded = page.codebook != codebook.checksum;
+                if recoded {
+                    codebook.encode_all(std::slice::from_mut(page));
+                }
                 page.truncate(kept);
-                if torn_commit {
+                if torn_commit || (recoded && sealed) {
                     page.checksum = page_checksum(page, entries);
                 }
                 for i in 0..kept {
@@ -699,6 +704,7 @@ impl Arena {
         page.term_counts[i] = retrieval.terms.len() as u32;
         page.token_counts[i] = retrieval.tokens.len() as u32;
         page.set_code(i, &codebook.encode(&quantized.values, quantized.scale));
+        page.codebook = codebook.checksum;
         for &(term, _) in &retrieval.terms {
             let bits = signature::term_bits(term);
             page.signatures[blocked(i, bits.word)] |= bits.mask;
@@ -935,8 +941,9 @@ fn needed_pages(header: &PagesHeader) -> usize {
         .saturating_add(PAGES_OFFSET)
 }
 
-/// CRC-32 of a page (its checksum field taken as zero) followed by its rows' entries.
-fn page_checksum(page: &Page, entries: &[Entry]) -> u32 {
+/// CRC-32 of a page (its checksum field taken as zero) followed by its rows' entries: what a
+/// commit seals each page it wrote with.
+pub fn page_checksum(page: &Page, entries: &[Entry]) -> u32 {
     const FIELD: std::ops::Range<usize> = 12..16;
     let bytes = bytemuck::bytes_of(page);
     let mut hasher = crc32fast::Hasher::new();

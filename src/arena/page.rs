@@ -33,7 +33,11 @@ pub struct Page {
     pub rows: u32,
     /// CRC-32 of the page with this field zero, followed by its rows' entries.
     pub checksum: u32,
-    pub reserved: [u32; 12],
+    /// The checksum of the codebook the page's 2-bit codes were encoded under: a commit
+    /// stopped while the codebook was recomputed leaves pages coded under one the header does
+    /// not name, and the next open codes them again under the committed one.
+    pub codebook: u32,
+    pub reserved: [u32; 11],
     pub row_ids: [u64; PAGE_ROWS],
     pub conversations: [u64; PAGE_ROWS],
     pub birth_clocks: [u64; PAGE_ROWS],
