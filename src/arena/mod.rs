@@ -479,10 +479,14 @@ impl Arena {
                 // A commit stopped between sealing this page and writing the header leaves the
                 // page sealed over rows the header does not count yet; that newer checksum
                 // vouches for the counted rows too, so the page is cut and sealed again.
-                let sealed = (0..held).all(|i| {
-                    page.term_offsets[i].saturating_add(page.entries_of(i) as u64) <= written as u64
-                }) && page.checksum == page_checksum(page, all_entries);
+                let sealed = page.rows as usize == held
+                    && (0..held).all(|i| {
+                        page.term_offsets[i].saturating_add(page.entries_of(i) as u64)
+                            <= written as u64
+                    })
+                    && page.checksum == page_checksum(page, all_entries);
                 let torn_commit = kept < held && sealed;
+                page.truncate(kept);
                 // A commit stopped while the codebook was recomputed leaves the page coded
                 // under a codebook the header does not name, sealed or not. Its codes are a
                 // function of its vectors: coded again under the committed codebook, the page
@@ -491,7 +495,6 @@ impl Arena {
                 if recoded {
                     codebook.encode_all(std::slice::from_mut(page));
                 }
-                page.truncate(kept);
                 if torn_commit || (recoded && sealed) {
                     page.checksum = page_checksum(page, entries);
                 }
