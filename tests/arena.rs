@@ -137,6 +137,13 @@ fn a_reopened_arena_maps_what_was_committed() {
     assert!(report.is_clean(), "{:#?}", report.violations);
 }
 
+/// The pages `header` commits, in the bytes of `pages.bin`.
+fn committed_pages<'b>(bytes: &'b mut [u8], header: &PagesHeader) -> &'b mut [Page] {
+    bytemuck::cast_slice_mut(
+        &mut bytes[PAGES_OFFSET..][..header.pages as usize * std::mem::size_of::<Page>()],
+    )
+}
+
 /// A process killed while it recomputed the codebook leaves pages coded under a codebook the
 /// header does not name: some re-encoded but not sealed yet, some sealed again. The next open
 /// codes them again under the committed codebook and maps the arena, undamaged.
@@ -154,9 +161,7 @@ fn a_codebook_recomputation_killed_before_its_commit_is_undone() {
     let entries: &[Entry] = bytemuck::cast_slice(
         &terms[TERMS_HEADER_BYTES..][..committed.terms as usize * std::mem::size_of::<Entry>()],
     );
-    let pages: &mut [Page] = bytemuck::cast_slice_mut(
-        &mut bytes[PAGES_OFFSET..][..committed.pages as usize * std::mem::size_of::<Page>()],
-    );
+    let pages = committed_pages(&mut bytes, &committed);
     // A codebook over the first page alone: not the committed one.
     let newer = Codebook::compute(&pages[..1]);
     assert_ne!(newer.checksum, committed.codebook_checksum);
@@ -182,9 +187,7 @@ fn a_codebook_recomputation_killed_before_its_commit_is_undone() {
     // reads as committed (found by the `arena` fuzz target: the check of a newer seal once read
     // past the page's 64 rows and panicked).
     let mut bytes = std::fs::read(&pages_path).unwrap();
-    let pages: &mut [Page] = bytemuck::cast_slice_mut(
-        &mut bytes[PAGES_OFFSET..][..committed.pages as usize * std::mem::size_of::<Page>()],
-    );
+    let pages = committed_pages(&mut bytes, &committed);
     assert_eq!(pages[0].rows as usize, PAGE_ROWS, "page 0 is full");
     pages[0].rows = 200;
     pages[0].codebook ^= 1;
