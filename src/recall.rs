@@ -243,8 +243,7 @@ fn warm_states(
     let user = ask.user;
     let mut states = HashMap::new();
     let mut cold = Vec::new();
-    for entry in store.warm_of(user) {
-        let (row, state) = entry?;
+    for (&row, &state) in store.warm_of(user)?.iter() {
         if heat::warmth(&state, clock) >= floor {
             states.insert(row, state);
         } else {
@@ -336,17 +335,12 @@ pub fn reheat_returned(
         .copied()
         .filter(|&row| arena.owner_in(row, &[user]).is_some())
         .collect();
-    let wanted: HashSet<RowId> = rows.iter().copied().collect();
+    let warm = store.warm_of(user)?;
     let mut states = HashMap::new();
-    for entry in store.warm_of(user) {
-        let (row, state) = entry?;
-        if wanted.contains(&row) {
-            states.insert(row, state);
-        }
-    }
     for &row in &rows {
         if let Some(slot) = arena.slot(row) {
-            states.entry(row).or_insert_with(|| born_state(arena, slot));
+            let state = warm.get(&row).copied();
+            states.insert(row, state.unwrap_or_else(|| born_state(arena, slot)));
         }
     }
     let updates = reheat(user, &rows, &mut states, clock);

@@ -183,8 +183,10 @@ fn a_captured_question_is_the_last_turn_once_and_retrieval_reheats_what_it_selec
     let warm: HashMap<RowId, Activation> = memory
         .store
         .warm_of(alice)
-        .collect::<Result<_, _>>()
-        .unwrap();
+        .unwrap()
+        .iter()
+        .map(|(&row, &state)| (row, state))
+        .collect();
     assert_eq!(warm.len(), recall.reheated);
     for (row, state) in &warm {
         assert_eq!(after[row], *state);
@@ -310,7 +312,13 @@ fn rows_that_cooled_leave_the_warm_index_and_their_activation_stays() {
         &ask("chat", "ferry to Orkney", false),
     );
     assert!(first.reheated > 0);
-    let reheated: Vec<RowId> = memory.store.warm_of(alice).map(|e| e.unwrap().0).collect();
+    let reheated: Vec<RowId> = memory
+        .store
+        .warm_of(alice)
+        .unwrap()
+        .keys()
+        .copied()
+        .collect();
     assert_eq!(reheated.len(), first.reheated);
 
     // The agent processes far more than a reheat lasts: 250,000 tokens of clock.
@@ -337,8 +345,10 @@ fn rows_that_cooled_leave_the_warm_index_and_their_activation_stays() {
     let warm: HashMap<RowId, Activation> = memory
         .store
         .warm_of(alice)
-        .collect::<Result<_, _>>()
-        .unwrap();
+        .unwrap()
+        .iter()
+        .map(|(&row, &state)| (row, state))
+        .collect();
     for (row, state) in &warm {
         assert!(
             heat::warmth(state, clock) >= config.warm_floor,

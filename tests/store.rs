@@ -218,6 +218,82 @@ fn reheating_patches_activation_and_keeps_the_birth_decay() {
     assert_clean(&store);
 }
 
+/// The warm index as the `warm` family records it (what a store opened afresh reads).
+fn warm_on_disk(store: &Store, user: UserId) -> BTreeMap<RowId, Activation> {
+    store
+        .iter_all(Cf::Warm)
+        .map(|entry| {
+            let (key, value) = entry.unwrap();
+            let (owner, row) = keys::parse_user_row(&key).unwrap();
+            (owner, row, Activation::decode(&value).unwrap())
+        })
+        .filter(|&(owner, _, _)| owner == user)
+        .map(|(_, row, state)| (row, state))
+        .collect()
+}
+
+#[test]
+fn the_warm_index_in_memory_follows_every_write_to_its_family() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path());
+    let (alice, bob) = (UserId::from_key("alice"), UserId::from_key("bob"));
+    let clock = store.clock(alice).unwrap();
+    store
+        .patch_activation(&[(alice, RowId(1), clock, 2.0)])
+        .unwrap();
+    let first = store.warm_of(alice).unwrap();
+    assert_eq!(first.keys().copied().collect::<Vec<_>>(), [RowId(1)]);
+    assert!(store.warm_of(bob).unwrap().is_empty());
+
+    // Writes after the first read: a reheat, a new row listed, another user's, a forgetting.
+    store
+        .patch_activation(&[
+            (alice, RowId(1), clock, 2.5),
+            (alice, RowId(2), clock, 1.5),
+            (alice, RowId(77), clock, 9.0),
+            (bob, RowId(3), clock, 3.0),
+        ])
+        .unwrap();
+    assert_eq!(
+        first[&RowId(1)].peak,
+        2.0,
+        "a snapshot already read stays as it was"
+    );
+    for user in [alice, bob] {
+        assert_eq!(*store.warm_of(user).unwrap(), warm_on_disk(&store, user));
+    }
+    assert_eq!(store.warm_of(alice).unwrap()[&RowId(1)].peak, 2.5);
+    assert!(!store.warm_of(alice).unwrap().contains_key(&RowId(77)));
+    store.forget_cold(alice, &[RowId(1)]).unwrap();
+    assert_eq!(
+        store
+            .warm_of(alice)
+            .unwrap()
+            .keys()
+            .copied()
+            .collect::<Vec<_>>(),
+        [RowId(2)]
+    );
+    assert_eq!(*store.warm_of(alice).unwrap(), warm_on_disk(&store, alice));
+
+    // A purge empties the user's index in memory as on disk; a reopened store reads the same.
+    store.purge_user(bob).unwrap();
+    assert!(store.warm_of(bob).unwrap().is_empty());
+    drop(store);
+    let store = open(dir.path(), true);
+    assert_eq!(
+        store
+            .warm_of(alice)
+            .unwrap()
+            .keys()
+            .copied()
+            .collect::<Vec<_>>(),
+        [RowId(2)]
+    );
+    assert!(store.warm_of(bob).unwrap().is_empty());
+    assert_clean(&store);
+}
+
 #[test]
 fn integrity_finds_a_deleted_retrieval_row() {
     let dir = tempfile::tempdir().unwrap();

@@ -319,7 +319,9 @@ async fn a_chat_stream_runs_our_search_in_the_middle_and_the_client_sees_one_str
         .memory
         .store
         .warm_of(user)
-        .map(|entry| entry.unwrap().0.0)
+        .unwrap()
+        .keys()
+        .map(|row| row.0)
         .collect();
     let returned: Vec<u64> = first_ids
         .iter()

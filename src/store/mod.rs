@@ -36,7 +36,7 @@
 pub mod keys;
 pub mod row;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -325,7 +325,16 @@ pub struct Store {
     /// The slot (0 or 1) whose retrieval rows and counts serve: the meta key `serving_slot`,
     /// changed only by [`Store::flip`] under the writer lock.
     serving_slot: AtomicUsize,
+    /// The warm index of every user read since open, in memory (recall reads it every turn;
+    /// the `warm` family stays the record). A user's entry is loaded on its first read under
+    /// the writer lock, so no write slips between the read and the entry; every write to the
+    /// family updates the entry after the write lands, still under the writer lock.
+    warm: Mutex<HashMap<UserId, WarmIndex>>,
 }
+
+/// One user's warm index: each reheated row still listed, with its activation, in row order.
+/// Shared with readers as a snapshot; a write copies it only while a reader still holds one.
+pub type WarmIndex = Arc<BTreeMap<RowId, Activation>>;
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -404,6 +413,7 @@ impl Store {
                 dark: None,
             }),
             serving_slot: AtomicUsize::new(0),
+            warm: Mutex::new(HashMap::new()),
         };
         match store.meta(keys::meta::FORMAT_VERSION)? {
             None => store.put_meta(keys::meta::FORMAT_VERSION, &FORMAT_VERSION.to_le_bytes())?,
@@ -1112,6 +1122,7 @@ impl Store {
         let cf = self.cf(Cf::Activation);
         let warm = self.cf(Cf::Warm);
         let mut batch = WriteBatch::default();
+        let mut written = Vec::with_capacity(updates.len());
         for &(user, row, last_clock, peak) in updates {
             let key = keys::user_row(user, row);
             let Some(bytes) = self.db.get_cf(&cf, key).map_err(|e| self.rocks(e))? else {
@@ -1129,8 +1140,16 @@ impl Store {
             };
             batch.put_cf(&cf, key, next.encode());
             batch.put_cf(&warm, key, next.encode());
+            written.push((user, row, next));
         }
-        self.write(batch)
+        self.write(batch)?;
+        let mut cached = self.warm.lock().expect("warm index lock");
+        for (user, row, next) in written {
+            if let Some(index) = cached.get_mut(&user) {
+                Arc::make_mut(index).insert(row, next);
+            }
+        }
+        Ok(())
     }
 
     /// Exclude `rows` of `user` from the user's recall (or, with `excluded` false, include them
@@ -1192,11 +1211,24 @@ impl Store {
 
     /// The warm index of a user: every reheated row still listed, with its activation, in row
     /// order. Rows born hot and never reheated are not listed (their state is the birth state).
-    pub fn warm_of(
-        &self,
-        user: UserId,
-    ) -> impl Iterator<Item = Result<(RowId, Activation), StoreError>> + '_ {
-        self.activation_entries(Cf::Warm, user)
+    /// Read from memory after the user's first read since open.
+    pub fn warm_of(&self, user: UserId) -> Result<WarmIndex, StoreError> {
+        if let Some(index) = self.warm.lock().expect("warm index lock").get(&user) {
+            return Ok(index.clone());
+        }
+        let _guard = self.writer.lock().expect("writer lock");
+        if let Some(index) = self.warm.lock().expect("warm index lock").get(&user) {
+            return Ok(index.clone());
+        }
+        let index: WarmIndex = Arc::new(
+            self.activation_entries(Cf::Warm, user)
+                .collect::<Result<_, _>>()?,
+        );
+        self.warm
+            .lock()
+            .expect("warm index lock")
+            .insert(user, index.clone());
+        Ok(index)
     }
 
     /// Drop rows that have cooled below the frame's floor from the warm index (their
@@ -1211,7 +1243,14 @@ impl Store {
         for &row in rows {
             batch.delete_cf(&warm, keys::user_row(user, row));
         }
-        self.write(batch)
+        self.write(batch)?;
+        if let Some(index) = self.warm.lock().expect("warm index lock").get_mut(&user) {
+            let index = Arc::make_mut(index);
+            for row in rows {
+                index.remove(row);
+            }
+        }
+        Ok(())
     }
 
     /// Remove a user's memory as a unit: rows, retrieval rows, activation, log entries, clock,
@@ -1242,6 +1281,7 @@ impl Store {
                 (self.purges()? + 1).to_le_bytes(),
             );
             self.write(batch)?;
+            self.warm.lock().expect("warm index lock").remove(&user);
             crate::failpoint::hit("purge.after_batch");
             (-deltas.totals[0]) as u64
         };
