@@ -286,9 +286,9 @@ pub fn scan(
             std::hint::black_box(refine(&arena, kernels, &query, &candidates, RESCORE_K));
         })
         .as_secs_f64();
-    // Stage one reads a row's 2-bit code (two bits per dimension), lexical signature, scale α
-    // and term length.
-    let first_pass_bytes_per_row = CODE_BYTES + SIGNATURE_BITS / 8 + 8;
+    // Stage one reads a row's 2-bit code (two bits per dimension), lexical signature, scale α,
+    // term length and row id.
+    let first_pass_bytes_per_row = CODE_BYTES + SIGNATURE_BITS / 8 + 16;
     let first_pass_bytes_per_s = first_pass_rows_per_s_per_core * first_pass_bytes_per_row as f64;
     let memory_read_bytes_per_s = read_bandwidth(512 << 20);
 

@@ -107,7 +107,9 @@ impl Page {
     }
 
     /// Start loading the columns stage one reads of every row, part `part` of four: the codes
-    /// in two halves (0, 1), the signatures (2), the scales α and term lengths (3). A scan visits pages 26 KiB apart and the hardware
+    /// in two halves (0, 1), the signatures (2), the scales α, term lengths and row ids (3; a row
+    /// id is read for every row offered to the top-k, which early in a scan is most pages). A
+    /// scan visits pages 26 KiB apart and the hardware
     /// prefetcher stops at each 4 KiB boundary, so without this each page begins with a wait on
     /// memory; issued a part at a time between the kernels of the page before, the loads
     /// overlap with its arithmetic instead of queueing all at once.
@@ -125,6 +127,7 @@ impl Page {
             _ => {
                 lines(bytemuck::cast_slice(&self.alphas));
                 lines(bytemuck::cast_slice(&self.term_lens));
+                lines(bytemuck::cast_slice(&self.row_ids));
             }
         }
     }
