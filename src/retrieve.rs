@@ -3,7 +3,7 @@
 //!
 //! The first pass reads every row of the scope in two steps. Stage one estimates the final score
 //! of each row from its 2-bit code (the arena's [`Codebook`]) and the query terms its lexical
-//! signature may hold (one page per task on the rayon pool, per-task top-k, deterministic merge)
+//! signature may hold (one page per task on the rayon pool, a top-k per worker, deterministic merge)
 //! and keeps [`first_pass_k`] rows; stage two narrows those by the same estimate with the int8
 //! vectors' cosine ([`narrow_k`]), scores the rest with the exact lexical part and the int8
 //! cosine and keeps [`RESCORE_K`] for the exact rescore. The exact rescore re-embeds each candidate from the tokens the arena holds under

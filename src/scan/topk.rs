@@ -6,13 +6,13 @@
 //! partial k-best lists under the same total order, the result is identical for any split of
 //! the blocks and any number of threads.
 //!
-//! The tasks of one [`parallel_top_k`] share a floor ([`SharedFloor`]): the worst score of the
-//! k hits some task holds. A hit scoring strictly below it cannot be among the k best, so no
-//! task keeps it; without it each task would keep its first 2k hits whatever they scored.
+//! The workers of one [`parallel_top_k`] share a floor ([`SharedFloor`]): the worst score of the
+//! k hits some worker holds. A hit scoring strictly below it cannot be among the k best, so no
+//! worker keeps it; without it each worker would keep its first 2k hits whatever they scored.
 
 use std::cmp::Ordering;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering as MemoryOrdering};
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 
@@ -39,8 +39,8 @@ impl Hit {
     }
 }
 
-/// The highest floor any task of one [`parallel_top_k`] has published: the score of the worst
-/// of the k hits it kept at a selection. That task holds k hits scoring at least this to the
+/// The highest floor any worker of one [`parallel_top_k`] has published: the score of the worst
+/// of the k hits it kept at a selection. That worker holds k hits scoring at least this to the
 /// end (it only drops a kept hit for a better one), so a hit scoring strictly below cannot rank
 /// among the k best; a hit scoring exactly this may still win a tie on row id, and is kept.
 #[derive(Debug)]
@@ -53,7 +53,7 @@ impl Default for SharedFloor {
 }
 
 impl SharedFloor {
-    /// The floor now (negative infinity until a task publishes one).
+    /// The floor now (negative infinity until a worker publishes one).
     #[inline]
     pub fn get(&self) -> f32 {
         from_order_key(self.0.load(MemoryOrdering::Relaxed))
@@ -94,7 +94,7 @@ pub struct TopK {
     hits: Vec<Hit>,
     /// The worst hit kept by the last selection: nothing that ranks after it can enter.
     bound: Option<Hit>,
-    /// The floor shared with the other tasks of the same [`parallel_top_k`], if any.
+    /// The floor shared with the other workers of the same [`parallel_top_k`], if any.
     shared: Option<Arc<SharedFloor>>,
 }
 
@@ -102,7 +102,7 @@ impl TopK {
     pub fn new(k: usize) -> Self {
         Self {
             k,
-            // Grown on demand: a scan makes one per task, and most tasks see few rows.
+            // Grown on demand: a scan makes one per worker, and a small scope's see few rows.
             hits: Vec::with_capacity((2 * k).min(INITIAL_CAPACITY)),
             bound: None,
             shared: None,
@@ -197,23 +197,32 @@ impl TopK {
 }
 
 /// The k best hits over `blocks` blocks, scored by `score_block(block, &mut top)` on the current
-/// rayon pool (each task keeps its own [`TopK`], sharing one [`SharedFloor`]; partial results
-/// are merged once). The result is the same for any number of threads.
+/// rayon pool. Each worker thread keeps one [`TopK`] over every block it scores (all of them
+/// sharing one [`SharedFloor`]), and the workers' lists are merged once at the end. The result
+/// is the same for any number of threads.
+///
+/// One list per worker rather than per rayon task: rayon splits a scan into tens of tasks, and
+/// with k in the thousands each task's list grew from empty, kept no floor of its own until it
+/// held 2k hits, and cost a k-sized merge (a million rows in one scope, two threads: query p50
+/// 0.87x without them; `docs/benchmarks.md`). `score_block` must not wait on rayon work (its
+/// worker's list is locked while it runs).
 pub fn parallel_top_k<F>(blocks: usize, k: usize, score_block: F) -> TopK
 where
     F: Fn(usize, &mut TopK) + Sync,
 {
     let shared = Arc::new(SharedFloor::default());
-    (0..blocks)
-        .into_par_iter()
-        .fold(
-            || TopK::sharing(k, shared.clone()),
-            |mut top, block| {
-                score_block(block, &mut top);
-                top
-            },
-        )
-        .reduce(|| TopK::new(k), TopK::merge)
+    let workers = rayon::current_num_threads();
+    let tops: Vec<Mutex<TopK>> = (0..=workers)
+        .map(|_| Mutex::new(TopK::sharing(k, shared.clone())))
+        .collect();
+    (0..blocks).into_par_iter().for_each(|block| {
+        let worker = rayon::current_thread_index().map_or(workers, |i| i.min(workers));
+        let mut top = tops[worker].lock().expect("a worker's top-k lock");
+        score_block(block, &mut top);
+    });
+    tops.into_iter()
+        .map(|top| top.into_inner().expect("a worker's top-k lock"))
+        .fold(TopK::new(k), TopK::merge)
 }
 
 #[cfg(test)]
