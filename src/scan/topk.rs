@@ -204,8 +204,8 @@ impl TopK {
 /// One list per worker rather than per rayon task: rayon splits a scan into tens of tasks, and
 /// with k in the thousands each task's list grew from empty, kept no floor of its own until it
 /// held 2k hits, and cost a k-sized merge (a million rows in one scope, two threads: query p50
-/// 0.87x without them; `docs/benchmarks.md`). `score_block` must not wait on rayon work (its
-/// worker's list is locked while it runs).
+/// 0.87x with one list per worker; `docs/benchmarks.md`). `score_block` must not wait on rayon
+/// work (its worker's list is locked while it runs).
 pub fn parallel_top_k<F>(blocks: usize, k: usize, score_block: F) -> TopK
 where
     F: Fn(usize, &mut TopK) + Sync,
