@@ -232,6 +232,11 @@ fn warm_on_disk(store: &Store, user: UserId) -> BTreeMap<RowId, Activation> {
         .collect()
 }
 
+/// The rows `user`'s warm index lists, as the store serves it.
+fn listed(store: &Store, user: UserId) -> Vec<RowId> {
+    store.warm_of(user).unwrap().keys().copied().collect()
+}
+
 #[test]
 fn the_warm_index_in_memory_follows_every_write_to_its_family() {
     let dir = tempfile::tempdir().unwrap();
@@ -242,7 +247,7 @@ fn the_warm_index_in_memory_follows_every_write_to_its_family() {
         .patch_activation(&[(alice, RowId(1), clock, 2.0)])
         .unwrap();
     let first = store.warm_of(alice).unwrap();
-    assert_eq!(first.keys().copied().collect::<Vec<_>>(), [RowId(1)]);
+    assert_eq!(listed(&store, alice), [RowId(1)]);
     assert!(store.warm_of(bob).unwrap().is_empty());
 
     // Writes after the first read: a reheat, a new row listed, another user's, a forgetting.
@@ -265,15 +270,7 @@ fn the_warm_index_in_memory_follows_every_write_to_its_family() {
     assert_eq!(store.warm_of(alice).unwrap()[&RowId(1)].peak, 2.5);
     assert!(!store.warm_of(alice).unwrap().contains_key(&RowId(77)));
     store.forget_cold(alice, &[RowId(1)]).unwrap();
-    assert_eq!(
-        store
-            .warm_of(alice)
-            .unwrap()
-            .keys()
-            .copied()
-            .collect::<Vec<_>>(),
-        [RowId(2)]
-    );
+    assert_eq!(listed(&store, alice), [RowId(2)]);
     assert_eq!(*store.warm_of(alice).unwrap(), warm_on_disk(&store, alice));
 
     // A purge empties the user's index in memory as on disk; a reopened store reads the same.
@@ -281,15 +278,7 @@ fn the_warm_index_in_memory_follows_every_write_to_its_family() {
     assert!(store.warm_of(bob).unwrap().is_empty());
     drop(store);
     let store = open(dir.path(), true);
-    assert_eq!(
-        store
-            .warm_of(alice)
-            .unwrap()
-            .keys()
-            .copied()
-            .collect::<Vec<_>>(),
-        [RowId(2)]
-    );
+    assert_eq!(listed(&store, alice), [RowId(2)]);
     assert!(store.warm_of(bob).unwrap().is_empty());
     assert_clean(&store);
 }
