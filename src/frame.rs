@@ -27,6 +27,8 @@ pub const LABEL_ESTIMATE_TOKENS: usize = 20;
 
 /// Tokens the omission line costs, for the first pass's estimate.
 const NOTE_ESTIMATE_TOKENS: usize = 30;
+/// Picks [`select`] orders in its first chunk: room for several frames' worth of turns.
+const SELECT_CHUNK: usize = 256;
 
 /// One stored turn (row) as the frame quotes it.
 #[derive(Debug, Clone, PartialEq)]
@@ -342,27 +344,48 @@ impl Candidate {
 /// among equals), keeping every mandatory one and the others while the estimate fits `cap`.
 /// Returns indices into `picks`, in priority order. A caller can run it on turns whose text is
 /// not read yet, and read only what it keeps.
+///
+/// A user may hold tens of thousands of warm rows and a frame keeps about a hundred, so the
+/// order is built a chunk at a time ([`SELECT_CHUNK`] picks first, then twice as many each
+/// time: a partial selection, then a sort of the chunk) and the walk stops once every mandatory
+/// pick is kept and the room left is below [`LABEL_ESTIMATE_TOKENS`], the least any turn is
+/// estimated at. The result is the walk over the fully sorted order (a test holds it to that).
 pub fn select(picks: &[Pick], cap: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..picks.len()).collect();
-    order.sort_by(|&a, &b| {
+    let priority = |&a: &usize, &b: &usize| {
         let (a, b) = (&picks[a], &picks[b]);
         b.mandatory
             .cmp(&a.mandatory)
             .then(b.warmth.total_cmp(&a.warmth))
             .then(b.row.cmp(&a.row))
-    });
+    };
+    let mut order: Vec<usize> = (0..picks.len()).collect();
     let mut used = NOTE_ESTIMATE_TOKENS;
-    order
-        .into_iter()
-        .filter(|&i| {
+    let mut kept = Vec::new();
+    let (mut start, mut chunk) = (0, SELECT_CHUNK);
+    while start < order.len() {
+        let rest = &mut order[start..];
+        let end = if rest.len() > chunk {
+            rest.select_nth_unstable_by(chunk - 1, priority);
+            rest[..chunk].sort_by(priority);
+            start + chunk
+        } else {
+            rest.sort_by(priority);
+            order.len()
+        };
+        for &i in &order[start..end] {
             let pick = &picks[i];
-            let keep = pick.mandatory || used + pick.estimate() <= cap;
-            if keep {
+            if pick.mandatory || used + pick.estimate() <= cap {
                 used += pick.estimate();
+                kept.push(i);
             }
-            keep
-        })
-        .collect()
+        }
+        let mandatory_left = picks[order[end - 1]].mandatory;
+        if !mandatory_left && cap.saturating_sub(used) < LABEL_ESTIMATE_TOKENS {
+            break;
+        }
+        (start, chunk) = (end, chunk * 2);
+    }
+    kept
 }
 
 /// Select from `candidates` ([`select`]) and render under `cap` tokens as counted by `count`;
@@ -633,6 +656,69 @@ mod tests {
                 })
                 .collect()
         })
+    }
+
+    /// [`select`]'s specification: the walk over every pick in full priority order.
+    fn select_by_full_sort(picks: &[Pick], cap: usize) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..picks.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (a, b) = (&picks[a], &picks[b]);
+            b.mandatory
+                .cmp(&a.mandatory)
+                .then(b.warmth.total_cmp(&a.warmth))
+                .then(b.row.cmp(&a.row))
+        });
+        let mut used = NOTE_ESTIMATE_TOKENS;
+        order
+            .into_iter()
+            .filter(|&i| {
+                let keep = picks[i].mandatory || used + picks[i].estimate() <= cap;
+                if keep {
+                    used += picks[i].estimate();
+                }
+                keep
+            })
+            .collect()
+    }
+
+    /// Picks of distinct rows, many of them (past several chunks), warmth often tied; short
+    /// turns are rare, so the room left after a chunk is often still open to one further on.
+    /// Mandatory picks are few, or more than a chunk holds.
+    fn many_picks() -> impl Strategy<Value = Vec<Pick>> {
+        prop_oneof![Just(0.02), Just(0.5)]
+            .prop_flat_map(|mandatory_share| {
+                proptest::collection::vec(
+                    (
+                        prop_oneof![Just(0.5f32), Just(1.0), 0.0f32..4.0],
+                        proptest::bool::weighted(mandatory_share),
+                        prop_oneof![1 => 0usize..10, 99 => 10usize..2_000],
+                    ),
+                    0..3_000,
+                )
+            })
+            .prop_map(|picks| {
+                picks
+                    .into_iter()
+                    .enumerate()
+                    .map(|(row, (warmth, mandatory, tokens))| Pick {
+                        row: RowId(row as u64 * 7 % 3_001),
+                        warmth,
+                        mandatory,
+                        tokens,
+                    })
+                    .collect()
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn select_keeps_what_the_walk_over_the_full_order_keeps(
+            picks in many_picks(),
+            cap in prop_oneof![0usize..500, 0usize..200_000],
+        ) {
+            prop_assert_eq!(select(&picks, cap), select_by_full_sort(&picks, cap));
+        }
     }
 
     proptest! {

@@ -535,7 +535,8 @@ pub fn check_arena_files(
 }
 
 /// Check a caught-up arena against the store: every stored row is in the arena with the same
-/// user, conversation, birth clock, decay, length, lexical terms and tokens, the arena holds no other row, its
+/// user, conversation, birth clock, decay, length (in its page and in the arena's index by row
+/// id), lexical terms and tokens, the arena holds no other row, its
 /// watermark does not run ahead of the store, and its resident frequency statistic equals the
 /// stored counts. Appends to `report`.
 pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<(), StoreError> {
@@ -556,6 +557,7 @@ pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<
             && page.birth_clocks[i] == row.birth_clock
             && page.decays[i].to_bits() == row.decay.to_bits()
             && page.token_lens[i] as usize == row.tokens.len()
+            && arena.token_len(row.id) == Some(row.tokens.len())
             && match store.retrieval(row.user, row.id)? {
                 Some(retrieval) => {
                     let resident = arena.row_entries(slot);

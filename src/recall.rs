@@ -160,12 +160,14 @@ pub fn recall(
         .filter_map(|(&row, state)| {
             let warmth = heat::warmth(state, clock);
             let is_mandatory = mandatory.contains(&row);
-            let slot = arena.slot(row)?;
-            (warmth >= config.warm_floor || is_mandatory).then(|| Pick {
+            if warmth < config.warm_floor && !is_mandatory {
+                return None;
+            }
+            Some(Pick {
                 row,
                 warmth,
                 mandatory: is_mandatory,
-                tokens: arena.page(slot.page).token_lens[slot.index as usize] as usize,
+                tokens: arena.token_len(row)?,
             })
         })
         .collect();
@@ -241,9 +243,10 @@ fn warm_states(
     hits: &[Retrieved],
 ) -> Result<HashMap<RowId, Activation>, StoreError> {
     let user = ask.user;
-    let mut states = HashMap::new();
+    let warm = store.warm_of(user)?;
+    let mut states = HashMap::with_capacity(warm.len() + hits.len());
     let mut cold = Vec::new();
-    for (&row, &state) in store.warm_of(user)?.iter() {
+    for (&row, &state) in warm.iter() {
         if heat::warmth(&state, clock) >= floor {
             states.insert(row, state);
         } else {
