@@ -347,9 +347,10 @@ impl Candidate {
 ///
 /// A user may hold tens of thousands of warm rows and a frame keeps about a hundred, so the
 /// order is built a chunk at a time ([`SELECT_CHUNK`] picks first, then twice as many each
-/// time: a partial selection, then a sort of the chunk) and the walk stops once every mandatory
-/// pick is kept and the room left is below [`LABEL_ESTIMATE_TOKENS`], the least any turn is
-/// estimated at. The result is the walk over the fully sorted order (a test holds it to that).
+/// time: a partial selection, then a sort of the chunk); once every mandatory pick is kept,
+/// what is left of the order after each chunk is cut to the picks that fit the room left, so
+/// the walk ends as soon as none does. The result is the walk over the fully sorted order (a
+/// test holds it to that).
 pub fn select(picks: &[Pick], cap: usize) -> Vec<usize> {
     let priority = |&a: &usize, &b: &usize| {
         let (a, b) = (&picks[a], &picks[b]);
@@ -379,9 +380,15 @@ pub fn select(picks: &[Pick], cap: usize) -> Vec<usize> {
                 kept.push(i);
             }
         }
-        let mandatory_left = picks[order[end - 1]].mandatory;
-        if !mandatory_left && cap.saturating_sub(used) < LABEL_ESTIMATE_TOKENS {
-            break;
+        if !picks[order[end - 1]].mandatory {
+            // Every mandatory pick is kept; an optional one that does not fit the room left now
+            // never will (the room only shrinks), so it leaves the order unsorted.
+            let room = cap.saturating_sub(used);
+            let mut position = 0;
+            order.retain(|&i| {
+                position += 1;
+                position <= end || picks[i].estimate() <= room
+            });
         }
         (start, chunk) = (end, chunk * 2);
     }
@@ -715,7 +722,7 @@ mod tests {
         #[test]
         fn select_keeps_what_the_walk_over_the_full_order_keeps(
             picks in many_picks(),
-            cap in prop_oneof![0usize..500, 0usize..200_000],
+            cap in prop_oneof![0usize..500, 0usize..200_000, 0usize..5_000_000],
         ) {
             prop_assert_eq!(select(&picks, cap), select_by_full_sort(&picks, cap));
         }

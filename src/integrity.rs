@@ -536,14 +536,16 @@ pub fn check_arena_files(
 
 /// Check a caught-up arena against the store: every stored row is in the arena with the same
 /// user, conversation, birth clock, decay, length (in its page and in the arena's index by row
-/// id), lexical terms and tokens, the arena holds no other row, its
+/// id), lexical terms and tokens, the arena holds no other row and counts each user's rows, its
 /// watermark does not run ahead of the store, and its resident frequency statistic equals the
 /// stored counts. Appends to `report`.
 pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<(), StoreError> {
     let mut stored = 0usize;
+    let mut by_user: HashMap<UserId, usize> = HashMap::new();
     for row in store.rows_since(RowId(0)) {
         let row = row?;
         stored += 1;
+        *by_user.entry(row.user).or_default() += 1;
         let key = keys::user_row(row.user, row.id);
         let Some(slot) = arena.slot(row.id) else {
             report.arena_violation("stored row is in the arena", &key, "missing");
@@ -573,6 +575,15 @@ pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<
             };
         if !same {
             report.arena_violation("arena row equals the stored row", &key, "differs");
+        }
+    }
+    for (user, rows) in by_user {
+        if arena.scope_rows(&[user]) != rows {
+            report.arena_violation(
+                "arena counts each user's stored rows",
+                &user.0.to_be_bytes(),
+                format!("arena {} rows, store {rows}", arena.scope_rows(&[user])),
+            );
         }
     }
     if arena.rows() != stored {

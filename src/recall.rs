@@ -113,14 +113,26 @@ pub fn recall(
         &excluded,
     );
     let scan_us = started.elapsed().as_micros() as u64;
-    let scanned_rows = arena
-        .scope_pages(ask.scope)
-        .iter()
-        .map(|p| p.rows as usize)
-        .sum();
+    let scanned_rows = arena.scope_rows(ask.scope);
     let clock = store.clock(ask.user)?;
-    let mut states = warm_states(store, arena, ask, clock, config.warm_floor, &hits)?;
-    states.retain(|row, _| !excluded.contains(row));
+    // The current conversation's most recent stretch joins the mandatory set.
+    let mut stretch = Vec::new();
+    if let Some(conversation) = ask.conversation {
+        let mut tokens = 0;
+        for id in store.conversation_rows_newest_first(ask.user, conversation) {
+            let id = id?;
+            let Some(slot) = arena.slot(id).filter(|_| !excluded.contains(&id)) else {
+                continue;
+            };
+            tokens += arena.page(slot.page).token_lens[slot.index as usize] as usize;
+            stretch.push((id, slot));
+            if tokens >= config.recent_tokens {
+                break;
+            }
+        }
+    }
+    let mut states = warm_states(store, arena, ask, clock, config.warm_floor, &hits, &stretch)?;
+    states.retain(|(row, _)| !excluded.contains(row));
     let ranked: Vec<RowId> = hits.iter().map(|h| h.row).collect();
     let mut updates = reheat(ask.user, &ranked, &mut states, clock);
     let foreign: HashSet<RowId> = hits
@@ -133,33 +145,20 @@ pub fn recall(
         store.patch_activation(&updates)?;
     }
 
-    let mut mandatory: HashSet<RowId> = hits
+    let mut mandatory: Vec<RowId> = hits
         .iter()
         .take(config.mandatory_hits)
         .map(|h| h.row)
+        .chain(stretch.iter().map(|&(id, _)| id))
         .collect();
-    if let Some(conversation) = ask.conversation {
-        let mut stretch = 0;
-        for id in store.conversation_rows_newest_first(ask.user, conversation) {
-            let id = id?;
-            let Some(slot) = arena.slot(id).filter(|_| !excluded.contains(&id)) else {
-                continue;
-            };
-            stretch += arena.page(slot.page).token_lens[slot.index as usize] as usize;
-            mandatory.insert(id);
-            states.entry(id).or_insert_with(|| born_state(arena, slot));
-            if stretch >= config.recent_tokens {
-                break;
-            }
-        }
-    }
+    mandatory.sort_unstable();
 
     // First pass on what the arena knows (warmth, length); only the kept rows are read.
     let picks: Vec<Pick> = states
         .iter()
-        .filter_map(|(&row, state)| {
+        .filter_map(|&(row, ref state)| {
             let warmth = heat::warmth(state, clock);
-            let is_mandatory = mandatory.contains(&row);
+            let is_mandatory = mandatory.binary_search(&row).is_ok();
             if warmth < config.warm_floor && !is_mandatory {
                 return None;
             }
@@ -228,12 +227,13 @@ pub fn recall(
     })
 }
 
-/// The activation of every row that may still be warm enough for the frame, and of the
-/// retrieved rows: the warm index (reheated rows; those now below `floor` are dropped from it,
-/// unless probing),
-/// then the user's newest rows within [`heat::born_reach`], whose state is the birth state
-/// unless the index holds them. Read from the arena and the small warm index, never from every
-/// activation of the user.
+/// The activation of every row that may still be warm enough for the frame, of the retrieved
+/// rows and of the rows of `stretch`, in row id order: the warm index (reheated rows; those now
+/// below `floor` are dropped from it, unless probing), then, where the index does not hold them,
+/// the user's newest rows within [`heat::born_reach`], the hits and `stretch` at their birth
+/// state (another group member's hit at no warmth). Read from the arena and the small warm
+/// index, never from every activation of the user. A vector in row order rather than a map:
+/// a user may hold tens of thousands of warm rows, and this runs every turn.
 fn warm_states(
     store: &crate::store::Store,
     arena: &Arena,
@@ -241,14 +241,15 @@ fn warm_states(
     clock: u64,
     floor: f32,
     hits: &[Retrieved],
-) -> Result<HashMap<RowId, Activation>, StoreError> {
+    stretch: &[(RowId, crate::arena::Slot)],
+) -> Result<Vec<(RowId, Activation)>, StoreError> {
     let user = ask.user;
     let warm = store.warm_of(user)?;
-    let mut states = HashMap::with_capacity(warm.len() + hits.len());
+    let mut held = Vec::with_capacity(warm.len());
     let mut cold = Vec::new();
     for (&row, &state) in warm.iter() {
         if heat::warmth(&state, clock) >= floor {
-            states.insert(row, state);
+            held.push((row, state));
         } else {
             cold.push(row);
         }
@@ -256,29 +257,51 @@ fn warm_states(
     if !ask.probe {
         store.forget_cold(user, &cold)?;
     }
+    let mut unheld = Vec::new();
     let reach = heat::born_reach(floor);
     'pages: for page in arena.scope_pages(&[user]).iter().rev() {
         for i in (0..page.rows as usize).rev() {
             if clock.saturating_sub(page.birth_clocks[i]) > reach {
                 break 'pages;
             }
-            states
-                .entry(RowId(page.row_ids[i]))
-                .or_insert_with(|| heat::born(page.birth_clocks[i], page.decays[i]));
+            let born = heat::born(page.birth_clocks[i], page.decays[i]);
+            unheld.push((RowId(page.row_ids[i]), born));
         }
     }
     for hit in hits {
         if let Some(slot) = arena.slot(hit.row) {
-            states.entry(hit.row).or_insert_with(|| {
-                if hit.user == user {
-                    born_state(arena, slot)
-                } else {
-                    unwarmed_state(arena, slot, clock)
-                }
-            });
+            let state = if hit.user == user {
+                born_state(arena, slot)
+            } else {
+                unwarmed_state(arena, slot, clock)
+            };
+            unheld.push((hit.row, state));
         }
     }
-    Ok(states)
+    unheld.extend(
+        stretch
+            .iter()
+            .map(|&(id, slot)| (id, born_state(arena, slot))),
+    );
+    unheld.sort_by_key(|&(row, _)| row);
+    unheld.dedup_by_key(|&mut (row, _)| row);
+    Ok(merge_by_row(held, unheld))
+}
+
+/// Two lists in row id order as one, each row once: `first`'s entry where both hold it.
+fn merge_by_row<T>(first: Vec<(RowId, T)>, second: Vec<(RowId, T)>) -> Vec<(RowId, T)> {
+    let mut out = Vec::with_capacity(first.len() + second.len());
+    let mut second = second.into_iter().peekable();
+    for entry in first {
+        while let Some(next) = second.next_if(|next| next.0 <= entry.0) {
+            if next.0 < entry.0 {
+                out.push(next);
+            }
+        }
+        out.push(entry);
+    }
+    out.extend(second);
+    out
 }
 
 /// The birth state of the row in `slot` (its state unless it was reheated).
@@ -305,14 +328,15 @@ fn unwarmed_state(arena: &Arena, slot: crate::arena::Slot, clock: u64) -> Activa
 fn reheat(
     user: UserId,
     rows: &[RowId],
-    states: &mut HashMap<RowId, Activation>,
+    states: &mut [(RowId, Activation)],
     now: u64,
 ) -> Vec<(UserId, RowId, u64, f32)> {
     let mut updates = Vec::new();
     for (rank, &row) in rows.iter().enumerate() {
-        let Some(state) = states.get_mut(&row) else {
+        let Ok(at) = states.binary_search_by_key(&row, |&(row, _)| row) else {
             continue;
         };
+        let state = &mut states[at].1;
         if let Some(next) = heat::reheat(state, now, rank) {
             *state = next;
             updates.push((user, row, next.last_clock, next.peak));
@@ -339,13 +363,16 @@ pub fn reheat_returned(
         .filter(|&row| arena.owner_in(row, &[user]).is_some())
         .collect();
     let warm = store.warm_of(user)?;
-    let mut states = HashMap::new();
-    for &row in &rows {
-        if let Some(slot) = arena.slot(row) {
+    let mut states: Vec<(RowId, Activation)> = rows
+        .iter()
+        .filter_map(|&row| {
+            let slot = arena.slot(row)?;
             let state = warm.get(&row).copied();
-            states.insert(row, state.unwrap_or_else(|| born_state(arena, slot)));
-        }
-    }
+            Some((row, state.unwrap_or_else(|| born_state(arena, slot))))
+        })
+        .collect();
+    states.sort_by_key(|&(row, _)| row);
+    states.dedup_by_key(|&mut (row, _)| row);
     let updates = reheat(user, &rows, &mut states, clock);
     store.patch_activation(&updates)?;
     Ok(updates.len())
@@ -388,5 +415,29 @@ impl Names {
             timestamp_ms: row.timestamp_ms,
             text: row.text,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn rows() -> impl Strategy<Value = Vec<(RowId, u8)>> {
+        proptest::collection::btree_map(0u64..200, any::<u8>(), 0..60)
+            .prop_map(|m| m.into_iter().map(|(row, v)| (RowId(row), v)).collect())
+    }
+
+    proptest! {
+        /// The merge is the map that takes the second list's entries where the first lacks
+        /// the row, in row order.
+        #[test]
+        fn merge_by_row_keeps_each_row_once_the_first_lists_entry_first(first in rows(), second in rows()) {
+            let mut expected: BTreeMap<RowId, u8> = second.iter().copied().collect();
+            expected.extend(first.iter().copied());
+            let merged = merge_by_row(first, second);
+            prop_assert_eq!(merged, expected.into_iter().collect::<Vec<_>>());
+        }
     }
 }

@@ -204,6 +204,8 @@ pub struct Arena {
     /// The codebook the rows' 2-bit codes were encoded with, written with the header.
     codebook: Codebook,
     by_user: HashMap<UserId, Vec<u32>>,
+    /// Rows held of each user (what [`Arena::scope_rows`] sums without visiting a page).
+    rows_by_user: HashMap<UserId, usize>,
     /// Slot of each row, indexed by row id (row ids are dense; purged ids hold `Slot::NONE`).
     slots: Vec<Slot>,
     /// Token length of each row, indexed by row id ([`NOT_HELD`] where `slots` holds
@@ -307,6 +309,7 @@ impl Arena {
             header,
             codebook,
             by_user: HashMap::new(),
+            rows_by_user: HashMap::new(),
             slots: Vec::new(),
             token_lens: Vec::new(),
             stats: FrequencyTable::default(),
@@ -531,10 +534,12 @@ impl Arena {
     /// Rebuild the per-user page lists and the row slots from the committed pages.
     fn index_pages(&mut self) {
         let mut by_user: HashMap<UserId, Vec<u32>> = HashMap::new();
+        let mut rows_by_user: HashMap<UserId, usize> = HashMap::new();
         let mut slots = vec![Slot::NONE; self.header.watermark as usize];
         let mut token_lens = vec![NOT_HELD; self.header.watermark as usize];
         for (p, page) in self.page_slice().iter().enumerate() {
             by_user.entry(UserId(page.user)).or_default().push(p as u32);
+            *rows_by_user.entry(UserId(page.user)).or_default() += page.rows as usize;
             for (i, &id) in page.row_ids[..page.rows as usize].iter().enumerate() {
                 slots[id as usize] = Slot {
                     page: p as u32,
@@ -544,6 +549,7 @@ impl Arena {
             }
         }
         self.by_user = by_user;
+        self.rows_by_user = rows_by_user;
         self.slots = slots;
         self.token_lens = token_lens;
     }
@@ -725,6 +731,7 @@ impl Arena {
         page.vectors[i * DIMS..(i + 1) * DIMS].copy_from_slice(&quantized.values);
         page.rows += 1;
         self.header.rows += 1;
+        *self.rows_by_user.entry(row.user).or_default() += 1;
         self.dirty.push(page_index);
         let id = row.id.0 as usize;
         if self.slots.len() <= id {
@@ -911,6 +918,14 @@ impl Arena {
             .into_iter()
             .map(|p| &pages[p as usize])
             .collect()
+    }
+
+    /// Rows of the pages [`Arena::scope_pages`] hands out (a group's members counted once).
+    pub fn scope_rows(&self, scope: &[UserId]) -> usize {
+        let mut users = scope.to_vec();
+        users.sort_unstable();
+        users.dedup();
+        users.iter().filter_map(|u| self.rows_by_user.get(u)).sum()
     }
 
     /// The numbers of the pages [`Arena::scope_pages`] hands out, in the same order.
