@@ -208,7 +208,7 @@ pub fn recall(
         candidates,
         budget,
         &layout,
-        |text| tokenizer.encode(text).len(),
+        |text| tokenizer.count(text),
         outside,
     );
     Ok(Recall {

@@ -3,7 +3,8 @@
 //! Every stored row keeps its token ids under this tokenizer; the same tokens advance the
 //! agent's clock and count the frame budget, and retrieval representations derive from them.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex, OnceLock};
 
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
@@ -16,6 +17,17 @@ pub const TOKENIZER_NAME: &str = "o200k_base";
 
 /// Number of ordinary (mergeable) ranks in o200k_base; ids at or above it are special tokens.
 pub const VOCAB_SIZE: u32 = 199_998;
+
+/// Bytes of text whose token counts [`Tokenizer::count`] keeps; past it they are forgotten all
+/// at once and counting starts over.
+const COUNTED_BYTES: usize = 32 << 20;
+
+/// Pieces of text already counted, and their bytes.
+#[derive(Default)]
+struct Counted {
+    counts: HashMap<Box<str>, usize>,
+    bytes: usize,
+}
 
 /// The fixed tokenizer. Cheap to copy: it points at a process-wide instance.
 #[derive(Clone, Copy)]
@@ -55,6 +67,40 @@ impl Tokenizer {
             .collect()
     }
 
+    /// How many tokens `text` encodes to: `encode(text).len()`, exactly, without encoding what
+    /// was counted before. The text is cut before every `[` that follows a line break, and
+    /// each piece's count is kept (process-wide, up to [`COUNTED_BYTES`]). No pre-token of
+    /// o200k_base spans such a cut: its word patterns hold no line break, its punctuation
+    /// pattern ends in line breaks or `/` only, its other patterns are digits or white space;
+    /// and the one lookahead (`\s+(?!\S)`) never decides a run of white space that ends in a
+    /// line break. So the tokens of the text are the pieces' tokens in order (a proptest
+    /// holds the sum to the full encoding). A frame is cut so at each turn's `[` label; the
+    /// turns of one conversation recur from one recall to the next, and their tokens are not
+    /// counted again.
+    pub fn count(&self, text: &str) -> usize {
+        static COUNTED: LazyLock<Mutex<Counted>> = LazyLock::new(Mutex::default);
+        pieces(text)
+            .map(|piece| {
+                let known = COUNTED
+                    .lock()
+                    .expect("token count lock")
+                    .counts
+                    .get(piece)
+                    .copied();
+                known.unwrap_or_else(|| {
+                    let tokens = self.bpe.encode_ordinary(piece).len();
+                    let mut counted = COUNTED.lock().expect("token count lock");
+                    if counted.bytes + piece.len() > COUNTED_BYTES {
+                        *counted = Counted::default();
+                    }
+                    counted.bytes += piece.len();
+                    counted.counts.insert(piece.into(), tokens);
+                    tokens
+                })
+            })
+            .sum()
+    }
+
     /// The bytes that a run of tokens stands for. Ids outside the vocabulary decode to nothing;
     /// a run cut in the middle of a UTF-8 sequence yields its partial bytes.
     pub fn decode_bytes(&self, tokens: &[TokenId]) -> Vec<u8> {
@@ -91,6 +137,21 @@ impl Tokenizer {
     }
 }
 
+/// `text` cut before every `[` that follows a line break ([`Tokenizer::count`]).
+fn pieces(text: &str) -> impl Iterator<Item = &str> {
+    let mut cuts = text.match_indices("\n[").map(|(at, _)| at + 1);
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start == text.len() {
+            return None;
+        }
+        let end = cuts.next().unwrap_or(text.len());
+        let piece = &text[start..end];
+        start = end;
+        Some(piece)
+    })
+}
+
 /// Lower-case hex of a byte string.
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
@@ -122,6 +183,58 @@ mod tests {
             "special-token text must not become one control token"
         );
         assert!(ids.iter().all(|t| t.0 < VOCAB_SIZE));
+    }
+
+    /// Text made of pieces that meet the cut in every way a frame and a stored turn can:
+    /// brackets after one or more line breaks, white space and punctuation before them, `/`
+    /// (which the punctuation pattern takes after line breaks), digits, other scripts.
+    fn texts() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let fragment = prop_oneof![
+            Just("["),
+            Just("]"),
+            Just("\n"),
+            Just("\n\n"),
+            Just("\r\n"),
+            Just(" "),
+            Just("  "),
+            Just("\t"),
+            Just("/"),
+            Just("!"),
+            Just("."),
+            Just("'s"),
+            Just("Hello"),
+            Just("world"),
+            Just("[Caroline, 13:56]"),
+            Just("2023-05-08 13:56"),
+            Just("1234567"),
+            Just("日本語"),
+            Just("Ünïcödé"),
+            Just("🙂"),
+        ];
+        proptest::collection::vec(fragment, 0..60).prop_map(|parts| parts.concat())
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+        #[test]
+        fn count_is_the_length_of_the_encoding(text in texts()) {
+            let tok = Tokenizer::new();
+            let expected = tok.encode(&text).len();
+            proptest::prop_assert_eq!(tok.count(&text), expected);
+            // Again, from the counts kept.
+            proptest::prop_assert_eq!(tok.count(&text), expected);
+        }
+    }
+
+    #[test]
+    fn pieces_are_cut_before_each_bracket_after_a_line_break() {
+        assert_eq!(
+            pieces("[a] x\n\n[b] y\n[c]\n\nz[").collect::<Vec<_>>(),
+            ["[a] x\n\n", "[b] y\n", "[c]\n\nz["]
+        );
+        assert_eq!(pieces("").count(), 0);
+        assert_eq!(pieces("\n[").collect::<Vec<_>>(), ["\n", "["]);
     }
 
     #[test]
