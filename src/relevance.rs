@@ -257,9 +257,15 @@ impl HybridScorer {
     /// (`idf · (k1 + 1) / (1 + k1 · (1 − b + b · row_len / mean_len))`).
     #[inline]
     pub fn estimate(&self, cosine: f32, matched_idf: f32, row_len: u32) -> f32 {
-        self.dense_part(cosine)
-            + self.estimate_lexical * matched_idf
-                / (self.estimate_len_base + self.estimate_len_slope * row_len as f32)
+        self.dense_part(cosine) + self.estimate_lexical_part(matched_idf, row_len)
+    }
+
+    /// The lexical part of [`HybridScorer::estimate`]: the estimate is the dense part plus
+    /// this, so a caller holding it can swap in another cosine without the row's lexical facts.
+    #[inline]
+    pub fn estimate_lexical_part(&self, matched_idf: f32, row_len: u32) -> f32 {
+        self.estimate_lexical * matched_idf
+            / (self.estimate_len_base + self.estimate_len_slope * row_len as f32)
     }
 
     /// The factor turning a BM25 sum into the lexical part of the score.

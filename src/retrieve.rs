@@ -250,20 +250,24 @@ pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: 
         let rows = page.rows as usize;
         // The estimates first, in a loop of arithmetic only (the compiler vectorises it), then
         // the offers to the top-k, which mostly end at its threshold.
-        let mut estimates = [0f32; PAGE_ROWS];
-        for (i, estimate) in estimates[..rows].iter_mut().enumerate() {
+        let (mut estimates, mut lexical) = ([0f32; PAGE_ROWS], [0f32; PAGE_ROWS]);
+        for i in 0..rows {
             let cosine = query.dense.cosine(page.alphas[i], sums[i]);
-            *estimate = query.scorer.estimate(cosine, matched[i], page.term_lens[i]);
+            lexical[i] = query
+                .scorer
+                .estimate_lexical_part(matched[i], page.term_lens[i]);
+            estimates[i] = query.scorer.dense_part(cosine) + lexical[i];
         }
         prefetch_next(3);
         // Most rows fall below the floor: compare with it here, and offer only the rest (the
         // same test `TopK::push` makes first, so the kept set is unchanged).
         let floor = top.floor();
-        for (&score, &row) in estimates[..rows].iter().zip(&page.row_ids) {
-            if score >= floor {
+        for i in 0..rows {
+            if estimates[i] >= floor {
                 top.push(Hit {
-                    score,
-                    row: RowId(row),
+                    score: estimates[i],
+                    lexical: lexical[i],
+                    row: RowId(page.row_ids[i]),
                 });
             }
         }
@@ -272,8 +276,8 @@ pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: 
 }
 
 /// Stage two, in two steps. First it narrows stage one's hits to [`narrow_k`] by stage one's
-/// estimate with the int8 cosine in place of the 2-bit one ([`narrow`]: only the row's page is
-/// read). Then it scores those with the exact lexical part (BM25 over the row's resident terms)
+/// estimate with the int8 cosine in place of the 2-bit one ([`narrow`]: only the row's vector
+/// and scale are read). Then it scores those with the exact lexical part (BM25 over the row's resident terms)
 /// and the int8 cosine, and keeps the `k` best, ties by row id ([`score_lexical`]). The result
 /// differs from the exact score only in the int8 rounding and in weights that may have moved
 /// since the row was caught up.
@@ -305,15 +309,15 @@ pub fn narrow_k(hits: usize) -> usize {
 /// Stage two's walk: `hits` in tasks of [`REFINE_CHUNK_HITS`] on the rayon pool, each with its
 /// own top `k` (merged deterministically). `score` sees each hit whose row the arena holds, with
 /// its page, its index there and its int8 cosine to the query; the hits are sparse in the arena,
-/// so each row's columns are loaded a few steps ahead, and its term entries too when `terms`
-/// (once its entry offset is at hand).
+/// so each row's vector and scale are loaded a few steps ahead, and when `lexical` its other
+/// columns and term entries too (these once its entry offset is at hand).
 fn walk_hits(
     arena: &Arena,
     kernels: &Kernels,
     query: &PreparedQuery,
     hits: &[Hit],
     k: usize,
-    terms: bool,
+    lexical: bool,
     score: impl Fn(&mut TopK, Hit, Slot, f32) + Sync,
 ) -> TopK {
     let chunks = hits.len().div_ceil(REFINE_CHUNK_HITS);
@@ -324,9 +328,13 @@ fn walk_hits(
         let slots: Vec<Option<Slot>> = chunk.iter().map(|hit| arena.slot(hit.row)).collect();
         for (n, (hit, slot)) in chunk.iter().zip(&slots).enumerate() {
             if let Some(&Some(ahead)) = slots.get(n + PREFETCH_ROWS_AHEAD) {
-                arena.prefetch_row(ahead);
+                if lexical {
+                    arena.prefetch_row(ahead);
+                } else {
+                    arena.prefetch_vector(ahead);
+                }
             }
-            if terms && let Some(&Some(ahead)) = slots.get(n + PREFETCH_TERMS_AHEAD) {
+            if lexical && let Some(&Some(ahead)) = slots.get(n + PREFETCH_TERMS_AHEAD) {
                 arena.prefetch_terms(ahead);
             }
             let Some(slot) = *slot else {
@@ -351,8 +359,8 @@ fn signature_sum(page: &Page, i: usize, terms: &[SignatureTerm]) -> f32 {
 }
 
 /// The `keep` best of `hits` by stage one's estimate with the int8 cosine in place of the 2-bit
-/// one (the lexical part still from the signature): the vector, scale, signature and term
-/// length lie in the row's page, so no term entries are read. Returned in row id order.
+/// one: the lexical part is the one stage one computed from the signature and carried in the
+/// hit, so only the row's vector and scale are read. Returned in row id order.
 fn narrow(
     arena: &Arena,
     kernels: &Kernels,
@@ -360,7 +368,6 @@ fn narrow(
     hits: &[Hit],
     keep: usize,
 ) -> Vec<Hit> {
-    let terms = estimate_terms(query);
     walk_hits(
         arena,
         kernels,
@@ -368,13 +375,10 @@ fn narrow(
         hits,
         keep,
         false,
-        |top, hit, slot, cosine| {
-            let page = arena.page(slot.page);
-            let i = slot.index as usize;
-            let matched = signature_sum(page, i, &terms);
+        |top, hit, _, cosine| {
             top.push(Hit {
-                score: query.scorer.estimate(cosine, matched, page.term_lens[i]),
-                row: hit.row,
+                score: query.scorer.dense_part(cosine) + hit.lexical,
+                ..hit
             });
         },
     )
@@ -418,6 +422,7 @@ fn score_lexical(
                 score: query
                     .scorer
                     .score_with_cosine(entries.terms, entries.len, cosine),
+                lexical: 0.0,
                 row: hit.row,
             });
         },
@@ -719,6 +724,7 @@ pub fn brute_force_many(
                         for (q, top) in tops.iter_mut().enumerate() {
                             top.push(Hit {
                                 score: score_in_context(own_of(slot, q), &around, |s| own_of(s, q)),
+                                lexical: 0.0,
                                 row: RowId(page.row_ids[index as usize]),
                             });
                         }

@@ -874,9 +874,9 @@ impl Arena {
         }
     }
 
-    /// Start loading what stage two reads of the row in `slot`: its int8 vector, scale,
-    /// entry offsets and counts, and signature words.
-    pub fn prefetch_row(&self, slot: Slot) {
+    /// Start loading the int8 vector and scale of the row in `slot` (what stage two's first
+    /// step reads of it).
+    pub fn prefetch_vector(&self, slot: Slot) {
         let page = self.page(slot.page);
         let i = slot.index as usize;
         let vector = page.vector(i);
@@ -884,6 +884,14 @@ impl Arena {
             prefetch(&vector[line]);
         }
         prefetch(&page.scales[i]);
+    }
+
+    /// Start loading what stage two's exact lexical step reads of the row in `slot`: its int8
+    /// vector, scale, entry offsets and counts, term length and signature words.
+    pub fn prefetch_row(&self, slot: Slot) {
+        self.prefetch_vector(slot);
+        let page = self.page(slot.page);
+        let i = slot.index as usize;
         prefetch(&page.term_offsets[i]);
         prefetch(&page.term_counts[i]);
         prefetch(&page.term_lens[i]);

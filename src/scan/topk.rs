@@ -25,8 +25,14 @@ const INITIAL_CAPACITY: usize = 256;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Hit {
     pub score: f32,
+    /// A part of `score` the caller carries to a later stage (stage one: the lexical part of
+    /// its estimate); never compared. It fills what would be padding: a hit is 16 bytes either
+    /// way.
+    pub lexical: f32,
     pub row: RowId,
 }
+
+const _: () = assert!(std::mem::size_of::<Hit>() == 16);
 
 impl Hit {
     /// The result order: higher score first, then lower row id. Scores are never NaN
@@ -236,6 +242,7 @@ mod tests {
             .enumerate()
             .map(|(i, &score)| Hit {
                 score,
+                lexical: 0.0,
                 row: RowId(i as u64),
             })
             .collect();
@@ -249,6 +256,7 @@ mod tests {
         let mut top = TopK::new(2);
         let hit = |score, row| Hit {
             score,
+            lexical: 0.0,
             row: RowId(row),
         };
         top.push(hit(1.0, 5));
@@ -287,7 +295,7 @@ mod tests {
                     parallel_top_k(blocks, k, |b, top| {
                         let end = ((b + 1) * block_rows).min(scores.len());
                         for (i, &score) in scores.iter().enumerate().take(end).skip(b * block_rows) {
-                            top.push(Hit { score, row: RowId(i as u64) });
+                            top.push(Hit { score, lexical: 0.0, row: RowId(i as u64) });
                         }
                     })
                     .into_sorted()
