@@ -352,13 +352,7 @@ impl Candidate {
 /// the walk ends as soon as none does. The result is the walk over the fully sorted order (a
 /// test holds it to that).
 pub fn select(picks: &[Pick], cap: usize) -> Vec<usize> {
-    let priority = |&a: &usize, &b: &usize| {
-        let (a, b) = (&picks[a], &picks[b]);
-        b.mandatory
-            .cmp(&a.mandatory)
-            .then(b.warmth.total_cmp(&a.warmth))
-            .then(b.row.cmp(&a.row))
-    };
+    let priority = |a: &usize, b: &usize| priority(&picks[*a], &picks[*b]);
     let mut order: Vec<usize> = (0..picks.len()).collect();
     let mut used = NOTE_ESTIMATE_TOKENS;
     let mut kept = Vec::new();
@@ -393,6 +387,14 @@ pub fn select(picks: &[Pick], cap: usize) -> Vec<usize> {
         (start, chunk) = (end, chunk * 2);
     }
     kept
+}
+
+/// The order of [`select`]: mandatory first, then the warmest, newer first among equals.
+fn priority(a: &Pick, b: &Pick) -> std::cmp::Ordering {
+    b.mandatory
+        .cmp(&a.mandatory)
+        .then(b.warmth.total_cmp(&a.warmth))
+        .then(b.row.cmp(&a.row))
 }
 
 /// Select from `candidates` ([`select`]) and render under `cap` tokens as counted by `count`;
@@ -668,13 +670,7 @@ mod tests {
     /// [`select`]'s specification: the walk over every pick in full priority order.
     fn select_by_full_sort(picks: &[Pick], cap: usize) -> Vec<usize> {
         let mut order: Vec<usize> = (0..picks.len()).collect();
-        order.sort_by(|&a, &b| {
-            let (a, b) = (&picks[a], &picks[b]);
-            b.mandatory
-                .cmp(&a.mandatory)
-                .then(b.warmth.total_cmp(&a.warmth))
-                .then(b.row.cmp(&a.row))
-        });
+        order.sort_by(|&a, &b| priority(&picks[a], &picks[b]));
         let mut used = NOTE_ESTIMATE_TOKENS;
         order
             .into_iter()
