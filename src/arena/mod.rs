@@ -168,7 +168,7 @@ pub struct RowEntries<'a> {
 
 impl RowEntries<'_> {
     /// The tokens as [`crate::dictionary::derive::embed_tokens`] reads them.
-    pub fn token_counts(&self) -> impl Iterator<Item = (TokenId, u32)> + '_ {
+    pub fn token_counts(&self) -> impl Iterator<Item = (TokenId, u32)> + Clone + '_ {
         self.tokens.iter().map(Entry::token)
     }
 }
@@ -258,11 +258,11 @@ fn remove_dir(dir: PathBuf) -> Result<(), ArenaError> {
 /// A row's (or a query's) dense embedding as the arena holds it: the dictionary's embedding
 /// of its tokens with counts, zero-padded to [`DIMS`] when the dictionary has fewer dimensions
 /// (zeros change no dot product, cosine or norm, and code to nothing).
-pub fn embed_row(
-    dictionary: &Dictionary,
-    stats: &impl FrequencyStats,
-    tokens: impl IntoIterator<Item = (TokenId, u32)>,
-) -> Embedding {
+pub fn embed_row<I>(dictionary: &Dictionary, stats: &impl FrequencyStats, tokens: I) -> Embedding
+where
+    I: IntoIterator<Item = (TokenId, u32)>,
+    I::IntoIter: Clone,
+{
     let mut embedding = embed_tokens(dictionary, stats, tokens);
     embedding.unit.resize(DIMS, 0.0);
     embedding

@@ -342,6 +342,17 @@ impl Dictionary {
         ))
     }
 
+    /// Start loading the vector of `token` (a cache hint; nothing if it has none). The table is
+    /// tens of megabytes and a row's tokens lie anywhere in it, so an embedding that loads the
+    /// vectors of the tokens a few places ahead overlaps those misses with its sums.
+    pub fn prefetch_vector(&self, token: TokenId) {
+        if let Some((_, values)) = self.vector(token) {
+            for line in values.chunks(64) {
+                crate::scan::kernels::prefetch(line.as_ptr());
+            }
+        }
+    }
+
     /// The prior probability of `token` (Zipf over token ids).
     pub fn prior(&self, token: TokenId) -> f64 {
         match self.manifest.weighting.prior {
