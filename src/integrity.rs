@@ -578,11 +578,12 @@ pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<
         }
     }
     for (user, rows) in by_user {
-        if arena.scope_rows(&[user]) != rows {
+        let counted = arena.scope_rows(&[user]);
+        if counted != rows {
             report.arena_violation(
                 "arena counts each user's stored rows",
                 &user.0.to_be_bytes(),
-                format!("arena {} rows, store {rows}", arena.scope_rows(&[user])),
+                format!("arena {counted} rows, store {rows}"),
             );
         }
     }

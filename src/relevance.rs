@@ -208,7 +208,7 @@ pub struct HybridScorer {
     bm25_max: f32,
     mean_len: f32,
     query_vector: Vec<f32>,
-    /// [`HybridScorer::estimate`]'s lexical part as `matched · lexical / (base + slope · len)`:
+    /// [`HybridScorer::estimate_lexical_part`] as `matched · lexical / (base + slope · len)`:
     /// the constants of the query, so a scan of many rows divides once per row.
     estimate_lexical: f32,
     estimate_len_base: f32,
@@ -251,17 +251,12 @@ impl HybridScorer {
         &self.terms
     }
 
-    /// A cheap estimate of [`HybridScorer::score`] for the first pass, from an estimated
-    /// `cosine` and `matched_idf`, the IDF sum of the query terms the row may hold, each at its
-    /// share ([`signature_share`]), scored as if each occurred once in a row of `row_len` terms
-    /// (`idf · (k1 + 1) / (1 + k1 · (1 − b + b · row_len / mean_len))`).
-    #[inline]
-    pub fn estimate(&self, cosine: f32, matched_idf: f32, row_len: u32) -> f32 {
-        self.dense_part(cosine) + self.estimate_lexical_part(matched_idf, row_len)
-    }
-
-    /// The lexical part of [`HybridScorer::estimate`]: the estimate is the dense part plus
-    /// this, so a caller holding it can swap in another cosine without the row's lexical facts.
+    /// The lexical part of the first pass's cheap estimate of [`HybridScorer::score`], from
+    /// `matched_idf`, the IDF sum of the query terms the row may hold, each at its share
+    /// ([`signature_share`]), scored as if each occurred once in a row of `row_len` terms
+    /// (`idf · (k1 + 1) / (1 + k1 · (1 − b + b · row_len / mean_len))`). The estimate is
+    /// [`HybridScorer::dense_part`] of an estimated cosine plus this, kept apart so a later
+    /// stage can swap in a better cosine without the row's lexical facts.
     #[inline]
     pub fn estimate_lexical_part(&self, matched_idf: f32, row_len: u32) -> f32 {
         self.estimate_lexical * matched_idf
@@ -383,7 +378,7 @@ mod tests {
             let bm25 = HYBRID_BM25;
             let once = bm25.term_score(1.0, 1.0, bm25.norm(u64::from(row_len), mean_row_len(&stats)));
             let textbook = scorer.dense_part(cosine) + scorer.lexical_factor() * matched * once;
-            let estimate = scorer.estimate(cosine, matched, row_len);
+            let estimate = scorer.dense_part(cosine) + scorer.estimate_lexical_part(matched, row_len);
             prop_assert!((estimate - textbook).abs() <= 1e-5 * textbook.abs().max(1.0), "{} vs {}", estimate, textbook);
         }
 

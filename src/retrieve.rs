@@ -221,9 +221,9 @@ fn estimate_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
 
 /// Stage one over every row of a scope's `pages` ([`Arena::scope_pages`]): the `k` best by the
 /// estimate from the 2-bit codes ([`DenseEstimate`]) and the lexical signature
-/// ([`HybridScorer::estimate`]), ties by row id; returned in row id order, the order stage two
-/// reads them back from the arena (a user's pages hold its rows in row id order, so the reads
-/// move forward through memory).
+/// ([`HybridScorer::dense_part`] plus [`HybridScorer::estimate_lexical_part`]), ties by row id;
+/// returned in row id order, the order stage two reads them back from the arena (a user's
+/// pages hold its rows in row id order, so the reads move forward through memory).
 pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: usize) -> Vec<Hit> {
     let terms = estimate_terms(query);
     let top = parallel_top_k(pages.len(), k, |p, top: &mut TopK| {

@@ -93,8 +93,11 @@ impl Tokenizer {
                     if counted.bytes + piece.len() > COUNTED_BYTES {
                         *counted = Counted::default();
                     }
-                    counted.bytes += piece.len();
-                    counted.counts.insert(piece.into(), tokens);
+                    // Another turn may have counted the same piece meanwhile: its bytes count once.
+                    if !counted.counts.contains_key(piece) {
+                        counted.bytes += piece.len();
+                        counted.counts.insert(piece.into(), tokens);
+                    }
                     tokens
                 })
             })
