@@ -101,11 +101,25 @@ fn main() {
     }
     for (isa, f) in two_bits {
         let t = time(|| {
-            f(&query, &codes, &mut out);
+            f(&query, &codes, &mut out, 0);
             black_box(&out);
         });
         report(
             &format!("two_bit {isa:?}"),
+            CODE_ROWS,
+            code_bytes,
+            t,
+            bandwidth,
+        );
+        // The same, loading each line's counterpart one group (64 rows) ahead as it reads it:
+        // how stage one reads a scope's sketches.
+        let ahead = LUT_ROWS * code_bytes;
+        let t = time(|| {
+            f(&query, &codes, &mut out, ahead);
+            black_box(&out);
+        });
+        report(
+            &format!("two_bit {isa:?}, loading {ahead} bytes ahead"),
             CODE_ROWS,
             code_bytes,
             t,
@@ -116,7 +130,7 @@ fn main() {
         let cached = &codes[..CACHED_ROWS * code_bytes];
         let t = time(|| {
             for _ in 0..CODE_ROWS / CACHED_ROWS {
-                f(&query, cached, &mut out[..CACHED_ROWS]);
+                f(&query, cached, &mut out[..CACHED_ROWS], 0);
                 black_box(&out);
             }
         });
@@ -130,8 +144,8 @@ fn main() {
     }
     drop(out);
 
-    // The dense first pass end to end on one core: the chosen 2-bit kernel in chunks, then
-    // top-k.
+    // The dense first pass end to end on one core: the chosen 2-bit kernel in chunks, loading
+    // a group ahead as stage one does, then top-k.
     let scan = || {
         let mut top = TopK::new(TOP_K);
         let mut buf = vec![0i32; SCAN_CHUNK_ROWS];
@@ -140,7 +154,7 @@ fn main() {
         let mut bound = i32::MIN;
         for (c, chunk) in codes.chunks(SCAN_CHUNK_ROWS * code_bytes).enumerate() {
             let rows = chunk.len() / code_bytes;
-            (chosen.two_bit)(&query, chunk, &mut buf[..rows]);
+            (chosen.two_bit)(&query, chunk, &mut buf[..rows], LUT_ROWS * code_bytes);
             for (i, &sum) in buf[..rows].iter().enumerate() {
                 if sum > bound {
                     top.push(Hit {

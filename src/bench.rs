@@ -169,13 +169,13 @@ pub fn fidelity(
             .map(|text| PreparedQuery::new(dictionary, arena, text))
             .collect();
         let exact = brute_force_many(dictionary, arena, scope, &queries, 10);
-        let pages = arena.scope_pages(scope);
-        let k = first_pass_k(pages.iter().map(|p| p.rows as usize).sum());
+        let sketches = arena.scope_sketches(scope);
+        let k = first_pass_k(arena.scope_rows(scope));
         for (query, exact) in queries.iter().zip(&exact) {
             let fast = search(dictionary, arena, kernels, scope, query, 10);
             agree += usize::from(set(&fast) == set(exact));
             // Stage one's best `k`, best first; each shallower depth keeps a prefix of them.
-            let mut best = first_pass(&pages, kernels, query, k);
+            let mut best = first_pass(&sketches, kernels, query, k);
             best.sort_unstable_by(|a, b| b.score.total_cmp(&a.score).then(a.row.cmp(&b.row)));
             for (count, (num, den)) in agree_shallower.iter_mut().zip(SHALLOWER) {
                 let mut kept = best[..(k * num / den).min(best.len())].to_vec();
@@ -255,8 +255,9 @@ pub fn scan(
     let queries = synthetic_queries(settings.queries.max(1), settings.users);
 
     // First pass alone on one core, over user 0's scope (all rows when there is one user).
-    let pages = arena.scope_pages(&[UserId::from_key("bench-user-0")]);
-    let scope_rows: usize = pages.iter().map(|p| p.rows as usize).sum();
+    let scope = [UserId::from_key("bench-user-0")];
+    let sketches = arena.scope_sketches(&scope);
+    let scope_rows = arena.scope_rows(&scope);
     let one = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
@@ -276,11 +277,11 @@ pub fn scan(
     let k = first_pass_k(scope_rows);
     let first_pass_rows_per_s_per_core = scope_rows as f64
         / median_of_five(&|| {
-            std::hint::black_box(first_pass(&pages, kernels, &query, k));
+            std::hint::black_box(first_pass(&sketches, kernels, &query, k));
         })
         .as_secs_f64();
     // Stage two alone on one core over stage one's candidates: int8 cosine, exact BM25.
-    let candidates = one.install(|| first_pass(&pages, kernels, &query, k));
+    let candidates = one.install(|| first_pass(&sketches, kernels, &query, k));
     let second_pass_rows_per_s_per_core = candidates.len() as f64
         / median_of_five(&|| {
             std::hint::black_box(refine(&arena, kernels, &query, &candidates, RESCORE_K));

@@ -22,13 +22,14 @@
 //!   one, the dark families are empty;
 //! - ([`check_arena_files`]) the data directory's arena files pass their own checks;
 //!   ([`check_arena`]) a caught-up arena holds exactly the stored rows, with the same facts,
-//!   lexical terms and tokens, and a resident statistic equal to the stored counts.
+//!   lexical terms and tokens, sketches that hold each row's code, signature, id and length,
+//!   and a resident statistic equal to the stored counts.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::arena::{Arena, ArenaError, Opened};
+use crate::arena::{Arena, ArenaError, Opened, Sketch};
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::{RetrievalRow, derive};
 use crate::dictionary::stats::{Count, FrequencyTable};
@@ -536,12 +537,15 @@ pub fn check_arena_files(
 
 /// Check a caught-up arena against the store: every stored row is in the arena with the same
 /// user, conversation, birth clock, decay, length (in its page and in the arena's index by row
-/// id), lexical terms and tokens, the arena holds no other row and counts each user's rows, its
+/// id), lexical terms and tokens, its sketch holds the row's 2-bit code under the arena's
+/// codebook, signature, id and length, the arena holds no other row and counts each user's rows, its
 /// watermark does not run ahead of the store, and its resident frequency statistic equals the
 /// stored counts. Appends to `report`.
 pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<(), StoreError> {
     let mut stored = 0usize;
     let mut by_user: HashMap<UserId, usize> = HashMap::new();
+    // What a row's sketch should hold, written afresh for each row.
+    let mut sketched: Box<Sketch> = Box::new(bytemuck::Zeroable::zeroed());
     for row in store.rows_since(RowId(0)) {
         let row = row?;
         stored += 1;
@@ -553,6 +557,24 @@ pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<
         };
         let page = arena.page(slot.page);
         let i = slot.index as usize;
+        let retrieval = store.retrieval(row.user, row.id)?;
+        if let Some(retrieval) = &retrieval {
+            sketched.set_row(
+                i,
+                row.id.0,
+                retrieval.term_len() as u32,
+                &arena.codebook().encode(page.vector(i), page.scales[i]),
+                retrieval.terms.iter().map(|&(term, _)| term),
+            );
+            let sketch = arena.sketch(slot.page);
+            if sketch.rows != page.rows || !sketch.same_row(&sketched, i) {
+                report.arena_violation(
+                    "arena sketch holds the row's code, signature, id and length",
+                    &key,
+                    "differs",
+                );
+            }
+        }
         let same = page.user == row.user.0
             && page.row_ids[i] == row.id.0
             && page.conversations[i] == ConversationId::from_key(&row.conversation).0
@@ -560,7 +582,7 @@ pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<
             && page.decays[i].to_bits() == row.decay.to_bits()
             && page.token_lens[i] as usize == row.tokens.len()
             && arena.token_len(row.id) == Some(row.tokens.len())
-            && match store.retrieval(row.user, row.id)? {
+            && match &retrieval {
                 Some(retrieval) => {
                     let resident = arena.row_entries(slot);
                     resident.len == retrieval.term_len()

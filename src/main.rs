@@ -1217,11 +1217,7 @@ fn bench_proxy(
     }
     let (mut arena, _) = Arena::open(&memory.store, &memory.dictionary)?;
     arena.catch_up(&memory.store, &memory.dictionary)?;
-    let held = arena
-        .scope_pages(&[UserId::from_key(&user_key)])
-        .iter()
-        .map(|p| p.rows as usize)
-        .sum();
+    let held = arena.scope_rows(&[UserId::from_key(&user_key)]);
     let questions: Vec<String> = bench::synthetic_queries(requests.min(1_000), 1)
         .into_iter()
         .map(|(_, text)| text)

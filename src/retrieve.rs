@@ -22,7 +22,7 @@ use rayon::prelude::*;
 
 use crate::arena::codebook::Codebook;
 use crate::arena::signature::term_bits;
-use crate::arena::{Arena, DIMS, PAGE_ROWS, Page, Side, Slot, embed_row};
+use crate::arena::{Arena, DIMS, PAGE_ROWS, Side, Sketch, Slot, embed_row};
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::Quantized;
 use crate::dictionary::derive::{RetrievalRow, derive};
@@ -219,26 +219,32 @@ fn estimate_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
         .collect()
 }
 
-/// Stage one over every row of a scope's `pages` ([`Arena::scope_pages`]): the `k` best by the
+/// Stage one over every row of a scope's `sketches` ([`Arena::scope_sketches`]): the `k` best by the
 /// estimate from the 2-bit codes ([`DenseEstimate`]) and the lexical signature
 /// ([`HybridScorer::dense_part`] plus [`HybridScorer::estimate_lexical_part`]), ties by row id;
 /// returned in row id order, the order stage two reads them back from the arena (a user's
 /// pages hold its rows in row id order, so the reads move forward through memory).
-pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: usize) -> Vec<Hit> {
+pub fn first_pass(
+    sketches: &[&Sketch],
+    kernels: &Kernels,
+    query: &PreparedQuery,
+    k: usize,
+) -> Vec<Hit> {
     let terms = estimate_terms(query);
-    let top = parallel_top_k(pages.len(), k, |p, top: &mut TopK| {
-        // The next page's columns are loaded a part at a time while this one is scored.
-        let prefetch_next = |part| {
-            if let Some(next) = pages.get(p + 1) {
-                next.prefetch_first_pass(part);
-            }
-        };
-        prefetch_next(0);
-        let page = pages[p];
+    let top = parallel_top_k(sketches.len(), k, |p, top: &mut TopK| {
+        let page = sketches[p];
+        let next = sketches.get(p + 1);
+        // The next sketch's codes are loaded by the kernel as it reads this one's, at the
+        // same offset; its other columns a part at a time after each kernel.
+        let ahead = next.map_or(0, |next| {
+            (std::ptr::from_ref(*next) as usize).wrapping_sub(std::ptr::from_ref(page) as usize)
+        });
         let blocks = page.blocks();
         let mut sums = [0i32; PAGE_ROWS];
-        (kernels.two_bit)(&query.dense.weights, &page.codes, &mut sums);
-        prefetch_next(1);
+        (kernels.two_bit)(&query.dense.weights, &page.codes, &mut sums, ahead);
+        if let Some(next) = next {
+            next.prefetch_first_pass(0);
+        }
         let mut matched = [0f32; PAGE_ROWS];
         (kernels.signature)(
             &terms,
@@ -246,7 +252,9 @@ pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: 
             page.signatures_of_blocks(blocks),
             &mut matched[..blocks * BLOCK_ROWS],
         );
-        prefetch_next(2);
+        if let Some(next) = next {
+            next.prefetch_first_pass(1);
+        }
         let rows = page.rows as usize;
         // The estimates first, in a loop of arithmetic only (the compiler vectorises it), then
         // the offers to the top-k, which mostly end at its threshold.
@@ -258,7 +266,6 @@ pub fn first_pass(pages: &[&Page], kernels: &Kernels, query: &PreparedQuery, k: 
                 .estimate_lexical_part(matched[i], page.term_lens[i]);
             estimates[i] = query.scorer.dense_part(cosine) + lexical[i];
         }
-        prefetch_next(3);
         // Most rows fall below the floor: compare with it here, and offer only the rest (the
         // same test `TopK::push` makes first, so the kept set is unchanged).
         let floor = top.floor();
@@ -349,11 +356,11 @@ fn walk_hits(
     })
 }
 
-/// The summed weights of `terms` whose bits the signature of row `i` of `page` holds.
-fn signature_sum(page: &Page, i: usize, terms: &[SignatureTerm]) -> f32 {
+/// The summed weights of `terms` whose bits the signature of row `i` of `sketch` holds.
+fn signature_sum(sketch: &Sketch, i: usize, terms: &[SignatureTerm]) -> f32 {
     terms
         .iter()
-        .filter(|t| page.signature_word(i, t.word) & t.mask == t.mask)
+        .filter(|t| sketch.signature_word(i, t.word) & t.mask == t.mask)
         .map(|t| t.weight)
         .sum()
 }
@@ -411,7 +418,7 @@ fn score_lexical(
         |top, hit, slot, cosine| {
             let floor = top.floor();
             if floor > f32::NEG_INFINITY {
-                let may_hold = signature_sum(arena.page(slot.page), slot.index as usize, &terms);
+                let may_hold = signature_sum(arena.sketch(slot.page), slot.index as usize, &terms);
                 let bound = query.scorer.dense_part(cosine) + ceiling * may_hold;
                 if bound + PRUNE_MARGIN < floor {
                     return;
@@ -561,9 +568,13 @@ pub fn search(
     k: usize,
 ) -> Vec<Retrieved> {
     let _searching = Searching::start();
-    let pages = arena.scope_pages(scope);
-    let live: usize = pages.iter().map(|p| p.rows as usize).sum();
-    let wide = first_pass(&pages, kernels, query, first_pass_k(live));
+    let sketches = arena.scope_sketches(scope);
+    let wide = first_pass(
+        &sketches,
+        kernels,
+        query,
+        first_pass_k(arena.scope_rows(scope)),
+    );
     search_from(dictionary, arena, kernels, query, &wide, k)
 }
 

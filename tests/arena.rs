@@ -9,10 +9,11 @@ use std::path::{Path, PathBuf};
 
 use perpetuity::arena::codebook::Codebook;
 use perpetuity::arena::file::{
-    Entry, PAGES_HEADER_BYTES, PAGES_OFFSET, PagesHeader, TERMS_HEADER_BYTES,
+    Entry, PAGES_HEADER_BYTES, PAGES_OFFSET, PagesHeader, SKETCHES_OFFSET, TERMS_HEADER_BYTES,
 };
 use perpetuity::arena::{
-    Arena, CODE_BYTES, Opened, PAGE_ROWS, Page, Unusable, arena_dir, code_byte, page_checksum,
+    Arena, CODE_BYTES, Opened, PAGE_ROWS, Page, Sketch, Unusable, arena_dir, code_byte,
+    page_checksum,
 };
 use perpetuity::bench::synthetic_messages;
 use perpetuity::ingest::ingest;
@@ -94,6 +95,10 @@ fn files(store: &Store) -> (PathBuf, PathBuf) {
     (dir.join("pages.bin"), dir.join("terms.bin"))
 }
 
+fn sketches_file(store: &Store) -> PathBuf {
+    arena_dir(store.path(), common::dictionary().version()).join("sketches.bin")
+}
+
 fn header(pages: &[u8]) -> PagesHeader {
     bytemuck::pod_read_unaligned(&pages[..PAGES_HEADER_BYTES])
 }
@@ -144,6 +149,13 @@ fn committed_pages<'b>(bytes: &'b mut [u8], header: &PagesHeader) -> &'b mut [Pa
     )
 }
 
+/// The sketches of the pages `header` commits, in the bytes of `sketches.bin`.
+fn committed_sketches<'b>(bytes: &'b mut [u8], header: &PagesHeader) -> &'b mut [Sketch] {
+    bytemuck::cast_slice_mut(
+        &mut bytes[SKETCHES_OFFSET..][..header.pages as usize * std::mem::size_of::<Sketch>()],
+    )
+}
+
 /// A process killed while it recomputed the codebook leaves pages coded under a codebook the
 /// header does not name: some re-encoded but not sealed yet, some sealed again. The next open
 /// codes them again under the committed codebook and maps the arena, undamaged.
@@ -162,15 +174,20 @@ fn a_codebook_recomputation_killed_before_its_commit_is_undone() {
         &terms[TERMS_HEADER_BYTES..][..committed.terms as usize * std::mem::size_of::<Entry>()],
     );
     let pages = committed_pages(&mut bytes, &committed);
+    let sketches_path = sketches_file(&store);
+    let mut sketch_bytes = std::fs::read(&sketches_path).unwrap();
+    let sketches = committed_sketches(&mut sketch_bytes, &committed);
     // A codebook over the first page alone: not the committed one.
     let newer = Codebook::compute(&pages[..1]);
     assert_ne!(newer.checksum, committed.codebook_checksum);
-    let before: Vec<Vec<u8>> = pages.iter().map(|p| p.codes.to_vec()).collect();
-    newer.encode_all(&mut pages[..2]);
-    assert_ne!(pages[0].codes.to_vec(), before[0], "page 0 coded anew");
+    let before: Vec<Vec<u8>> = sketches.iter().map(|s| s.codes.to_vec()).collect();
+    newer.encode_all(&mut pages[..2], &mut sketches[..2]);
+    assert_ne!(sketches[0].codes.to_vec(), before[0], "page 0 coded anew");
     // Page 0 re-encoded only; page 1 re-encoded and sealed, as the commit's loop would.
+    pages[1].sketch = sketches[1].checksum();
     pages[1].checksum = page_checksum(&pages[1], entries);
     std::fs::write(&pages_path, &bytes).unwrap();
+    std::fs::write(&sketches_path, &sketch_bytes).unwrap();
 
     assert_eq!(
         open_and_check(&store, &expected),
@@ -226,6 +243,22 @@ fn an_append_killed_before_its_commit_is_cut_back() {
     let next = PAGES_OFFSET + head.pages as usize * size;
     pages[next..next + size].fill(0xAB);
     std::fs::write(&pages_path, &pages).unwrap();
+    // The row's sketch too, and a sketch past the committed ones.
+    let sketches_path = sketches_file(&store);
+    let mut sketches = std::fs::read(&sketches_path).unwrap();
+    let sketch_size = std::mem::size_of::<Sketch>();
+    let start = SKETCHES_OFFSET + (head.pages as usize - 1) * sketch_size;
+    let last = start..start + sketch_size;
+    let mut sketch: Sketch = bytemuck::pod_read_unaligned(&sketches[last.clone()]);
+    sketch.row_ids[i] = head.watermark + 2;
+    sketch.codes[i] = 0x5A;
+    sketch.alphas[i] = 0.5;
+    sketch.signatures[perpetuity::arena::blocked(i, 0)] |= 1 << 9;
+    sketch.rows += 1;
+    sketches[last].copy_from_slice(bytemuck::bytes_of(&sketch));
+    let next = SKETCHES_OFFSET + head.pages as usize * sketch_size;
+    sketches[next..next + sketch_size].fill(0xAB);
+    std::fs::write(&sketches_path, &sketches).unwrap();
     let mut terms = std::fs::read(&terms_path).unwrap();
     let past = TERMS_HEADER_BYTES + head.terms as usize * 12;
     terms[past..past + 36].fill(0xCD);
@@ -245,9 +278,11 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
     write_arena(&store);
     let expected = reference(&store);
     let (pages_path, terms_path) = files(&store);
-    let (good_pages, good_terms) = (
+    let sketches_path = sketches_file(&store);
+    let (good_pages, good_terms, good_sketches) = (
         std::fs::read(&pages_path).unwrap(),
         std::fs::read(&terms_path).unwrap(),
+        std::fs::read(&sketches_path).unwrap(),
     );
     let head = header(&good_pages);
     let size = std::mem::size_of::<Page>();
@@ -258,9 +293,11 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
         "the file is the mapping: grown, not cut"
     );
     let terms_end = TERMS_HEADER_BYTES + head.terms as usize * 12;
+    let sketches_end = SKETCHES_OFFSET + head.pages as usize * std::mem::size_of::<Sketch>();
     let restore = || {
         std::fs::write(&pages_path, &good_pages).unwrap();
         std::fs::write(&terms_path, &good_terms).unwrap();
+        std::fs::write(&sketches_path, &good_sketches).unwrap();
     };
     let flip = |path: &Path, good: &[u8], at: usize| {
         let mut bytes = good.to_vec();
@@ -274,9 +311,11 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
 
     // A byte of data every committed row depends on: always detected.
     let row0 = PAGES_OFFSET + std::mem::offset_of!(Page, vectors);
-    let code0 = PAGES_OFFSET + std::mem::offset_of!(Page, codes);
+    let code0 = SKETCHES_OFFSET + std::mem::offset_of!(Sketch, codes);
     let code_last = code0 + (CODE_BYTES - 1) * PAGE_ROWS;
-    let alpha0 = PAGES_OFFSET + std::mem::offset_of!(Page, alphas);
+    let alpha0 = SKETCHES_OFFSET + std::mem::offset_of!(Sketch, alphas);
+    let signature0 = SKETCHES_OFFSET + std::mem::offset_of!(Sketch, signatures);
+    let sketch_id0 = SKETCHES_OFFSET + std::mem::offset_of!(Sketch, row_ids);
     let id0 = PAGES_OFFSET + std::mem::offset_of!(Page, row_ids);
     let last_row0 = row0 + (head.pages as usize - 1) * size;
     // The codebook: its mean, a bucket mean, its row count, its checksum.
@@ -286,20 +325,19 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
         PAGES_HEADER_BYTES + std::mem::offset_of!(Codebook, rows),
         PAGES_OFFSET - 1,
     ];
-    for at in [
-        0,
-        40,
-        id0,
-        code0,
-        code_last,
-        alpha0,
-        row0 + 5,
-        last_row0 + 3,
-    ]
-    .into_iter()
-    .chain(codebook)
+    for at in [0, 40, id0, row0 + 5, last_row0 + 3]
+        .into_iter()
+        .chain(codebook)
     {
         flip(&pages_path, &good_pages, at);
+        damage(open_and_check(&store, &expected));
+        restore();
+    }
+    // The sketch of the first page: its codes, their scale, a signature word, a row id; and
+    // the first code byte of the last sketch.
+    let last_code0 = code0 + (head.pages as usize - 1) * std::mem::size_of::<Sketch>();
+    for at in [code0, code_last, alpha0, signature0, sketch_id0, last_code0] {
+        flip(&sketches_path, &good_sketches, at);
         damage(open_and_check(&store, &expected));
         restore();
     }
@@ -322,10 +360,10 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
     };
     let mut detected = 0;
     for round in 0..24 {
-        let (path, good, committed) = if round % 3 == 0 {
-            (&terms_path, &good_terms, terms_end)
-        } else {
-            (&pages_path, &good_pages, pages_end)
+        let (path, good, committed) = match round % 3 {
+            0 => (&terms_path, &good_terms, terms_end),
+            1 => (&sketches_path, &good_sketches, sketches_end),
+            _ => (&pages_path, &good_pages, pages_end),
         };
         flip(path, good, next(committed));
         if let Opened::Rebuilt { reason } = open_and_check(&store, &expected) {
@@ -355,6 +393,60 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
         "{:#?}",
         report.violations
     );
+}
+
+/// A sketch that disagrees with its row yet is sealed (its page's checksums made again over
+/// it, as no crash or flip could): the arena opens, and integrity names each row it no longer
+/// describes, and no other.
+#[test]
+fn integrity_checks_each_sketch_against_its_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_rows(dir.path(), 100);
+    let dict = common::dictionary();
+    write_arena(&store);
+    let (pages_path, terms_path) = files(&store);
+    let sketches_path = sketches_file(&store);
+    let mut pages = std::fs::read(&pages_path).unwrap();
+    let mut sketch_bytes = std::fs::read(&sketches_path).unwrap();
+    let terms = std::fs::read(&terms_path).unwrap();
+    let committed = header(&pages);
+    let entries: &[Entry] = bytemuck::cast_slice(
+        &terms[TERMS_HEADER_BYTES..][..committed.terms as usize * std::mem::size_of::<Entry>()],
+    );
+    let sketches = committed_sketches(&mut sketch_bytes, &committed);
+    // Row 2's signature gains a bit, row 5's code a byte, row 7's term length one.
+    sketches[0].signatures[perpetuity::arena::blocked(2, 1)] ^= 1 << 40;
+    sketches[0].codes[3 * PAGE_ROWS + 5] ^= 0x11;
+    sketches[0].term_lens[7] += 1;
+    let sketch = sketches[0];
+    let page = &mut committed_pages(&mut pages, &committed)[0];
+    page.sketch = sketch.checksum();
+    page.checksum = page_checksum(page, entries);
+    let ids = [2, 5, 7].map(|i| page.row_ids[i]);
+    let user = page.user;
+    std::fs::write(&pages_path, &pages).unwrap();
+    std::fs::write(&sketches_path, &sketch_bytes).unwrap();
+
+    let (mut arena, opened) = Arena::open(&store, dict).unwrap();
+    assert_eq!(opened, Opened::Mapped { rows: 100 });
+    arena.catch_up(&store, dict).unwrap();
+    let mut report = Report::default();
+    integrity::check_arena(&store, &arena, &mut report).unwrap();
+    let named: Vec<(&str, String)> = report
+        .violations
+        .iter()
+        .map(|v| (v.check, v.key.clone()))
+        .collect();
+    let expected: Vec<(&str, String)> = ids
+        .iter()
+        .map(|&id| {
+            (
+                "arena sketch holds the row's code, signature, id and length",
+                format!("{user:016x}{id:016x}"),
+            )
+        })
+        .collect();
+    assert_eq!(named, expected, "{:#?}", report.violations);
 }
 
 /// Found by the arena fuzz target (`fuzz/`): a header, checksum intact, claiming so many pages
@@ -464,24 +556,30 @@ fn the_codebook_follows_the_rows_and_survives_a_reopen() {
 
 /// Every row's code bytes and scale α, in page order.
 fn codes_of(arena: &Arena) -> Vec<(Vec<u8>, f32)> {
-    let pages = arena.scope_pages(&(0..USERS).map(user).collect::<Vec<_>>());
-    pages
+    let sketches = arena.scope_sketches(&(0..USERS).map(user).collect::<Vec<_>>());
+    sketches
         .iter()
-        .flat_map(|page| {
-            (0..page.rows as usize).map(|i| (page.code_bytes(i).to_vec(), page.alphas[i]))
+        .flat_map(|sketch| {
+            (0..sketch.rows as usize).map(|i| (sketch.code_bytes(i).to_vec(), sketch.alphas[i]))
         })
         .collect()
 }
 
 fn assert_codes_are_encodings(arena: &Arena) {
-    for page in arena.scope_pages(&(0..USERS).map(user).collect::<Vec<_>>()) {
+    let scope: Vec<UserId> = (0..USERS).map(user).collect();
+    for (page, sketch) in arena
+        .scope_pages(&scope)
+        .into_iter()
+        .zip(arena.scope_sketches(&scope))
+    {
+        assert_eq!(sketch.rows, page.rows);
         for i in 0..page.rows as usize {
             let code = arena.codebook().encode(page.vector(i), page.scales[i]);
             let bytes: Vec<u8> = (0..CODE_BYTES)
                 .map(|b| code_byte(&code.signs, &code.magnitudes, b))
                 .collect();
-            assert_eq!(page.code_bytes(i).to_vec(), bytes);
-            assert_eq!(page.alphas[i].to_bits(), code.alpha.to_bits());
+            assert_eq!(sketch.code_bytes(i).to_vec(), bytes);
+            assert_eq!(sketch.alphas[i].to_bits(), code.alpha.to_bits());
         }
     }
 }

@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 use common::server::Server;
 use common::upstream::{Upstream, chat_reply, chat_request};
 use perpetuity::arena::file::{
-    Entry, PAGES_HEADER_BYTES, PAGES_OFFSET, PagesHeader, TERMS_HEADER_BYTES,
+    Entry, PAGES_HEADER_BYTES, PAGES_OFFSET, PagesHeader, SKETCH_BYTES, SKETCHES_OFFSET,
+    TERMS_HEADER_BYTES,
 };
-use perpetuity::arena::{Page, arena_dir};
+use perpetuity::arena::{ArenaFiles, Page, arena_dir};
 use perpetuity::dictionary::DEFAULT_VERSION;
 
 const ADMIN: (&str, &str) = ("x-perpetuity-admin-token", "torn-arena-admin");
@@ -72,19 +73,20 @@ fn last_frame(upstream: &Upstream) -> String {
 }
 
 /// Bytes of each file the pages header commits (the rest is room to grow, ignored when read).
-fn committed(files: &[PathBuf; 2]) -> [u64; 2] {
+fn committed(files: &[PathBuf; 3]) -> [u64; 3] {
     let pages = std::fs::read(&files[0]).unwrap();
     let header: PagesHeader = bytemuck::pod_read_unaligned(&pages[..PAGES_HEADER_BYTES]);
     [
         (PAGES_OFFSET + header.pages as usize * std::mem::size_of::<Page>()) as u64,
+        (SKETCHES_OFFSET + header.pages as usize * SKETCH_BYTES) as u64,
         (TERMS_HEADER_BYTES + header.terms as usize * std::mem::size_of::<Entry>()) as u64,
     ]
 }
 
 /// One random kind of damage to one of the arena files, three times in four inside the bytes
 /// the header commits; returns what was done.
-fn damage(files: &[PathBuf; 2], next: &mut impl FnMut(u64) -> u64) -> String {
-    let which = next(2) as usize;
+fn damage(files: &[PathBuf; 3], next: &mut impl FnMut(u64) -> u64) -> String {
+    let which = next(3) as usize;
     let inside = committed(files)[which];
     let path = &files[which];
     let mut bytes = std::fs::read(path).unwrap();
@@ -153,7 +155,7 @@ fn a_torn_arena_is_named_rebuilt_and_never_answers_wrong() {
     let expected = last_frame(&upstream);
     drop(server);
     let dir_files = arena_dir(&data, DEFAULT_VERSION);
-    let files = [dir_files.join("pages.bin"), dir_files.join("terms.bin")];
+    let files = ArenaFiles::NAMES.map(|name| dir_files.join(name));
 
     let (mut detected, mut harmless) = (0, Vec::new());
     for round in 0..rounds() {

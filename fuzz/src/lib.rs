@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use perpetuity::arena::codebook::Codebook;
 use perpetuity::arena::file::{MappedFile, PAGES_HEADER_BYTES, PAGES_OFFSET, PagesHeader};
-use perpetuity::arena::{Arena, Side, arena_dir};
+use perpetuity::arena::{Arena, ArenaFiles, Side, arena_dir};
 use perpetuity::bench::synthetic_messages;
 use perpetuity::config::default_dictionaries_root;
 use perpetuity::dictionary::format::Table;
@@ -191,7 +191,7 @@ pub fn dictionary_manifest(data: &[u8]) {
 struct Base {
     dictionary: Dictionary,
     kernels: Kernels,
-    files: [(usize, Vec<u8>); 2],
+    files: [(usize, Vec<u8>); 3],
     header: PagesHeader,
 }
 
@@ -206,7 +206,7 @@ fn base() -> &'static Base {
         let dictionary = Dictionary::load_version(&default_dictionaries_root(), DEFAULT_VERSION)
             .expect("the shipped dictionary loads");
         let dir = std::env::temp_dir().join(format!("perpetuity-fuzz-{}", std::process::id()));
-        let (pages, terms) = {
+        let files = {
             let store = Store::open(&dir, &StoreOptions::default()).expect("a store opens");
             store
                 .bind_dictionary(dictionary.version())
@@ -222,32 +222,32 @@ fn base() -> &'static Base {
             arena
                 .catch_up(&store, &dictionary)
                 .expect("the arena catches up");
-            let files = arena_dir(store.path(), dictionary.version());
+            let arena_files = arena_dir(store.path(), dictionary.version());
             let read = |name| {
-                let mut bytes = std::fs::read(files.join(name)).expect("an arena file reads");
+                let mut bytes = std::fs::read(arena_files.join(name)).expect("an arena file reads");
                 let len = bytes.len();
                 let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |at| at + 1);
                 bytes.truncate(end);
                 (len, bytes)
             };
-            (read("pages.bin"), read("terms.bin"))
+            ArenaFiles::NAMES.map(read)
         };
         std::fs::remove_dir_all(&dir).expect("the scratch store is removed");
-        let header = bytemuck::pod_read_unaligned(&pages.1[..PAGES_HEADER_BYTES]);
+        let header = bytemuck::pod_read_unaligned(&files[0].1[..PAGES_HEADER_BYTES]);
         Base {
             dictionary,
             kernels: Kernels::detect(false),
-            files: [pages, terms],
+            files,
             header,
         }
     })
 }
 
-/// A real arena's two files with the input's changes: byte 0's low bit says whether to seal the
-/// header and codebook checksums again afterwards; then records of five bytes `[what, offset
-/// (3 bytes, little-endian), length]` and `length` bytes to write there (`what`: bit 0 picks
-/// `terms.bin` over `pages.bin`, bit 1 cuts the file at the offset instead, zeroing the rest as
-/// a short file reads). The reader answers an arena or a typed reason, never panics; an arena
+/// A real arena's three files with the input's changes: byte 0's low bit says whether to seal
+/// the header and codebook checksums again afterwards; then records of five bytes `[what,
+/// offset (3 bytes, little-endian), length]` and `length` bytes to write there (`what`: bit 1
+/// cuts the file at the offset instead, zeroing the rest as a short file reads; the other bits,
+/// modulo 3, pick the file: `pages.bin`, `sketches.bin`, `terms.bin`). The reader answers an arena or a typed reason, never panics; an arena
 /// it accepts answers every read (slots, entries, neighbours, a search) without panicking, each
 /// row's slot holds that row, and a row's neighbours are its own user's.
 pub fn arena(data: &[u8]) {
@@ -261,7 +261,7 @@ pub fn arena(data: &[u8]) {
         file
     });
     while let [what, a, b, c, len, rest @ ..] = records {
-        let bytes = files[usize::from(what & 1)].bytes_mut();
+        let bytes = files[usize::from(what & !2) % 3].bytes_mut();
         let at = u32::from_le_bytes([*a, *b, *c, 0]) as usize % bytes.len();
         if what & 2 != 0 {
             bytes[at..].fill(0);
@@ -283,11 +283,14 @@ pub fn arena(data: &[u8]) {
         bytes[..PAGES_HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&header));
         bytes[PAGES_HEADER_BYTES..PAGES_OFFSET].copy_from_slice(bytemuck::bytes_of(&codebook));
     }
-    let [pages, terms] = files;
+    let [pages, sketches, terms] = files;
     let header = &base.header;
     let Ok(arena) = Arena::map_existing(
-        pages,
-        terms,
+        ArenaFiles {
+            pages,
+            sketches,
+            terms,
+        },
         header.dictionary,
         header.purges,
         RowId(header.watermark),
@@ -301,6 +304,7 @@ pub fn arena(data: &[u8]) {
         };
         let page = arena.page(slot.page);
         assert_eq!(page.row_ids[slot.index as usize], id);
+        assert_eq!(arena.sketch(slot.page).row_ids[slot.index as usize], id);
         users.push(UserId(page.user));
         let entries = arena.row_entries(slot);
         assert!(entries.token_counts().count() <= page.entries_of(slot.index as usize));

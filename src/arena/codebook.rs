@@ -9,7 +9,7 @@
 use bytemuck::{Pod, Zeroable};
 use rayon::prelude::*;
 
-use super::page::{DIMS, Page, WORDS};
+use super::page::{DIMS, Page, Sketch, WORDS};
 
 /// Histogram bins per dimension for the median of `|d_i|`: the median is found to within
 /// 1/4,096 of the dimension's largest `|d_i|`, far below the spread the code has to split.
@@ -213,15 +213,19 @@ impl Codebook {
         crc32fast::hash(bytemuck::bytes_of(&copy))
     }
 
-    /// Re-encode every row of `pages` (in parallel, one page per task).
-    pub fn encode_all(&self, pages: &mut [Page]) {
-        pages.par_iter_mut().for_each(|page| {
-            for i in 0..page.rows as usize {
-                let code = self.encode(page.vector(i), page.scales[i]);
-                page.set_code(i, &code);
-            }
-            page.codebook = self.checksum;
-        });
+    /// Re-encode every row of `pages` into their sketches, `sketches[p]` being page `p`'s (in
+    /// parallel, one page per task).
+    pub fn encode_all(&self, pages: &mut [Page], sketches: &mut [Sketch]) {
+        pages
+            .par_iter_mut()
+            .zip(sketches.par_iter_mut())
+            .for_each(|(page, sketch)| {
+                for i in 0..page.rows as usize {
+                    let code = self.encode(page.vector(i), page.scales[i]);
+                    sketch.set_code(i, &code);
+                }
+                page.codebook = self.checksum;
+            });
     }
 }
 

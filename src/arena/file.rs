@@ -1,6 +1,7 @@
-//! The arena's two files, memory-mapped: `pages.bin` (a header, the codebook, then pages) and `terms.bin` (a
-//! header, then every row's term and token entries). Both grow in place; what counts is what the pages
-//! header commits (see `docs/format.md`).
+//! The arena's three files, memory-mapped: `pages.bin` (a header, the codebook, then pages),
+//! `sketches.bin` (a header, then each page's sketch) and `terms.bin` (a header, then every
+//! row's term and token entries). All grow in place; what counts is what the pages header
+//! commits (see `docs/format.md`).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -10,14 +11,15 @@ use bytemuck::{Pod, Zeroable};
 use memmap2::{MmapMut, MmapOptions};
 
 use super::codebook::Codebook;
-use super::page::{DIMS, PAGE_ROWS, Page};
+use super::page::{DIMS, PAGE_ROWS, Page, Sketch};
 use crate::relevance::TermCount;
 use crate::types::{TermId, TokenId};
 
-/// Layout version of both files; any other version is rebuilt from the store.
-pub const FORMAT_VERSION: u32 = 6;
+/// Layout version of the three files; any other version is rebuilt from the store.
+pub const FORMAT_VERSION: u32 = 7;
 pub const PAGES_MAGIC: [u8; 8] = *b"PPTYPAGE";
 pub const TERMS_MAGIC: [u8; 8] = *b"PPTYTERM";
+pub const SKETCHES_MAGIC: [u8; 8] = *b"PPTYSKCH";
 /// Bytes of the header at the start of `pages.bin`.
 pub const PAGES_HEADER_BYTES: usize = std::mem::size_of::<PagesHeader>();
 /// Bytes of the codebook, right after the header.
@@ -25,7 +27,11 @@ pub const CODEBOOK_BYTES: usize = std::mem::size_of::<Codebook>();
 /// Bytes before the first page of `pages.bin`: the header and the codebook.
 pub const PAGES_OFFSET: usize = PAGES_HEADER_BYTES + CODEBOOK_BYTES;
 /// Bytes before the first entry of `terms.bin`.
-pub const TERMS_HEADER_BYTES: usize = std::mem::size_of::<TermsHeader>();
+pub const TERMS_HEADER_BYTES: usize = std::mem::size_of::<FileHeader>();
+/// Bytes before the first sketch of `sketches.bin`.
+pub const SKETCHES_OFFSET: usize = std::mem::size_of::<FileHeader>();
+/// Bytes of a sketch.
+pub const SKETCH_BYTES: usize = std::mem::size_of::<Sketch>();
 /// Smallest mapping: a file grows by a quarter at a time from here.
 const MIN_MAP_BYTES: usize = 1 << 20;
 
@@ -87,10 +93,10 @@ impl PagesHeader {
     }
 }
 
-/// The head of `terms.bin`.
+/// The head of `terms.bin` and of `sketches.bin`: the file's magic and the layout version.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
-pub struct TermsHeader {
+pub struct FileHeader {
     pub magic: [u8; 8],
     pub format_version: u32,
     pub reserved: [u8; 52],
@@ -98,10 +104,11 @@ pub struct TermsHeader {
 
 const _: () = assert!(TERMS_HEADER_BYTES == 64);
 
-impl Default for TermsHeader {
-    fn default() -> Self {
+impl FileHeader {
+    /// The header of a file with `magic`, at this layout version.
+    pub fn new(magic: [u8; 8]) -> Self {
         let mut header = Self::zeroed();
-        header.magic = TERMS_MAGIC;
+        header.magic = magic;
         header.format_version = FORMAT_VERSION;
         header
     }

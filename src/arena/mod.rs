@@ -3,21 +3,24 @@
 //! directory.
 //!
 //! Layout, chosen for the scan: a page holds [`PAGE_ROWS`] rows of ONE user, column by column
-//! ([`Page`], a `#[repr(C)]` Pod struct). A user's query walks only that user's pages (or, for a
-//! group scope, the pages of the group's users), so a memory pooled over many users costs a
-//! query only what its scope holds; inside a page the 2-bit codes' sign and magnitude bits sit
-//! in blocks of eight rows, word-major, the layout the 2-bit kernel reads with vertical
-//! operations only. The codes are encoded under the arena's [`Codebook`], computed from the
-//! rows themselves and again whenever they have grown fourfold.
+//! ([`Page`], a `#[repr(C)]` Pod struct), and what stage one reads of them lies apart in the
+//! page's [`Sketch`] (2-bit codes byte-major, lexical signatures, code scales, term lengths,
+//! row ids). A user's query walks only that user's pages (or, for a group scope, the pages of
+//! the group's users), so a memory pooled over many users costs a query only what its scope
+//! holds; a user's pages mostly follow each other in the file, and so do their sketches, so
+//! stage one over a large scope reads one stream. The codes are encoded under the arena's
+//! [`Codebook`], computed from the rows themselves and again whenever they have grown
+//! fourfold.
 //!
 //! Files (`docs/format.md` has the grammar): `<data>/arena/<dictionary version>/pages.bin`, a
-//! header that is the commit record, the codebook, then pages; and `terms.bin`, each row's distinct terms
-//! with counts for the exact lexical score. Appends write the new rows into the mapping first
-//! and the header last, so a process killed at any point leaves a header that counts only
-//! whole rows; what it does not count is cut away when the files are opened again. Every page
-//! carries a checksum over itself and its rows' terms; a file that fails any check (magic,
-//! version, checksums, dictionary, a purge since, a watermark ahead of the store) is reported
-//! and rebuilt from the store, never served.
+//! header that is the commit record, the codebook, then pages; `sketches.bin`, the sketch of
+//! each page at the same index; and `terms.bin`, each row's distinct terms with counts for
+//! the exact lexical score. Appends write the new rows into the mappings first and the header
+//! last, so a process killed at any point leaves a header that counts only whole rows; what it
+//! does not count is cut away when the files are opened again. Every page carries a checksum
+//! over itself (its sketch's checksum included) and its rows' terms; a file that fails any
+//! check (magic, version, checksums, dictionary, a purge since, a watermark ahead of the
+//! store) is reported and rebuilt from the store, never served.
 //!
 //! The arena is a cache of the store: it can always be rebuilt from it. Before every scan it
 //! catches up by reading only rows newer than its watermark ([`Arena::catch_up`]), keeping a
@@ -51,10 +54,10 @@ use crate::store::{Cf, Row, Store, StoreError};
 use crate::types::{ConversationId, RowId, TokenId, UserId};
 use codebook::Codebook;
 use file::{
-    Entry, FORMAT_VERSION, MappedFile, PAGES_HEADER_BYTES, PAGES_MAGIC, PAGES_OFFSET, PagesHeader,
-    TERMS_HEADER_BYTES, TERMS_MAGIC, TermsHeader,
+    Entry, FORMAT_VERSION, FileHeader, MappedFile, PAGES_HEADER_BYTES, PAGES_MAGIC, PAGES_OFFSET,
+    PagesHeader, SKETCH_BYTES, SKETCHES_MAGIC, SKETCHES_OFFSET, TERMS_HEADER_BYTES, TERMS_MAGIC,
 };
-pub use page::{CODE_BYTES, DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, blocked, code_byte};
+pub use page::{CODE_BYTES, DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, Sketch, blocked, code_byte};
 
 const PAGE_BYTES: usize = std::mem::size_of::<Page>();
 /// Rows of its user a walk to a row's conversation neighbour ([`Arena::neighbour`]) passes over
@@ -198,6 +201,8 @@ impl Slot {
 /// The arena.
 pub struct Arena {
     pages: MappedFile,
+    /// Page `p`'s sketch at index `p`.
+    sketches: MappedFile,
     terms: MappedFile,
     /// The committed header, updated in memory during a catch-up and written at its end.
     header: PagesHeader,
@@ -289,22 +294,26 @@ impl Arena {
     /// one-off scans: evaluation, benchmarks, checks.
     pub fn new() -> Self {
         let io = |e| panic!("cannot map anonymous memory for the arena: {e}");
-        let mut pages = MappedFile::anonymous(PAGES_OFFSET).unwrap_or_else(io);
-        let mut terms = MappedFile::anonymous(TERMS_HEADER_BYTES).unwrap_or_else(io);
+        let mut files = ArenaFiles {
+            pages: MappedFile::anonymous(PAGES_OFFSET).unwrap_or_else(io),
+            sketches: MappedFile::anonymous(SKETCHES_OFFSET).unwrap_or_else(io),
+            terms: MappedFile::anonymous(TERMS_HEADER_BYTES).unwrap_or_else(io),
+        };
         let header = PagesHeader::empty([0; 32], 0);
         let codebook = Codebook::empty();
-        write_heads(&mut pages, &mut terms, &header, &codebook);
-        Self::with_files(pages, terms, header, codebook)
+        files.write_heads(&header, &codebook);
+        Self::with_files(files, header, codebook)
     }
 
-    fn with_files(
-        pages: MappedFile,
-        terms: MappedFile,
-        header: PagesHeader,
-        codebook: Codebook,
-    ) -> Self {
+    fn with_files(files: ArenaFiles, header: PagesHeader, codebook: Codebook) -> Self {
+        let ArenaFiles {
+            pages,
+            sketches,
+            terms,
+        } = files;
         Self {
             pages,
+            sketches,
             terms,
             header,
             codebook,
@@ -334,14 +343,20 @@ impl Arena {
             move |source| ArenaError::Io { path, source }
         };
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-        let (pages_path, terms_path) = (dir.join("pages.bin"), dir.join("terms.bin"));
+        let paths = ArenaFiles::NAMES.map(|name| dir.join(name));
         let id = dictionary_id(dictionary);
         let purges = store.purges()?;
         let (stats, counted_below) = store.counts_snapshot_in(families(store, dictionary).1)?;
-        let found = if pages_path.exists() && terms_path.exists() {
-            let pages = MappedFile::open(&pages_path).map_err(io(&pages_path))?;
-            let terms = MappedFile::open(&terms_path).map_err(io(&terms_path))?;
-            Self::map_existing(pages, terms, id, purges, counted_below)
+        let open_all = || -> Result<ArenaFiles, ArenaError> {
+            let [pages, sketches, terms] = &paths;
+            Ok(ArenaFiles {
+                pages: MappedFile::open(pages).map_err(io(pages))?,
+                sketches: MappedFile::open(sketches).map_err(io(sketches))?,
+                terms: MappedFile::open(terms).map_err(io(terms))?,
+            })
+        };
+        let found = if paths.iter().all(|path| path.exists()) {
+            Self::map_existing(open_all()?, id, purges, counted_below)
         } else {
             Err(Unusable::Missing)
         };
@@ -356,7 +371,7 @@ impl Arena {
                 } else if reason != Unusable::Missing {
                     tracing::info!(dir = %dir.display(), %reason, "arena stale; rebuilding it from the store");
                 }
-                for path in [&pages_path, &terms_path] {
+                for path in &paths {
                     match std::fs::remove_file(path) {
                         Err(e) if e.kind() != io::ErrorKind::NotFound => {
                             return Err(io(path)(e));
@@ -364,13 +379,12 @@ impl Arena {
                         _ => {}
                     }
                 }
-                let mut pages = MappedFile::open(&pages_path).map_err(io(&pages_path))?;
-                let mut terms = MappedFile::open(&terms_path).map_err(io(&terms_path))?;
+                let mut files = open_all()?;
                 let header = PagesHeader::empty(id, purges);
                 let codebook = Codebook::empty();
-                write_heads(&mut pages, &mut terms, &header, &codebook);
+                files.write_heads(&header, &codebook);
                 (
-                    Self::with_files(pages, terms, header, codebook),
+                    Self::with_files(files, header, codebook),
                     Opened::Rebuilt { reason },
                 )
             }
@@ -385,12 +399,16 @@ impl Arena {
     /// the store's purge count and its next row. Public for the fuzz targets (`fuzz/`), which
     /// hand it arbitrary bytes: whatever they hold, the answer is an arena or a typed reason.
     pub fn map_existing(
-        mut pages: MappedFile,
-        terms: MappedFile,
+        files: ArenaFiles,
         dictionary: [u8; 32],
         purges: u64,
         store_next: RowId,
     ) -> Result<Self, Unusable> {
+        let ArenaFiles {
+            mut pages,
+            mut sketches,
+            terms,
+        } = files;
         let header: PagesHeader =
             bytemuck::pod_read_unaligned(&pages.bytes()[..PAGES_HEADER_BYTES]);
         if header.magic != PAGES_MAGIC {
@@ -411,16 +429,20 @@ impl Arena {
         {
             return Err(Unusable::Layout);
         }
-        let terms_header: TermsHeader =
-            bytemuck::pod_read_unaligned(&terms.bytes()[..TERMS_HEADER_BYTES]);
-        if terms_header.magic != TERMS_MAGIC {
-            return Err(Unusable::Magic { file: "terms.bin" });
-        }
-        if terms_header.format_version != FORMAT_VERSION {
-            return Err(Unusable::Version {
-                file: "terms.bin",
-                found: terms_header.format_version,
-            });
+        for (file, magic, bytes) in [
+            ("terms.bin", TERMS_MAGIC, terms.bytes()),
+            ("sketches.bin", SKETCHES_MAGIC, sketches.bytes()),
+        ] {
+            let head: FileHeader = bytemuck::pod_read_unaligned(&bytes[..TERMS_HEADER_BYTES]);
+            if head.magic != magic {
+                return Err(Unusable::Magic { file });
+            }
+            if head.format_version != FORMAT_VERSION {
+                return Err(Unusable::Version {
+                    file,
+                    found: head.format_version,
+                });
+            }
         }
         if header.dictionary != dictionary {
             return Err(Unusable::Dictionary);
@@ -439,6 +461,14 @@ impl Arena {
             return Err(Unusable::Truncated {
                 file: "pages.bin",
                 bytes: pages.bytes().len(),
+                needed,
+            });
+        }
+        let needed = needed_sketches(&header);
+        if sketches.bytes().len() < needed {
+            return Err(Unusable::Truncated {
+                file: "sketches.bin",
+                bytes: sketches.bytes().len(),
                 needed,
             });
         }
@@ -464,13 +494,15 @@ impl Arena {
         {
             let page_bytes = &mut pages.bytes_mut()[PAGES_OFFSET..needed_pages(&header)];
             let committed: &mut [Page] = bytemuck::cast_slice_mut(page_bytes);
+            let sketch_bytes = &mut sketches.bytes_mut()[SKETCHES_OFFSET..needed_sketches(&header)];
+            let their_sketches: &mut [Sketch] = bytemuck::cast_slice_mut(sketch_bytes);
             let entries: &[Entry] = bytemuck::cast_slice(
                 &terms.bytes()[TERMS_HEADER_BYTES..][..header.terms as usize * ENTRY_BYTES],
             );
             let written = (terms.bytes().len() - TERMS_HEADER_BYTES) / ENTRY_BYTES;
             let all_entries: &[Entry] =
                 bytemuck::cast_slice(&terms.bytes()[TERMS_HEADER_BYTES..][..written * ENTRY_BYTES]);
-            for (p, page) in committed.iter_mut().enumerate() {
+            for (p, (page, sketch)) in committed.iter_mut().zip(their_sketches).enumerate() {
                 let bad = |what| Unusable::Page {
                     page: p as u64,
                     what,
@@ -495,17 +527,22 @@ impl Arena {
                             <= written as u64
                     })
                     && page.checksum == page_checksum(page, all_entries);
+                // A sealed page vouches for the sketch it was sealed with; one that does not
+                // match it was torn, and is not sealed again below.
+                let sketch_sealed = sketch.checksum() == page.sketch;
                 let torn_commit = kept < held && sealed;
                 page.truncate(kept);
+                sketch.truncate(kept);
                 // A commit stopped while the codebook was recomputed leaves the page coded
                 // under a codebook the header does not name, sealed or not. Its codes are a
                 // function of its vectors: coded again under the committed codebook, the page
                 // is what was committed (unsealed) or what its newer checksum vouched for.
                 let recoded = page.codebook != codebook.checksum;
                 if recoded {
-                    codebook.encode_all(std::slice::from_mut(page));
+                    codebook.encode_all(std::slice::from_mut(page), std::slice::from_mut(sketch));
                 }
-                if torn_commit || (recoded && sealed) {
+                if (torn_commit || (recoded && sealed)) && sketch_sealed {
+                    page.sketch = sketch.checksum();
                     page.checksum = page_checksum(page, entries);
                 }
                 for i in 0..kept {
@@ -517,6 +554,9 @@ impl Arena {
                 if page.checksum != page_checksum(page, entries) {
                     return Err(bad("checksum mismatch"));
                 }
+                if sketch.checksum() != page.sketch {
+                    return Err(bad("sketch checksum mismatch"));
+                }
                 rows += kept as u64;
             }
         }
@@ -526,7 +566,12 @@ impl Arena {
                 expected: header.rows,
             });
         }
-        let mut arena = Self::with_files(pages, terms, header, codebook);
+        let files = ArenaFiles {
+            pages,
+            sketches,
+            terms,
+        };
+        let mut arena = Self::with_files(files, header, codebook);
         arena.index_pages();
         Ok(arena)
     }
@@ -569,19 +614,24 @@ impl Arena {
         self.header.rows as usize
     }
 
-    /// Bytes per row of the page layout (the entries, 12 bytes per distinct term or token,
-    /// come on top).
+    /// Bytes per row of the page layout, sketches included (the entries, 12 bytes per distinct
+    /// term or token, come on top).
     pub fn bytes_per_row() -> usize {
-        PAGE_BYTES / PAGE_ROWS
+        (PAGE_BYTES + SKETCH_BYTES) / PAGE_ROWS
     }
 
-    /// Bytes the arena's committed pages and term entries occupy.
+    /// Bytes the arena's committed pages, sketches and term entries occupy.
     pub fn bytes(&self) -> u64 {
-        self.header.pages * PAGE_BYTES as u64 + self.header.terms * ENTRY_BYTES as u64
+        self.header.pages * (PAGE_BYTES + SKETCH_BYTES) as u64
+            + self.header.terms * ENTRY_BYTES as u64
     }
 
     fn page_slice(&self) -> &[Page] {
         bytemuck::cast_slice(&self.pages.bytes()[PAGES_OFFSET..needed_pages(&self.header)])
+    }
+
+    fn sketch_slice(&self) -> &[Sketch] {
+        bytemuck::cast_slice(&self.sketches.bytes()[SKETCHES_OFFSET..needed_sketches(&self.header)])
     }
 
     /// The codebook of the rows' 2-bit codes.
@@ -700,17 +750,26 @@ impl Arena {
                 self.pages
                     .reserve(PAGES_OFFSET + (p as usize + 1) * PAGE_BYTES)
                     .map_err(|e| io_error(&self.pages, e))?;
+                self.sketches
+                    .reserve(SKETCHES_OFFSET + (p as usize + 1) * SKETCH_BYTES)
+                    .map_err(|e| io_error(&self.sketches, e))?;
                 self.header.pages += 1;
-                let page = &mut self.page_slice_mut()[p as usize];
+                let (pages, sketches) = self.slices_mut();
+                let page = &mut pages[p as usize];
                 *page = Page::zeroed();
                 page.user = row.user.0;
+                sketches[p as usize] = Sketch::zeroed();
                 self.by_user.entry(row.user).or_default().push(p);
                 p
             }
         };
         let quantized = embedding.quantize();
         let codebook = self.codebook;
-        let page = &mut self.page_slice_mut()[page_index as usize];
+        let (pages, sketches) = self.slices_mut();
+        let (page, sketch) = (
+            &mut pages[page_index as usize],
+            &mut sketches[page_index as usize],
+        );
         let i = page.rows as usize;
         page.row_ids[i] = row.id.0;
         page.conversations[i] = ConversationId::from_key(&row.conversation).0;
@@ -722,14 +781,17 @@ impl Arena {
         page.term_lens[i] = retrieval.term_len() as u32;
         page.term_counts[i] = retrieval.terms.len() as u32;
         page.token_counts[i] = retrieval.tokens.len() as u32;
-        page.set_code(i, &codebook.encode(&quantized.values, quantized.scale));
         page.codebook = codebook.checksum;
-        for &(term, _) in &retrieval.terms {
-            let bits = signature::term_bits(term);
-            page.signatures[blocked(i, bits.word)] |= bits.mask;
-        }
         page.vectors[i * DIMS..(i + 1) * DIMS].copy_from_slice(&quantized.values);
         page.rows += 1;
+        sketch.set_row(
+            i,
+            row.id.0,
+            page.term_lens[i],
+            &codebook.encode(&quantized.values, quantized.scale),
+            retrieval.terms.iter().map(|&(term, _)| term),
+        );
+        sketch.rows = page.rows;
         self.header.rows += 1;
         *self.rows_by_user.entry(row.user).or_default() += 1;
         self.dirty.push(page_index);
@@ -746,9 +808,13 @@ impl Arena {
         Ok(())
     }
 
-    fn page_slice_mut(&mut self) -> &mut [Page] {
-        let end = needed_pages(&self.header);
-        bytemuck::cast_slice_mut(&mut self.pages.bytes_mut()[PAGES_OFFSET..end])
+    /// The committed pages and their sketches, to write.
+    fn slices_mut(&mut self) -> (&mut [Page], &mut [Sketch]) {
+        let (pages_end, sketches_end) = (needed_pages(&self.header), needed_sketches(&self.header));
+        (
+            bytemuck::cast_slice_mut(&mut self.pages.bytes_mut()[PAGES_OFFSET..pages_end]),
+            bytemuck::cast_slice_mut(&mut self.sketches.bytes_mut()[SKETCHES_OFFSET..sketches_end]),
+        )
     }
 
     /// Compute the codebook over every held row and re-encode every row with it; every page is
@@ -756,7 +822,8 @@ impl Arena {
     fn recompute_codebook(&mut self) {
         self.codebook = Codebook::compute(self.page_slice());
         let codebook = self.codebook;
-        codebook.encode_all(self.page_slice_mut());
+        let (pages, sketches) = self.slices_mut();
+        codebook.encode_all(pages, sketches);
         self.dirty = (0..self.header.pages as u32).collect();
     }
 
@@ -767,8 +834,10 @@ impl Arena {
         dirty.sort_unstable();
         dirty.dedup();
         for p in dirty {
-            let checksum = page_checksum(&self.page_slice()[p as usize], self.entries());
-            self.page_slice_mut()[p as usize].checksum = checksum;
+            let sketch = self.sketch(p).checksum();
+            self.slices_mut().0[p as usize].sketch = sketch;
+            let checksum = page_checksum(self.page(p), self.entries());
+            self.slices_mut().0[p as usize].checksum = checksum;
         }
         let codebook = self.codebook;
         self.pages.bytes_mut()[PAGES_HEADER_BYTES..PAGES_OFFSET]
@@ -781,6 +850,9 @@ impl Arena {
         self.terms
             .flush_async()
             .map_err(|e| io_error(&self.terms, e))?;
+        self.sketches
+            .flush_async()
+            .map_err(|e| io_error(&self.sketches, e))?;
         self.pages
             .flush_async()
             .map_err(|e| io_error(&self.pages, e))
@@ -895,8 +967,9 @@ impl Arena {
         prefetch(&page.term_offsets[i]);
         prefetch(&page.term_counts[i]);
         prefetch(&page.term_lens[i]);
+        let sketch = self.sketch(slot.page);
         for w in 0..SIGNATURE_BITS / 64 {
-            prefetch(&page.signatures[blocked(i, w)]);
+            prefetch(&sketch.signatures[blocked(i, w)]);
         }
     }
 
@@ -917,6 +990,11 @@ impl Arena {
         &self.page_slice()[index as usize]
     }
 
+    /// The sketch of the page at `index`.
+    pub fn sketch(&self, index: u32) -> &Sketch {
+        &self.sketch_slice()[index as usize]
+    }
+
     /// The pages a scope may read: the tenant predicate, in one place. A user's scope is their
     /// own pages; a group scope is the union of its members' pages. No other user's row is ever
     /// handed to a scorer.
@@ -925,6 +1003,16 @@ impl Arena {
         self.scope_page_numbers(scope)
             .into_iter()
             .map(|p| &pages[p as usize])
+            .collect()
+    }
+
+    /// The sketches of the pages [`Arena::scope_pages`] hands out, in the same order: what
+    /// stage one scans.
+    pub fn scope_sketches(&self, scope: &[UserId]) -> Vec<&Sketch> {
+        let sketches = self.sketch_slice();
+        self.scope_page_numbers(scope)
+            .into_iter()
+            .map(|p| &sketches[p as usize])
             .collect()
     }
 
@@ -966,18 +1054,35 @@ fn io_error(file: &MappedFile, source: io::Error) -> ArenaError {
     }
 }
 
-/// Write the heads of an empty arena: the pages header, the codebook, the terms header.
-fn write_heads(
-    pages: &mut MappedFile,
-    terms: &mut MappedFile,
-    header: &PagesHeader,
-    codebook: &Codebook,
-) {
-    pages.bytes_mut()[..PAGES_HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(header));
-    pages.bytes_mut()[PAGES_HEADER_BYTES..PAGES_OFFSET]
-        .copy_from_slice(bytemuck::bytes_of(codebook));
-    terms.bytes_mut()[..TERMS_HEADER_BYTES]
-        .copy_from_slice(bytemuck::bytes_of(&TermsHeader::default()));
+/// The arena's three files, mapped.
+pub struct ArenaFiles {
+    pub pages: MappedFile,
+    pub sketches: MappedFile,
+    pub terms: MappedFile,
+}
+
+impl ArenaFiles {
+    /// The files' names in the arena's directory, in field order.
+    pub const NAMES: [&str; 3] = ["pages.bin", "sketches.bin", "terms.bin"];
+
+    /// Write the heads of an empty arena: the pages header, the codebook, the sketches and
+    /// terms headers.
+    fn write_heads(&mut self, header: &PagesHeader, codebook: &Codebook) {
+        let pages = self.pages.bytes_mut();
+        pages[..PAGES_HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(header));
+        pages[PAGES_HEADER_BYTES..PAGES_OFFSET].copy_from_slice(bytemuck::bytes_of(codebook));
+        self.sketches.bytes_mut()[..SKETCHES_OFFSET]
+            .copy_from_slice(bytemuck::bytes_of(&FileHeader::new(SKETCHES_MAGIC)));
+        self.terms.bytes_mut()[..TERMS_HEADER_BYTES]
+            .copy_from_slice(bytemuck::bytes_of(&FileHeader::new(TERMS_MAGIC)));
+    }
+}
+
+/// End of the committed pages' sketches in `sketches.bin`.
+fn needed_sketches(header: &PagesHeader) -> usize {
+    (header.pages as usize)
+        .saturating_mul(SKETCH_BYTES)
+        .saturating_add(SKETCHES_OFFSET)
 }
 
 /// End of the committed pages in `pages.bin`.

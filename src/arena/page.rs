@@ -4,7 +4,9 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::codebook::RowCode;
+use super::signature::term_bits;
 use crate::scan::kernels::{BLOCK_ROWS, LUT_ROWS, prefetch};
+use crate::types::TermId;
 
 /// Rows per page: eight blocks of eight rows.
 pub const PAGE_ROWS: usize = 64;
@@ -21,7 +23,9 @@ const _: () = assert!(
     "a page is one group of the 2-bit kernel"
 );
 
-/// One page: up to [`PAGE_ROWS`] rows of one user, column by column. 26,432 bytes.
+/// One page: up to [`PAGE_ROWS`] rows of one user, column by column. 20,032 bytes. The
+/// columns stage one reads lie in the page's [`Sketch`], kept apart so that a scope's sketches
+/// lie end to end.
 ///
 /// Slots at and past `rows` are zero: a page is zeroed when allocated and rows are only ever
 /// appended, so a page's bytes are a function of its first `rows` rows (the checksum relies on
@@ -33,11 +37,14 @@ pub struct Page {
     pub rows: u32,
     /// CRC-32 of the page with this field zero, followed by its rows' entries.
     pub checksum: u32,
-    /// The checksum of the codebook the page's 2-bit codes were encoded under: a commit
-    /// stopped while the codebook was recomputed leaves pages coded under one the header does
-    /// not name, and the next open codes them again under the committed one.
+    /// The checksum of the codebook the page's 2-bit codes (in its sketch) were encoded
+    /// under: a commit stopped while the codebook was recomputed leaves pages coded under one
+    /// the header does not name, and the next open codes them again under the committed one.
     pub codebook: u32,
-    pub reserved: [u32; 11],
+    /// CRC-32 of the page's sketch: the page's checksum covers it, so a sealed page vouches
+    /// for its sketch.
+    pub sketch: u32,
+    pub reserved: [u32; 10],
     pub row_ids: [u64; PAGE_ROWS],
     pub conversations: [u64; PAGE_ROWS],
     pub birth_clocks: [u64; PAGE_ROWS],
@@ -54,20 +61,40 @@ pub struct Page {
     /// Each row's number of distinct tokens (entries in `terms.bin`, after its terms): what
     /// the exact rescore embeds.
     pub token_counts: [u32; PAGE_ROWS],
+    /// int8 vectors, row-major.
+    pub vectors: [i8; PAGE_ROWS * DIMS],
+}
+
+const _: () = assert!(std::mem::size_of::<Page>() == 20_032);
+const _: () = assert!(std::mem::size_of::<Page>().is_multiple_of(64));
+
+/// What stage one reads of a page's rows, in `sketches.bin` at the page's index: 7,232 bytes.
+/// A scope's pages are mostly consecutive in the file (a user's rows fill one page after
+/// another), and so are their sketches: stage one reads one stream instead of 7 KiB of every
+/// 26 KiB, which loads about 1.5 times as fast (`docs/benchmarks.md`). `rows`, `term_lens` and
+/// `row_ids` repeat the page's; the codes, their scales and the signatures are only here.
+/// Slots at and past `rows` are zero, as in the page.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub struct Sketch {
+    pub rows: u32,
+    pub reserved: [u32; 15],
     /// Each row's 2-bit code scale α ([`super::codebook::Codebook::encode`]).
     pub alphas: [f32; PAGE_ROWS],
+    /// The page's `term_lens`.
+    pub term_lens: [u32; PAGE_ROWS],
+    /// The page's `row_ids`.
+    pub row_ids: [u64; PAGE_ROWS],
     /// The 2-bit codes, byte-major: byte `b` of row `r` at `b · PAGE_ROWS + r` ([`code_byte`]).
     pub codes: [u8; PAGE_ROWS * CODE_BYTES],
     /// Lexical signatures, blocked: word `w` of row `r` at `(r / 8 · WORDS + w) · 8 + r % 8`.
     /// The bits of each of the row's terms are set ([`super::signature::term_bits`]), so the
     /// first pass can estimate which query terms a row holds.
     pub signatures: [u64; PAGE_ROWS * WORDS],
-    /// int8 vectors, row-major.
-    pub vectors: [i8; PAGE_ROWS * DIMS],
 }
 
-const _: () = assert!(std::mem::size_of::<Page>() == 26_432);
-const _: () = assert!(std::mem::size_of::<Page>().is_multiple_of(64));
+const _: () = assert!(std::mem::size_of::<Sketch>() == 7_232);
+const _: () = assert!(std::mem::size_of::<Sketch>().is_multiple_of(64));
 
 /// Bits in a row's lexical signature.
 pub const SIGNATURE_BITS: usize = WORDS * 64;
@@ -93,61 +120,6 @@ pub fn blocked(i: usize, word: usize) -> usize {
 }
 
 impl Page {
-    /// Write row `i`'s 2-bit code.
-    pub fn set_code(&mut self, i: usize, code: &RowCode) {
-        for b in 0..CODE_BYTES {
-            self.codes[b * PAGE_ROWS + i] = code_byte(&code.signs, &code.magnitudes, b);
-        }
-        self.alphas[i] = code.alpha;
-    }
-
-    /// Row `i`'s code bytes, in order.
-    pub fn code_bytes(&self, i: usize) -> [u8; CODE_BYTES] {
-        std::array::from_fn(|b| self.codes[b * PAGE_ROWS + i])
-    }
-
-    /// Start loading the columns stage one reads of every row, part `part` of four: the codes
-    /// in two halves (0, 1), the signatures (2), the scales α, term lengths and row ids (3; a row
-    /// id is read for every row offered to the top-k, which early in a scan is most pages). A
-    /// scan visits pages 26 KiB apart and the hardware
-    /// prefetcher stops at each 4 KiB boundary, so without this each page begins with a wait on
-    /// memory; issued a part at a time between the kernels of the page before, the loads
-    /// overlap with its arithmetic instead of queueing all at once.
-    pub fn prefetch_first_pass(&self, part: usize) {
-        let lines = |bytes: &[u8]| {
-            for line in bytes.chunks(64) {
-                prefetch(line.as_ptr());
-            }
-        };
-        let half = self.codes.len() / 2;
-        match part {
-            0 => lines(&self.codes[..half]),
-            1 => lines(&self.codes[half..]),
-            2 => lines(bytemuck::cast_slice(&self.signatures)),
-            _ => {
-                lines(bytemuck::cast_slice(&self.alphas));
-                lines(bytemuck::cast_slice(&self.term_lens));
-                lines(bytemuck::cast_slice(&self.row_ids));
-            }
-        }
-    }
-
-    /// Blocks holding at least one row.
-    pub fn blocks(&self) -> usize {
-        (self.rows as usize).div_ceil(BLOCK_ROWS)
-    }
-
-    /// Word `word` of row `i`'s lexical signature.
-    #[inline]
-    pub fn signature_word(&self, i: usize, word: usize) -> u64 {
-        self.signatures[blocked(i, word)]
-    }
-
-    /// The lexical signatures of the page's first `blocks` blocks.
-    pub fn signatures_of_blocks(&self, blocks: usize) -> &[u64] {
-        &self.signatures[..blocks * BLOCK_ROWS * WORDS]
-    }
-
     /// Entries of row `i` in `terms.bin`: its terms, then its tokens.
     pub fn entries_of(&self, i: usize) -> usize {
         self.term_counts[i] as usize + self.token_counts[i] as usize
@@ -169,10 +141,103 @@ impl Page {
         self.decays[tail.clone()].fill(0.0);
         self.token_lens[tail.clone()].fill(0);
         self.scales[tail.clone()].fill(0.0);
-        self.alphas[tail.clone()].fill(0.0);
         self.term_lens[tail.clone()].fill(0);
         self.term_counts[tail.clone()].fill(0);
-        self.token_counts[tail.clone()].fill(0);
+        self.token_counts[tail].fill(0);
+        self.vectors[from * DIMS..].fill(0);
+        self.rows = from as u32;
+    }
+}
+
+impl Sketch {
+    /// Write row `i`: its id, term length, 2-bit code and the signature of its lexical
+    /// `terms`.
+    pub fn set_row(
+        &mut self,
+        i: usize,
+        id: u64,
+        term_len: u32,
+        code: &RowCode,
+        terms: impl IntoIterator<Item = TermId>,
+    ) {
+        self.row_ids[i] = id;
+        self.term_lens[i] = term_len;
+        self.set_code(i, code);
+        let mut words = [0u64; WORDS];
+        for term in terms {
+            let bits = term_bits(term);
+            words[bits.word] |= bits.mask;
+        }
+        for (w, word) in words.into_iter().enumerate() {
+            self.signatures[blocked(i, w)] = word;
+        }
+    }
+
+    /// Whether row `i` holds the same columns in both sketches.
+    pub fn same_row(&self, other: &Sketch, i: usize) -> bool {
+        self.row_ids[i] == other.row_ids[i]
+            && self.term_lens[i] == other.term_lens[i]
+            && self.alphas[i].to_bits() == other.alphas[i].to_bits()
+            && self.code_bytes(i) == other.code_bytes(i)
+            && (0..WORDS).all(|w| self.signature_word(i, w) == other.signature_word(i, w))
+    }
+
+    /// Write row `i`'s 2-bit code.
+    pub fn set_code(&mut self, i: usize, code: &RowCode) {
+        for b in 0..CODE_BYTES {
+            self.codes[b * PAGE_ROWS + i] = code_byte(&code.signs, &code.magnitudes, b);
+        }
+        self.alphas[i] = code.alpha;
+    }
+
+    /// Row `i`'s code bytes, in order.
+    pub fn code_bytes(&self, i: usize) -> [u8; CODE_BYTES] {
+        std::array::from_fn(|b| self.codes[b * PAGE_ROWS + i])
+    }
+
+    /// Start loading the columns stage one reads besides the codes (which its kernel loads
+    /// ahead itself, [`crate::scan::kernels::TwoBitFn`]), part `part` of two: the signatures
+    /// (0), the scales α, term lengths and row ids (1; a row id is read for every row offered
+    /// to the top-k, which early in a scan is most pages). Issued a part at a time between the
+    /// kernels of the sketch before, the loads overlap with its arithmetic instead of queueing
+    /// all at once.
+    pub fn prefetch_first_pass(&self, part: usize) {
+        let lines = |bytes: &[u8]| {
+            for line in bytes.chunks(64) {
+                prefetch(line.as_ptr());
+            }
+        };
+        if part == 0 {
+            lines(bytemuck::cast_slice(&self.signatures));
+        } else {
+            lines(bytemuck::cast_slice(&self.alphas));
+            lines(bytemuck::cast_slice(&self.term_lens));
+            lines(bytemuck::cast_slice(&self.row_ids));
+        }
+    }
+
+    /// Blocks holding at least one row.
+    pub fn blocks(&self) -> usize {
+        (self.rows as usize).div_ceil(BLOCK_ROWS)
+    }
+
+    /// Word `word` of row `i`'s lexical signature.
+    #[inline]
+    pub fn signature_word(&self, i: usize, word: usize) -> u64 {
+        self.signatures[blocked(i, word)]
+    }
+
+    /// The lexical signatures of the sketch's first `blocks` blocks.
+    pub fn signatures_of_blocks(&self, blocks: usize) -> &[u64] {
+        &self.signatures[..blocks * BLOCK_ROWS * WORDS]
+    }
+
+    /// Zero every slot from row `from` on and set `rows` to `from` ([`Page::truncate`]).
+    pub fn truncate(&mut self, from: usize) {
+        let tail = from..PAGE_ROWS;
+        self.alphas[tail.clone()].fill(0.0);
+        self.term_lens[tail.clone()].fill(0);
+        self.row_ids[tail.clone()].fill(0);
         for i in tail {
             for w in 0..WORDS {
                 self.signatures[blocked(i, w)] = 0;
@@ -180,8 +245,12 @@ impl Page {
             for b in 0..CODE_BYTES {
                 self.codes[b * PAGE_ROWS + i] = 0;
             }
-            self.vectors[i * DIMS..(i + 1) * DIMS].fill(0);
         }
         self.rows = from as u32;
+    }
+
+    /// CRC-32 of the sketch: what its page's `sketch` field holds once sealed.
+    pub fn checksum(&self) -> u32 {
+        crc32fast::hash(bytemuck::bytes_of(self))
     }
 }

@@ -53,8 +53,11 @@ pub const LUT_ROWS: usize = 64;
 
 /// 2-bit sums of `query` against byte-major `codes` (see [`scalar::two_bit`], the
 /// specification): `out.len()` rows, a multiple of [`LUT_ROWS`], `codes` holding at least
-/// `out.len() · query.code_bytes()` bytes.
-pub type TwoBitFn = fn(query: &TwoBitQuery, codes: &[u8], out: &mut [i32]);
+/// `out.len() · query.code_bytes()` bytes. `ahead` is a hint that changes no result: when not
+/// 0, the kernel starts loading, with each 64-byte line of codes it reads, the line `ahead`
+/// bytes further on in memory (where the caller's next codes lie), so that they arrive while
+/// it computes.
+pub type TwoBitFn = fn(query: &TwoBitQuery, codes: &[u8], out: &mut [i32], ahead: usize);
 /// Dot products of `query` against each row of `rows` (`out.len()` rows of `query.len()`).
 pub type DotI8Fn = fn(query: &[i8], rows: &[i8], out: &mut [i32]);
 /// Dot product of two equally long f32 vectors.
@@ -239,8 +242,9 @@ pub mod scalar {
     use super::{LUT_ROWS, TwoBitQuery};
 
     /// For each row: `Σ_p T_p[n_p]` over its pairs, `n_p` its nibble for pair `p`: the low
-    /// nibble of code byte `p / 2` for even `p`, the high one for odd `p`.
-    pub fn two_bit(query: &TwoBitQuery, codes: &[u8], out: &mut [i32]) {
+    /// nibble of code byte `p / 2` for even `p`, the high one for odd `p`. Loads nothing
+    /// ahead (`_ahead` is a hint).
+    pub fn two_bit(query: &TwoBitQuery, codes: &[u8], out: &mut [i32], _ahead: usize) {
         let bytes = query.code_bytes();
         for (group, sums) in codes
             .chunks_exact(bytes * LUT_ROWS)
@@ -387,7 +391,7 @@ pub mod avx512 {
     /// the bytes are joined into 16-bit entries for the even and the odd rows, summed in 16-bit
     /// lanes for [`super::PAIRS_PER_FLUSH`] pairs (within `i16` by [`super::LUT_ENTRY_MAX`]) and
     /// widened into 32-bit sums. All integer, so equal to the scalar loop.
-    pub fn two_bit(query: &super::TwoBitQuery, codes: &[u8], out: &mut [i32]) {
+    pub fn two_bit(query: &super::TwoBitQuery, codes: &[u8], out: &mut [i32], ahead: usize) {
         assert!(has_bw(), "avx512::two_bit called without AVX-512 BW");
         assert_eq!(out.len() % super::LUT_ROWS, 0, "whole groups only");
         assert!(
@@ -400,10 +404,10 @@ pub mod avx512 {
         // `TwoBitQuery::new` that its tables hold 16 entries for each of `code_bytes() · 2`
         // pairs in whole flushes, which bounds each of its loads and stores.
         unsafe {
-            x86::two_bit_lut(query, codes, out)
+            x86::two_bit_lut(query, codes, out, ahead)
         }
         #[cfg(not(target_arch = "x86_64"))]
-        super::scalar::two_bit(query, codes, out)
+        super::scalar::two_bit(query, codes, out, ahead)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -439,8 +443,9 @@ pub mod avx512 {
             query: &super::super::TwoBitQuery,
             codes: &[u8],
             out: &mut [i32],
+            ahead: usize,
         ) {
-            use super::super::{LUT_ROWS, PAIR_ENTRIES, PAIRS_PER_FLUSH};
+            use super::super::{LUT_ROWS, PAIR_ENTRIES, PAIRS_PER_FLUSH, prefetch};
             let bytes = query.code_bytes();
             let (low, high) = (query.low.as_ptr(), query.high.as_ptr());
             let nibble = _mm512_set1_epi8(0x0F);
@@ -457,6 +462,11 @@ pub mod avx512 {
                         // SAFETY: group `g` holds `bytes · 64` bytes inside `codes` and
                         // `b < bytes`, so the 64-byte load is in bounds.
                         let x = unsafe { _mm512_loadu_si512(base.add(b * LUT_ROWS).cast()) };
+                        if ahead > 0 {
+                            // A hint only: the address is never read here, and a prefetch
+                            // of any address is harmless.
+                            prefetch(base.wrapping_add(b * LUT_ROWS + ahead));
+                        }
                         let nibbles = [
                             _mm512_and_si512(x, nibble),
                             _mm512_and_si512(_mm512_srli_epi16::<4>(x), nibble),
@@ -563,6 +573,7 @@ mod tests {
             seed in proptest::collection::vec(
                 prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()], 3 * 2 * 3 * 8 * 8),
             table in proptest::collection::vec(entry_edge(), 3 * PAIRS_PER_FLUSH * PAIR_ENTRIES),
+            ahead in prop_oneof![Just(0usize), 1usize..1 << 20],
         ) {
             let pairs = flushes * PAIRS_PER_FLUSH;
             let query = TwoBitQuery::new(table[..pairs * PAIR_ENTRIES].to_vec());
@@ -570,7 +581,7 @@ mod tests {
             let bytes: Vec<u8> = seed.iter().flat_map(|w| w.to_le_bytes()).collect();
             let codes = &bytes[..rows * query.code_bytes()];
             let mut expected = vec![i32::MIN; rows];
-            scalar::two_bit(&query, codes, &mut expected);
+            scalar::two_bit(&query, codes, &mut expected, 0);
             // The specification is the sum it names, read straight from the byte-major layout.
             for (r, &sum) in expected.iter().enumerate() {
                 let (g, i) = (r / LUT_ROWS, r % LUT_ROWS);
@@ -585,7 +596,8 @@ mod tests {
             }
             for (isa, f) in two_bit_impls() {
                 let mut got = vec![i32::MAX; rows];
-                f(&query, codes, &mut got);
+                // Loading ahead is a hint: it changes no sum.
+                f(&query, codes, &mut got, ahead);
                 prop_assert_eq!(&got, &expected, "{:?}", isa);
             }
         }
@@ -694,7 +706,7 @@ mod tests {
         codes[31 * LUT_ROWS + 1] = 0xF0;
         for (isa, f) in two_bit_impls() {
             let mut out = [9i32; LUT_ROWS];
-            f(&query, &codes, &mut out);
+            f(&query, &codes, &mut out, 0);
             // Every nibble not set above is 0, which only pair 0 weighs (−3).
             let mut expected = [-3i32; LUT_ROWS];
             expected[0] = 107;
