@@ -11,7 +11,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use perpetuity::scan::kernels::{
-    self, DotI8Fn, Isa, Kernels, LUT_ENTRY_MAX, LUT_ROWS, TwoBitFn, TwoBitQuery,
+    self, DotI8Fn, Isa, Kernels, LUT_ENTRY_MAX, LUT_ROWS, Lookahead, TwoBitFn, TwoBitQuery,
 };
 use perpetuity::scan::topk::{Hit, TopK};
 use perpetuity::types::RowId;
@@ -72,6 +72,14 @@ fn time(mut run: impl FnMut()) -> Duration {
     )
 }
 
+/// The next group of codes into the first-level cache, the one after into the second-level.
+fn group_ahead(code_bytes: usize) -> Lookahead {
+    Lookahead {
+        near: LUT_ROWS * code_bytes,
+        far: 2 * LUT_ROWS * code_bytes,
+    }
+}
+
 fn main() {
     let chosen = Kernels::detect(false);
     println!("kernels chosen at start-up: {}", chosen.describe());
@@ -101,7 +109,7 @@ fn main() {
     }
     for (isa, f) in two_bits {
         let t = time(|| {
-            f(&query, &codes, &mut out, 0);
+            f(&query, &codes, &mut out, Lookahead::default());
             black_box(&out);
         });
         report(
@@ -111,15 +119,18 @@ fn main() {
             t,
             bandwidth,
         );
-        // The same, loading each line's counterpart one group (64 rows) ahead as it reads it:
-        // how stage one reads a scope's sketches.
-        let ahead = LUT_ROWS * code_bytes;
+        // The same, loading each line's counterparts one and two groups (64 rows each) ahead
+        // as it reads it: how stage one reads a scope's sketches.
+        let ahead = group_ahead(code_bytes);
         let t = time(|| {
             f(&query, &codes, &mut out, ahead);
             black_box(&out);
         });
         report(
-            &format!("two_bit {isa:?}, loading {ahead} bytes ahead"),
+            &format!(
+                "two_bit {isa:?}, loading {} and {} bytes ahead",
+                ahead.near, ahead.far
+            ),
             CODE_ROWS,
             code_bytes,
             t,
@@ -130,7 +141,12 @@ fn main() {
         let cached = &codes[..CACHED_ROWS * code_bytes];
         let t = time(|| {
             for _ in 0..CODE_ROWS / CACHED_ROWS {
-                f(&query, cached, &mut out[..CACHED_ROWS], 0);
+                f(
+                    &query,
+                    cached,
+                    &mut out[..CACHED_ROWS],
+                    Lookahead::default(),
+                );
                 black_box(&out);
             }
         });
@@ -145,7 +161,7 @@ fn main() {
     drop(out);
 
     // The dense first pass end to end on one core: the chosen 2-bit kernel in chunks, loading
-    // a group ahead as stage one does, then top-k.
+    // ahead as stage one does, then top-k.
     let scan = || {
         let mut top = TopK::new(TOP_K);
         let mut buf = vec![0i32; SCAN_CHUNK_ROWS];
@@ -154,7 +170,7 @@ fn main() {
         let mut bound = i32::MIN;
         for (c, chunk) in codes.chunks(SCAN_CHUNK_ROWS * code_bytes).enumerate() {
             let rows = chunk.len() / code_bytes;
-            (chosen.two_bit)(&query, chunk, &mut buf[..rows], LUT_ROWS * code_bytes);
+            (chosen.two_bit)(&query, chunk, &mut buf[..rows], group_ahead(code_bytes));
             for (i, &sum) in buf[..rows].iter().enumerate() {
                 if sum > bound {
                     top.push(Hit {

@@ -28,7 +28,8 @@ use crate::dictionary::derive::Quantized;
 use crate::dictionary::derive::{RetrievalRow, derive};
 use crate::relevance::{CONTEXT_AFTER, CONTEXT_BEFORE, HybridScorer, in_context, signature_share};
 use crate::scan::kernels::{
-    BLOCK_ROWS, Kernels, LUT_ENTRY_MAX, PAIR_ENTRIES, SignatureTerm, TwoBitQuery, code_words,
+    BLOCK_ROWS, Kernels, LUT_ENTRY_MAX, Lookahead, PAIR_ENTRIES, SignatureTerm, TwoBitQuery,
+    code_words, prefetch, prefetch_l2,
 };
 use crate::scan::topk::{Hit, TopK, parallel_top_k};
 use crate::tokens::Tokenizer;
@@ -233,18 +234,32 @@ pub fn first_pass(
     let terms = estimate_terms(query);
     let top = parallel_top_k(sketches.len(), k, |p, top: &mut TopK| {
         let page = sketches[p];
-        let next = sketches.get(p + 1);
-        // The next sketch's codes are loaded by the kernel as it reads this one's, at the
-        // same offset; its other columns a part at a time after each kernel.
-        let ahead = next.map_or(0, |next| {
-            (std::ptr::from_ref(*next) as usize).wrapping_sub(std::ptr::from_ref(page) as usize)
-        });
+        let (next, after) = (sketches.get(p + 1), sketches.get(p + 2));
+        // The next sketch is loaded into the first-level cache and the one after it into the
+        // second-level one while this one is scored: their codes by the kernel as it reads
+        // this one's (at the same offsets), their other columns a part at a time after each
+        // kernel.
+        let distance = |to: Option<&&Sketch>| {
+            to.map_or(0, |to| {
+                (std::ptr::from_ref(*to) as usize).wrapping_sub(std::ptr::from_ref(page) as usize)
+            })
+        };
+        let ahead = Lookahead {
+            near: distance(next),
+            far: distance(after),
+        };
+        let load_ahead = |part| {
+            if let Some(next) = next {
+                next.prefetch_first_pass(part, prefetch);
+            }
+            if let Some(after) = after {
+                after.prefetch_first_pass(part, prefetch_l2);
+            }
+        };
         let blocks = page.blocks();
         let mut sums = [0i32; PAGE_ROWS];
         (kernels.two_bit)(&query.dense.weights, &page.codes, &mut sums, ahead);
-        if let Some(next) = next {
-            next.prefetch_first_pass(0);
-        }
+        load_ahead(0);
         let mut matched = [0f32; PAGE_ROWS];
         (kernels.signature)(
             &terms,
@@ -252,9 +267,7 @@ pub fn first_pass(
             page.signatures_of_blocks(blocks),
             &mut matched[..blocks * BLOCK_ROWS],
         );
-        if let Some(next) = next {
-            next.prefetch_first_pass(1);
-        }
+        load_ahead(1);
         let rows = page.rows as usize;
         // The estimates first, in a loop of arithmetic only (the compiler vectorises it), then
         // the offers to the top-k, which mostly end at its threshold.

@@ -5,7 +5,9 @@ use bytemuck::{Pod, Zeroable};
 
 use super::codebook::RowCode;
 use super::signature::term_bits;
-use crate::scan::kernels::{BLOCK_ROWS, LUT_ROWS, prefetch};
+use crate::scan::kernels::{BLOCK_ROWS, LUT_ROWS};
+#[cfg(doc)]
+use crate::scan::kernels::{prefetch, prefetch_l2};
 use crate::types::TermId;
 
 /// Rows per page: eight blocks of eight rows.
@@ -195,16 +197,16 @@ impl Sketch {
         std::array::from_fn(|b| self.codes[b * PAGE_ROWS + i])
     }
 
-    /// Start loading the columns stage one reads besides the codes (which its kernel loads
-    /// ahead itself, [`crate::scan::kernels::TwoBitFn`]), part `part` of two: the signatures
-    /// (0), the scales α, term lengths and row ids (1; a row id is read for every row offered
-    /// to the top-k, which early in a scan is most pages). Issued a part at a time between the
-    /// kernels of the sketch before, the loads overlap with its arithmetic instead of queueing
-    /// all at once.
-    pub fn prefetch_first_pass(&self, part: usize) {
+    /// Start loading, with `load` ([`prefetch`] or [`prefetch_l2`]), the columns stage one
+    /// reads besides the codes (which its kernel loads ahead itself,
+    /// [`crate::scan::kernels::Lookahead`]), part `part` of two: the signatures (0), the scales
+    /// α, term lengths and row ids (1; a row id is read for every row offered to the top-k,
+    /// which early in a scan is most pages). Issued a part at a time between the kernels of a
+    /// sketch before, the loads overlap with its arithmetic instead of queueing all at once.
+    pub fn prefetch_first_pass(&self, part: usize, load: fn(*const u8)) {
         let lines = |bytes: &[u8]| {
             for line in bytes.chunks(64) {
-                prefetch(line.as_ptr());
+                load(line.as_ptr());
             }
         };
         if part == 0 {

@@ -53,11 +53,19 @@ pub const LUT_ROWS: usize = 64;
 
 /// 2-bit sums of `query` against byte-major `codes` (see [`scalar::two_bit`], the
 /// specification): `out.len()` rows, a multiple of [`LUT_ROWS`], `codes` holding at least
-/// `out.len() · query.code_bytes()` bytes. `ahead` is a hint that changes no result: when not
-/// 0, the kernel starts loading, with each 64-byte line of codes it reads, the line `ahead`
-/// bytes further on in memory (where the caller's next codes lie), so that they arrive while
-/// it computes.
-pub type TwoBitFn = fn(query: &TwoBitQuery, codes: &[u8], out: &mut [i32], ahead: usize);
+/// `out.len() · query.code_bytes()` bytes. `ahead` is a hint that changes no result: where the
+/// caller's next codes lie, to load while the kernel computes ([`Lookahead`]).
+pub type TwoBitFn = fn(query: &TwoBitQuery, codes: &[u8], out: &mut [i32], ahead: Lookahead);
+
+/// How far ahead of what it reads a streaming kernel starts loading: with each 64-byte line at
+/// `p` it reads, the line at `p + near` into the first-level cache ([`prefetch`]) and the line
+/// at `p + far` into the second-level one ([`prefetch_l2`]); 0 loads nothing. A hint only: it
+/// changes no result. Stage one passes the distances to the next sketch and the one after.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lookahead {
+    pub near: usize,
+    pub far: usize,
+}
 /// Dot products of `query` against each row of `rows` (`out.len()` rows of `query.len()`).
 pub type DotI8Fn = fn(query: &[i8], rows: &[i8], out: &mut [i32]);
 /// Dot product of two equally long f32 vectors.
@@ -139,6 +147,20 @@ pub fn prefetch<T>(p: *const T) {
     // valid or not, never faults and brings nothing into the program's state.
     unsafe {
         std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    }
+}
+
+/// [`prefetch`] into the second-level cache only (`PREFETCHT2`): for lines needed a step after
+/// the next, which then come from the L2 when [`prefetch`] asks for them, so the first-level
+/// cache's few outstanding misses are held for a shorter time (`docs/benchmarks.md`, "Stage
+/// one loads two sketches ahead").
+#[allow(unsafe_code)]
+#[inline]
+pub fn prefetch_l2<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as for `prefetch`: PREFETCHT2 is SSE, never faults and changes no state.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T2 }>(p.cast())
     }
 }
 
@@ -244,7 +266,7 @@ pub mod scalar {
     /// For each row: `Σ_p T_p[n_p]` over its pairs, `n_p` its nibble for pair `p`: the low
     /// nibble of code byte `p / 2` for even `p`, the high one for odd `p`. Loads nothing
     /// ahead (`_ahead` is a hint).
-    pub fn two_bit(query: &TwoBitQuery, codes: &[u8], out: &mut [i32], _ahead: usize) {
+    pub fn two_bit(query: &TwoBitQuery, codes: &[u8], out: &mut [i32], _ahead: super::Lookahead) {
         let bytes = query.code_bytes();
         for (group, sums) in codes
             .chunks_exact(bytes * LUT_ROWS)
@@ -391,7 +413,12 @@ pub mod avx512 {
     /// the bytes are joined into 16-bit entries for the even and the odd rows, summed in 16-bit
     /// lanes for [`super::PAIRS_PER_FLUSH`] pairs (within `i16` by [`super::LUT_ENTRY_MAX`]) and
     /// widened into 32-bit sums. All integer, so equal to the scalar loop.
-    pub fn two_bit(query: &super::TwoBitQuery, codes: &[u8], out: &mut [i32], ahead: usize) {
+    pub fn two_bit(
+        query: &super::TwoBitQuery,
+        codes: &[u8],
+        out: &mut [i32],
+        ahead: super::Lookahead,
+    ) {
         assert!(has_bw(), "avx512::two_bit called without AVX-512 BW");
         assert_eq!(out.len() % super::LUT_ROWS, 0, "whole groups only");
         assert!(
@@ -443,9 +470,9 @@ pub mod avx512 {
             query: &super::super::TwoBitQuery,
             codes: &[u8],
             out: &mut [i32],
-            ahead: usize,
+            ahead: super::super::Lookahead,
         ) {
-            use super::super::{LUT_ROWS, PAIR_ENTRIES, PAIRS_PER_FLUSH, prefetch};
+            use super::super::{LUT_ROWS, PAIR_ENTRIES, PAIRS_PER_FLUSH, prefetch, prefetch_l2};
             let bytes = query.code_bytes();
             let (low, high) = (query.low.as_ptr(), query.high.as_ptr());
             let nibble = _mm512_set1_epi8(0x0F);
@@ -462,10 +489,13 @@ pub mod avx512 {
                         // SAFETY: group `g` holds `bytes · 64` bytes inside `codes` and
                         // `b < bytes`, so the 64-byte load is in bounds.
                         let x = unsafe { _mm512_loadu_si512(base.add(b * LUT_ROWS).cast()) };
-                        if ahead > 0 {
-                            // A hint only: the address is never read here, and a prefetch
-                            // of any address is harmless.
-                            prefetch(base.wrapping_add(b * LUT_ROWS + ahead));
+                        // Hints only: the addresses are never read here, and a prefetch of
+                        // any address is harmless.
+                        if ahead.near > 0 {
+                            prefetch(base.wrapping_add(b * LUT_ROWS + ahead.near));
+                        }
+                        if ahead.far > 0 {
+                            prefetch_l2(base.wrapping_add(b * LUT_ROWS + ahead.far));
                         }
                         let nibbles = [
                             _mm512_and_si512(x, nibble),
@@ -573,7 +603,8 @@ mod tests {
             seed in proptest::collection::vec(
                 prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()], 3 * 2 * 3 * 8 * 8),
             table in proptest::collection::vec(entry_edge(), 3 * PAIRS_PER_FLUSH * PAIR_ENTRIES),
-            ahead in prop_oneof![Just(0usize), 1usize..1 << 20],
+            near in prop_oneof![Just(0usize), 1usize..1 << 20],
+            far in prop_oneof![Just(0usize), 1usize..1 << 21],
         ) {
             let pairs = flushes * PAIRS_PER_FLUSH;
             let query = TwoBitQuery::new(table[..pairs * PAIR_ENTRIES].to_vec());
@@ -581,7 +612,7 @@ mod tests {
             let bytes: Vec<u8> = seed.iter().flat_map(|w| w.to_le_bytes()).collect();
             let codes = &bytes[..rows * query.code_bytes()];
             let mut expected = vec![i32::MIN; rows];
-            scalar::two_bit(&query, codes, &mut expected, 0);
+            scalar::two_bit(&query, codes, &mut expected, Lookahead::default());
             // The specification is the sum it names, read straight from the byte-major layout.
             for (r, &sum) in expected.iter().enumerate() {
                 let (g, i) = (r / LUT_ROWS, r % LUT_ROWS);
@@ -597,7 +628,7 @@ mod tests {
             for (isa, f) in two_bit_impls() {
                 let mut got = vec![i32::MAX; rows];
                 // Loading ahead is a hint: it changes no sum.
-                f(&query, codes, &mut got, ahead);
+                f(&query, codes, &mut got, Lookahead { near, far });
                 prop_assert_eq!(&got, &expected, "{:?}", isa);
             }
         }
@@ -706,7 +737,7 @@ mod tests {
         codes[31 * LUT_ROWS + 1] = 0xF0;
         for (isa, f) in two_bit_impls() {
             let mut out = [9i32; LUT_ROWS];
-            f(&query, &codes, &mut out, 0);
+            f(&query, &codes, &mut out, Lookahead::default());
             // Every nibble not set above is 0, which only pair 0 weighs (−3).
             let mut expected = [-3i32; LUT_ROWS];
             expected[0] = 107;
