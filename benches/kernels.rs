@@ -175,7 +175,7 @@ fn main() {
                 if sum > bound {
                     top.push(Hit {
                         score: sum as f32,
-                        lexical: 0.0,
+                        carried: 0.0,
                         row: RowId((c * SCAN_CHUNK_ROWS + i) as u64),
                     });
                     if let Some(worst) = top.threshold() {

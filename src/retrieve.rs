@@ -286,7 +286,7 @@ pub fn first_pass(
             if estimates[i] >= floor {
                 top.push(Hit {
                     score: estimates[i],
-                    lexical: lexical[i],
+                    carried: lexical[i],
                     row: RowId(page.row_ids[i]),
                 });
             }
@@ -311,9 +311,9 @@ pub fn refine(
     let keep = narrow_k(hits.len()).max(k);
     if hits.len() > keep {
         let narrowed = narrow(arena, kernels, query, hits, keep);
-        return score_lexical(arena, kernels, query, &narrowed, k);
+        return score_lexical(arena, kernels, query, &narrowed, k, Cosine::Carried);
     }
-    score_lexical(arena, kernels, query, hits, k)
+    score_lexical(arena, kernels, query, hits, k, Cosine::Computed)
 }
 
 /// Hits stage two reads the terms of, out of stage one's `hits`: a quarter, at least 2,048 (4,000
@@ -326,18 +326,28 @@ pub fn narrow_k(hits: usize) -> usize {
     (hits / 4).max(2048)
 }
 
+/// Where stage two's walk finds a hit's int8 cosine to the query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cosine {
+    /// Computed from the row's vector and scale.
+    Computed,
+    /// Carried in the hit ([`Hit::carried`], as [`narrow`] leaves it).
+    Carried,
+}
+
 /// Stage two's walk: `hits` in tasks of [`REFINE_CHUNK_HITS`] on the rayon pool, each with its
 /// own top `k` (merged deterministically). `score` sees each hit whose row the arena holds, with
 /// its page, its index there and its int8 cosine to the query; the hits are sparse in the arena,
-/// so each row's vector and scale are loaded a few steps ahead, and when `lexical` its other
-/// columns and term entries too (these once its entry offset is at hand).
+/// so what is read of each row is loaded a few steps ahead: its vector and scale when the
+/// cosine is computed, and when `lexical` its other columns and term entries (these once its
+/// entry offset is at hand).
 fn walk_hits(
     arena: &Arena,
     kernels: &Kernels,
     query: &PreparedQuery,
     hits: &[Hit],
     k: usize,
-    lexical: bool,
+    (cosine_from, lexical): (Cosine, bool),
     score: impl Fn(&mut TopK, Hit, Slot, f32) + Sync,
 ) -> TopK {
     let chunks = hits.len().div_ceil(REFINE_CHUNK_HITS);
@@ -348,10 +358,11 @@ fn walk_hits(
         let slots: Vec<Option<Slot>> = chunk.iter().map(|hit| arena.slot(hit.row)).collect();
         for (n, (hit, slot)) in chunk.iter().zip(&slots).enumerate() {
             if let Some(&Some(ahead)) = slots.get(n + PREFETCH_ROWS_AHEAD) {
-                if lexical {
-                    arena.prefetch_row(ahead);
-                } else {
+                if cosine_from == Cosine::Computed {
                     arena.prefetch_vector(ahead);
+                }
+                if lexical {
+                    arena.prefetch_lexical(ahead);
                 }
             }
             if lexical && let Some(&Some(ahead)) = slots.get(n + PREFETCH_TERMS_AHEAD) {
@@ -360,10 +371,15 @@ fn walk_hits(
             let Some(slot) = *slot else {
                 continue;
             };
-            let page = arena.page(slot.page);
-            let i = slot.index as usize;
-            (kernels.dot_i8)(&query.int8.values, page.vector(i), &mut dot);
-            let cosine = dot[0] as f32 * query.int8.scale * page.scales[i];
+            let cosine = match cosine_from {
+                Cosine::Computed => {
+                    let page = arena.page(slot.page);
+                    let i = slot.index as usize;
+                    (kernels.dot_i8)(&query.int8.values, page.vector(i), &mut dot);
+                    dot[0] as f32 * query.int8.scale * page.scales[i]
+                }
+                Cosine::Carried => hit.carried,
+            };
             score(top, *hit, slot, cosine);
         }
     })
@@ -380,7 +396,8 @@ fn signature_sum(sketch: &Sketch, i: usize, terms: &[SignatureTerm]) -> f32 {
 
 /// The `keep` best of `hits` by stage one's estimate with the int8 cosine in place of the 2-bit
 /// one: the lexical part is the one stage one computed from the signature and carried in the
-/// hit, so only the row's vector and scale are read. Returned in row id order.
+/// hit, so only the row's vector and scale are read. Returned in row id order, each hit
+/// carrying its int8 cosine on to [`score_lexical`].
 fn narrow(
     arena: &Arena,
     kernels: &Kernels,
@@ -394,18 +411,20 @@ fn narrow(
         query,
         hits,
         keep,
-        false,
+        (Cosine::Computed, false),
         |top, hit, _, cosine| {
             top.push(Hit {
-                score: query.scorer.dense_part(cosine) + hit.lexical,
-                ..hit
+                score: query.scorer.dense_part(cosine) + hit.carried,
+                carried: cosine,
+                row: hit.row,
             });
         },
     )
     .into_row_order()
 }
 
-/// The `k` best of `hits` by the int8 cosine and the exact lexical part.
+/// The `k` best of `hits` by the int8 cosine (computed, or carried from [`narrow`]) and the
+/// exact lexical part.
 ///
 /// Once `k` rows are kept, a row is skipped without its BM25 when even the most its lexical
 /// part could reach (every query term its signature may hold, at BM25's ceiling
@@ -418,6 +437,7 @@ fn score_lexical(
     query: &PreparedQuery,
     hits: &[Hit],
     k: usize,
+    cosine: Cosine,
 ) -> Vec<Hit> {
     let terms = signature_terms(query);
     let ceiling = query.scorer.lexical_ceiling_factor();
@@ -427,7 +447,7 @@ fn score_lexical(
         query,
         hits,
         k,
-        true,
+        (cosine, true),
         |top, hit, slot, cosine| {
             let floor = top.floor();
             if floor > f32::NEG_INFINITY {
@@ -442,7 +462,7 @@ fn score_lexical(
                 score: query
                     .scorer
                     .score_with_cosine(entries.terms, entries.len, cosine),
-                lexical: 0.0,
+                carried: 0.0,
                 row: hit.row,
             });
         },
@@ -748,7 +768,7 @@ pub fn brute_force_many(
                         for (q, top) in tops.iter_mut().enumerate() {
                             top.push(Hit {
                                 score: score_in_context(own_of(slot, q), &around, |s| own_of(s, q)),
-                                lexical: 0.0,
+                                carried: 0.0,
                                 row: RowId(page.row_ids[index as usize]),
                             });
                         }

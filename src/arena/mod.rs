@@ -958,10 +958,9 @@ impl Arena {
         prefetch(&page.scales[i]);
     }
 
-    /// Start loading what stage two's exact lexical step reads of the row in `slot`: its int8
-    /// vector, scale, entry offsets and counts, term length and signature words.
-    pub fn prefetch_row(&self, slot: Slot) {
-        self.prefetch_vector(slot);
+    /// Start loading what stage two's exact lexical step reads of the row in `slot` besides
+    /// its vector: its entry offsets and counts, term length and signature words.
+    pub fn prefetch_lexical(&self, slot: Slot) {
         let page = self.page(slot.page);
         let i = slot.index as usize;
         prefetch(&page.term_offsets[i]);

@@ -26,9 +26,9 @@ const INITIAL_CAPACITY: usize = 256;
 pub struct Hit {
     pub score: f32,
     /// A part of `score` the caller carries to a later stage (stage one: the lexical part of
-    /// its estimate); never compared. It fills what would be padding: a hit is 16 bytes either
-    /// way.
-    pub lexical: f32,
+    /// its estimate; stage two's narrowing: the int8 cosine); never compared. It fills what
+    /// would be padding: a hit is 16 bytes either way.
+    pub carried: f32,
     pub row: RowId,
 }
 
@@ -242,7 +242,7 @@ mod tests {
             .enumerate()
             .map(|(i, &score)| Hit {
                 score,
-                lexical: 0.0,
+                carried: 0.0,
                 row: RowId(i as u64),
             })
             .collect();
@@ -256,7 +256,7 @@ mod tests {
         let mut top = TopK::new(2);
         let hit = |score, row| Hit {
             score,
-            lexical: 0.0,
+            carried: 0.0,
             row: RowId(row),
         };
         top.push(hit(1.0, 5));
@@ -295,7 +295,7 @@ mod tests {
                     parallel_top_k(blocks, k, |b, top| {
                         let end = ((b + 1) * block_rows).min(scores.len());
                         for (i, &score) in scores.iter().enumerate().take(end).skip(b * block_rows) {
-                            top.push(Hit { score, lexical: 0.0, row: RowId(i as u64) });
+                            top.push(Hit { score, carried: 0.0, row: RowId(i as u64) });
                         }
                     })
                     .into_sorted()
