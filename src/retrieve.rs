@@ -279,17 +279,18 @@ pub fn first_pass(
                 .estimate_lexical_part(matched[i], page.term_lens[i]);
             estimates[i] = query.scorer.dense_part(cosine) + lexical[i];
         }
-        // Most rows fall below the floor: compare with it here, and offer only the rest (the
-        // same test `TopK::push` makes first, so the kept set is unchanged).
-        let floor = top.floor();
-        for i in 0..rows {
-            if estimates[i] >= floor {
-                top.push(Hit {
-                    score: estimates[i],
-                    carried: lexical[i],
-                    row: RowId(page.row_ids[i]),
-                });
-            }
+        // Most rows fall below the floor: compare the page's estimates with it at once, and
+        // offer only the rest, in row order (the same test `TopK::push` makes first, so the
+        // kept set is unchanged).
+        let mut offered = (kernels.at_least)(&estimates[..rows], top.floor());
+        while offered != 0 {
+            let i = offered.trailing_zeros() as usize;
+            offered &= offered - 1;
+            top.push(Hit {
+                score: estimates[i],
+                carried: lexical[i],
+                row: RowId(page.row_ids[i]),
+            });
         }
     });
     top.into_row_order()

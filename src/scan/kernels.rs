@@ -73,6 +73,10 @@ pub type DotF32Fn = fn(a: &[f32], b: &[f32]) -> f32;
 /// Lexical-signature weights (see [`signature_weights`], the specification).
 pub type SignatureFn =
     fn(terms: &[SignatureTerm], words: usize, signatures: &[u64], out: &mut [f32]);
+/// Which of at most 64 `values` are at least `floor`: bit `i` of the result set where
+/// `values[i] >= floor` (see [`scalar::at_least`], the specification). Stage one offers a
+/// page's rows to its top-k by walking the set bits.
+pub type AtLeastFn = fn(values: &[f32], floor: f32) -> u64;
 
 /// The kernels chosen for this process.
 #[derive(Debug, Clone, Copy)]
@@ -85,6 +89,8 @@ pub struct Kernels {
     pub dot_f32_isa: Isa,
     pub signature: SignatureFn,
     pub signature_isa: Isa,
+    pub at_least: AtLeastFn,
+    pub at_least_isa: Isa,
 }
 
 impl Kernels {
@@ -98,6 +104,8 @@ impl Kernels {
         dot_f32_isa: Isa::Scalar,
         signature: signature_weights,
         signature_isa: Isa::Scalar,
+        at_least: scalar::at_least,
+        at_least_isa: Isa::Scalar,
     };
 
     /// The fastest implementation of each kernel that this CPU runs, or all scalar when
@@ -115,6 +123,8 @@ impl Kernels {
             dot_f32_isa: Isa::Wide,
             signature: signature_weights,
             signature_isa: Isa::Scalar,
+            at_least: wide_impl::at_least,
+            at_least_isa: Isa::Wide,
         };
         if avx512::has_bw() {
             k.two_bit = avx512::two_bit;
@@ -130,8 +140,12 @@ impl Kernels {
     /// One line naming each choice, for the start-up log.
     pub fn describe(&self) -> String {
         format!(
-            "two_bit={:?} dot_i8={:?} dot_f32={:?} signature={:?}",
-            self.two_bit_isa, self.dot_i8_isa, self.dot_f32_isa, self.signature_isa
+            "two_bit={:?} dot_i8={:?} dot_f32={:?} signature={:?} at_least={:?}",
+            self.two_bit_isa,
+            self.dot_i8_isa,
+            self.dot_f32_isa,
+            self.signature_isa,
+            self.at_least_isa
         )
     }
 }
@@ -297,6 +311,15 @@ pub mod scalar {
     pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         a.iter().zip(b).map(|(x, y)| x * y).sum()
     }
+
+    pub fn at_least(values: &[f32], floor: f32) -> u64 {
+        assert!(values.len() <= 64, "at most 64 values");
+        values
+            .iter()
+            .enumerate()
+            .filter(|&(_, &v)| v >= floor)
+            .fold(0, |mask, (i, _)| mask | 1 << i)
+    }
 }
 
 /// 256-bit vectors via `wide` (AVX2 and FMA under the shipped baseline).
@@ -324,6 +347,20 @@ pub mod wide_impl {
                 .sum();
             *o = acc.reduce_add() + tail;
         }
+    }
+
+    /// Eight values a compare (`VCMPPS`, ordered: false for NaN, as `>=` is) and a move mask,
+    /// the tail in scalar.
+    pub fn at_least(values: &[f32], floor: f32) -> u64 {
+        assert!(values.len() <= 64, "at most 64 values");
+        let full = values.len() / 8 * 8;
+        let floors = f32x8::splat(floor);
+        let mut mask = 0u64;
+        for (c, chunk) in values[..full].chunks_exact(8).enumerate() {
+            let lanes = f32x8::new(chunk.try_into().expect("8 lanes"));
+            mask |= u64::from(lanes.simd_ge(floors).to_bitmask()) << (8 * c);
+        }
+        mask | super::scalar::at_least(&values[full..], floor) << full
     }
 
     /// Two independent 8-lane FMA accumulators, the tail in scalar.
@@ -676,6 +713,23 @@ mod tests {
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 prop_assert_eq!(bits(&got), bits(&expected));
             }
+        }
+
+        /// Bit-exact: a compare per value, NaN and infinities included.
+        #[test]
+        fn at_least_agrees_with_scalar(
+            values in proptest::collection::vec(prop_oneof![
+                Just(0.5f32), Just(-0.0f32), Just(0.0f32), Just(f32::NAN),
+                Just(f32::INFINITY), Just(f32::NEG_INFINITY), -2.0f32..2.0], 0..=64),
+            floor in prop_oneof![Just(0.5f32), Just(0.0f32), Just(f32::NEG_INFINITY),
+                Just(f32::NAN), -2.0f32..2.0],
+        ) {
+            let expected = scalar::at_least(&values, floor);
+            for (i, v) in values.iter().enumerate() {
+                prop_assert_eq!(expected >> i & 1 == 1, *v >= floor);
+            }
+            prop_assert_eq!(expected >> values.len().min(63) >> 1, 0);
+            prop_assert_eq!(wide_impl::at_least(&values, floor), expected);
         }
 
         /// Sums in another order may differ in the last bits: within 1e-5 relative to the sum
