@@ -456,31 +456,25 @@ impl Arena {
                 next: store_next.0,
             });
         }
-        let needed = needed_pages(&header);
-        if pages.bytes().len() < needed {
-            return Err(Unusable::Truncated {
-                file: "pages.bin",
-                bytes: pages.bytes().len(),
-                needed,
-            });
-        }
-        let needed = needed_sketches(&header);
-        if sketches.bytes().len() < needed {
-            return Err(Unusable::Truncated {
-                file: "sketches.bin",
-                bytes: sketches.bytes().len(),
-                needed,
-            });
-        }
-        let needed = (header.terms as usize)
+        let terms_needed = (header.terms as usize)
             .saturating_mul(ENTRY_BYTES)
             .saturating_add(TERMS_HEADER_BYTES);
-        if terms.bytes().len() < needed {
-            return Err(Unusable::Truncated {
-                file: "terms.bin",
-                bytes: terms.bytes().len(),
-                needed,
-            });
+        for (file, bytes, needed) in [
+            ("pages.bin", pages.bytes().len(), needed_pages(&header)),
+            (
+                "sketches.bin",
+                sketches.bytes().len(),
+                needed_sketches(&header),
+            ),
+            ("terms.bin", terms.bytes().len(), terms_needed),
+        ] {
+            if bytes < needed {
+                return Err(Unusable::Truncated {
+                    file,
+                    bytes,
+                    needed,
+                });
+            }
         }
         let codebook: Codebook =
             bytemuck::pod_read_unaligned(&pages.bytes()[PAGES_HEADER_BYTES..PAGES_OFFSET]);

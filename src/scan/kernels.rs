@@ -153,29 +153,33 @@ impl Kernels {
 /// Ask the CPU to start loading the cache line holding `p`: a hint that never faults and
 /// changes no result, for scans that know which rows they read next but not in an order the
 /// hardware prefetcher follows.
-#[allow(unsafe_code)]
 #[inline]
 pub fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 belongs to SSE, part of every x86-64 CPU; prefetching any address,
-    // valid or not, never faults and brings nothing into the program's state.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
-    }
+    hint::<{ std::arch::x86_64::_MM_HINT_T0 }, T>(p);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// [`prefetch`] into the second-level cache only (`PREFETCHT2`): for lines needed a step after
 /// the next, which then come from the L2 when [`prefetch`] asks for them, so the first-level
 /// cache's few outstanding misses are held for a shorter time (`docs/benchmarks.md`, "Stage
 /// one loads two sketches ahead").
-#[allow(unsafe_code)]
 #[inline]
 pub fn prefetch_l2<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: as for `prefetch`: PREFETCHT2 is SSE, never faults and changes no state.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T2 }>(p.cast())
-    }
+    hint::<{ std::arch::x86_64::_MM_HINT_T2 }, T>(p);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[inline]
+fn hint<const LEVEL: i32, T>(p: *const T) {
+    // SAFETY: PREFETCHh belongs to SSE, part of every x86-64 CPU; prefetching any address,
+    // valid or not, never faults and brings nothing into the program's state.
+    unsafe { std::arch::x86_64::_mm_prefetch::<LEVEL>(p.cast()) }
 }
 
 /// Entries of a pair's table: one per nibble.
