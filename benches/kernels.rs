@@ -74,9 +74,10 @@ fn time(mut run: impl FnMut()) -> Duration {
 
 /// The next group of codes into the first-level cache, the one after into the second-level.
 fn group_ahead(code_bytes: usize) -> Lookahead {
+    let group = (LUT_ROWS * code_bytes) as isize;
     Lookahead {
-        near: LUT_ROWS * code_bytes,
-        far: 2 * LUT_ROWS * code_bytes,
+        near: group,
+        far: 2 * group,
     }
 }
 

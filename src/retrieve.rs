@@ -220,8 +220,8 @@ fn estimate_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
         .collect()
 }
 
-/// Stage one over every row of a scope's `sketches` ([`Arena::scope_sketches`]): the `k` best by the
-/// estimate from the 2-bit codes ([`DenseEstimate`]) and the lexical signature
+/// Stage one over every row of a scope's `sketches` ([`Arena::scope_sketches`]): the `k` best
+/// by the estimate from the 2-bit codes ([`DenseEstimate`]) and the lexical signature
 /// ([`HybridScorer::dense_part`] plus [`HybridScorer::estimate_lexical_part`]), ties by row id;
 /// returned in row id order, the order stage two reads them back from the arena (a user's
 /// pages hold its rows in row id order, so the reads move forward through memory).
@@ -233,7 +233,7 @@ pub fn first_pass(
 ) -> Vec<Hit> {
     let terms = estimate_terms(query);
     let top = parallel_top_k(sketches.len(), k, |p, top: &mut TopK| {
-        let page = sketches[p];
+        let sketch = sketches[p];
         let (next, after) = (sketches.get(p + 1), sketches.get(p + 2));
         // The next sketch is loaded into the first-level cache and the one after it into the
         // second-level one while this one is scored: their codes by the kernel as it reads
@@ -241,7 +241,7 @@ pub fn first_pass(
         // kernel.
         let distance = |to: Option<&&Sketch>| {
             to.map_or(0, |to| {
-                (std::ptr::from_ref(*to) as usize).wrapping_sub(std::ptr::from_ref(page) as usize)
+                (std::ptr::from_ref(*to) as isize).wrapping_sub(std::ptr::from_ref(sketch) as isize)
             })
         };
         let ahead = Lookahead {
@@ -256,27 +256,27 @@ pub fn first_pass(
                 after.prefetch_first_pass(part, prefetch_l2);
             }
         };
-        let blocks = page.blocks();
+        let blocks = sketch.blocks();
         let mut sums = [0i32; PAGE_ROWS];
-        (kernels.two_bit)(&query.dense.weights, &page.codes, &mut sums, ahead);
+        (kernels.two_bit)(&query.dense.weights, &sketch.codes, &mut sums, ahead);
         load_ahead(0);
         let mut matched = [0f32; PAGE_ROWS];
         (kernels.signature)(
             &terms,
             code_words(DIMS),
-            page.signatures_of_blocks(blocks),
+            sketch.signatures_of_blocks(blocks),
             &mut matched[..blocks * BLOCK_ROWS],
         );
         load_ahead(1);
-        let rows = page.rows as usize;
+        let rows = sketch.rows as usize;
         // The estimates first, in a loop of arithmetic only (the compiler vectorises it), then
         // the offers to the top-k, which mostly end at its threshold.
         let (mut estimates, mut lexical) = ([0f32; PAGE_ROWS], [0f32; PAGE_ROWS]);
         for i in 0..rows {
-            let cosine = query.dense.cosine(page.alphas[i], sums[i]);
+            let cosine = query.dense.cosine(sketch.alphas[i], sums[i]);
             lexical[i] = query
                 .scorer
-                .estimate_lexical_part(matched[i], page.term_lens[i]);
+                .estimate_lexical_part(matched[i], sketch.term_lens[i]);
             estimates[i] = query.scorer.dense_part(cosine) + lexical[i];
         }
         // Most rows fall below the floor: compare the page's estimates with it at once, and
@@ -289,7 +289,7 @@ pub fn first_pass(
             top.push(Hit {
                 score: estimates[i],
                 carried: lexical[i],
-                row: RowId(page.row_ids[i]),
+                row: RowId(sketch.row_ids[i]),
             });
         }
     });

@@ -58,13 +58,14 @@ pub const LUT_ROWS: usize = 64;
 pub type TwoBitFn = fn(query: &TwoBitQuery, codes: &[u8], out: &mut [i32], ahead: Lookahead);
 
 /// How far ahead of what it reads a streaming kernel starts loading: with each 64-byte line at
-/// `p` it reads, the line at `p + near` into the first-level cache ([`prefetch`]) and the line
-/// at `p + far` into the second-level one ([`prefetch_l2`]); 0 loads nothing. A hint only: it
-/// changes no result. Stage one passes the distances to the next sketch and the one after.
+/// `p` it reads, the line at `p + near` bytes into the first-level cache ([`prefetch`]) and the
+/// line at `p + far` into the second-level one ([`prefetch_l2`]); 0 loads nothing. A distance
+/// may be negative (a group scope's next page may lie before this one). A hint only: it changes
+/// no result. Stage one passes the distances to the next sketch and the one after.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Lookahead {
-    pub near: usize,
-    pub far: usize,
+    pub near: isize,
+    pub far: isize,
 }
 /// Dot products of `query` against each row of `rows` (`out.len()` rows of `query.len()`).
 pub type DotI8Fn = fn(query: &[i8], rows: &[i8], out: &mut [i32]);
@@ -364,7 +365,10 @@ pub mod wide_impl {
             let lanes = f32x8::new(chunk.try_into().expect("8 lanes"));
             mask |= u64::from(lanes.simd_ge(floors).to_bitmask()) << (8 * c);
         }
-        mask | super::scalar::at_least(&values[full..], floor) << full
+        if full < values.len() {
+            mask |= super::scalar::at_least(&values[full..], floor) << full;
+        }
+        mask
     }
 
     /// Two independent 8-lane FMA accumulators, the tail in scalar.
@@ -532,11 +536,12 @@ pub mod avx512 {
                         let x = unsafe { _mm512_loadu_si512(base.add(b * LUT_ROWS).cast()) };
                         // Hints only: the addresses are never read here, and a prefetch of
                         // any address is harmless.
-                        if ahead.near > 0 {
-                            prefetch(base.wrapping_add(b * LUT_ROWS + ahead.near));
+                        let line = base.wrapping_add(b * LUT_ROWS);
+                        if ahead.near != 0 {
+                            prefetch(line.wrapping_offset(ahead.near));
                         }
-                        if ahead.far > 0 {
-                            prefetch_l2(base.wrapping_add(b * LUT_ROWS + ahead.far));
+                        if ahead.far != 0 {
+                            prefetch_l2(line.wrapping_offset(ahead.far));
                         }
                         let nibbles = [
                             _mm512_and_si512(x, nibble),
@@ -644,8 +649,8 @@ mod tests {
             seed in proptest::collection::vec(
                 prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()], 3 * 2 * 3 * 8 * 8),
             table in proptest::collection::vec(entry_edge(), 3 * PAIRS_PER_FLUSH * PAIR_ENTRIES),
-            near in prop_oneof![Just(0usize), 1usize..1 << 20],
-            far in prop_oneof![Just(0usize), 1usize..1 << 21],
+            near in prop_oneof![Just(0isize), -(1isize << 20)..1 << 20, Just(isize::MIN), Just(isize::MAX)],
+            far in prop_oneof![Just(0isize), -(1isize << 21)..1 << 21, Just(isize::MIN)],
         ) {
             let pairs = flushes * PAIRS_PER_FLUSH;
             let query = TwoBitQuery::new(table[..pairs * PAIR_ENTRIES].to_vec());
