@@ -523,7 +523,8 @@ impl Arena {
                     && page.checksum == page_checksum(page, all_entries);
                 // A sealed page vouches for the sketch it was sealed with; one that does not
                 // match it was torn, and is not sealed again below.
-                let sketch_sealed = sketch.checksum() == page.sketch;
+                let found = sketch.checksum();
+                let sketch_sealed = found == page.sketch;
                 let torn_commit = kept < held && sealed;
                 page.truncate(kept);
                 sketch.truncate(kept);
@@ -535,8 +536,15 @@ impl Arena {
                 if recoded {
                     codebook.encode_all(std::slice::from_mut(page), std::slice::from_mut(sketch));
                 }
+                // The sketch changed only where rows were cut or codes made again (a slot past
+                // its rows that is not zero is then damage, reported below).
+                let sketch_sum = if kept == held && !recoded {
+                    found
+                } else {
+                    sketch.checksum()
+                };
                 if (torn_commit || (recoded && sealed)) && sketch_sealed {
-                    page.sketch = sketch.checksum();
+                    page.sketch = sketch_sum;
                     page.checksum = page_checksum(page, entries);
                 }
                 for i in 0..kept {
@@ -548,7 +556,7 @@ impl Arena {
                 if page.checksum != page_checksum(page, entries) {
                     return Err(bad("checksum mismatch"));
                 }
-                if sketch.checksum() != page.sketch {
+                if sketch_sum != page.sketch {
                     return Err(bad("sketch checksum mismatch"));
                 }
                 rows += kept as u64;
