@@ -18,8 +18,8 @@ pub struct Budget {
 impl Default for Budget {
     fn default() -> Self {
         Self {
-            floor: 1_500,
-            ceiling: 6_600,
+            floor: 2_000,
+            ceiling: 8_000,
         }
     }
 }

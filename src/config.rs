@@ -84,6 +84,9 @@ pub struct RecallFile {
     pub budget_floor_tokens: Option<usize>,
     pub budget_ceiling_tokens: Option<usize>,
     pub depth: Option<usize>,
+    pub reach: Option<usize>,
+    pub conversation_lift: Option<f32>,
+    pub speaker_lift: Option<f32>,
     pub mandatory_hits: Option<usize>,
     pub recent_tokens: Option<usize>,
     pub warm_floor: Option<f32>,
@@ -128,6 +131,7 @@ impl FileConfig {
             ("limits.connect_timeout_s", self.limits.connect_timeout_s),
             ("limits.header_timeout_s", self.limits.header_timeout_s),
             ("recall.depth", self.recall.depth.map(|n| n as u64)),
+            ("recall.reach", self.recall.reach.map(|n| n as u64)),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == Some(0)) {
             return Err(format!("{name} must be above 0"));
@@ -138,6 +142,18 @@ impl FileConfig {
             && !(0.0..=1.0).contains(&floor)
         {
             return Err(format!("recall.warm_floor must lie in 0..=1, not {floor}"));
+        }
+        for (name, lift) in [
+            ("recall.conversation_lift", self.recall.conversation_lift),
+            ("recall.speaker_lift", self.recall.speaker_lift),
+        ] {
+            if let Some(lift) = lift
+                && !(lift.is_finite() && lift >= 0.0)
+            {
+                return Err(format!(
+                    "{name} must be a finite number of at least 0, not {lift}"
+                ));
+            }
         }
         Ok(())
     }
@@ -189,6 +205,9 @@ mod tests {
             budget_floor_tokens = 1000
             budget_ceiling_tokens = 4000
             depth = 50
+            reach = 300
+            conversation_lift = 0.5
+            speaker_lift = 0.1
             mandatory_hits = 2
             recent_tokens = 500
             warm_floor = 0.1
@@ -217,6 +236,9 @@ mod tests {
         assert_eq!(proxy.recall.budget.floor, 1_000);
         assert_eq!(proxy.recall.budget.ceiling, 4_000);
         assert_eq!(proxy.recall.depth, 50);
+        assert_eq!(proxy.recall.reach, 300);
+        assert_eq!(proxy.recall.conversation_lift, 0.5);
+        assert_eq!(proxy.recall.speaker_lift, 0.1);
         assert_eq!(proxy.recall.mandatory_hits, 2);
         assert_eq!(proxy.recall.recent_tokens, 500);
         assert_eq!(proxy.recall.warm_floor, 0.1);
@@ -254,6 +276,9 @@ mod tests {
         assert!(refused("[upstreams]\nopenai = \"ftp://x\"").contains("upstreams.openai"));
         assert!(refused("[limits]\nconnect_timeout_s = 0").contains("connect_timeout_s"));
         assert!(refused("[recall]\nwarm_floor = 2.0").contains("warm_floor"));
+        assert!(refused("[recall]\nspeaker_lift = -0.1").contains("speaker_lift"));
+        assert!(refused("[recall]\nconversation_lift = nan").contains("conversation_lift"));
+        assert!(refused("[recall]\nreach = 0").contains("recall.reach"));
         assert!(
             refused("[recall]\nbudget_floor_tokens = 9000\nbudget_ceiling_tokens = 100")
                 .contains("floor")

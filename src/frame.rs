@@ -165,11 +165,12 @@ pub fn day_label(ms: i64) -> Option<String> {
     chrono::DateTime::from_timestamp_millis(ms).map(|t| t.format("%Y-%m-%d").to_string())
 }
 
-/// A turn's label. In full, `[Caroline, 2023-05-08 13:56, 3 weeks before now]`; when the
-/// reader already has the day (`day`, from the line above or the group's header), only the
-/// time of day: `[Caroline, 13:56]`. The speaker falls back to the role; the time is left out
-/// when unknown.
-pub fn label(turn: &Turn, now_ms: Option<i64>, day: Option<&str>) -> String {
+/// A turn's label. In full, `[Caroline, 2023-05-08 13:56, 3 weeks before now]`; what the
+/// reader already has from the line above or the group's header (`shown`, the time last shown)
+/// is not repeated: on the same day only the time of day, `[Caroline, 13:56]`, and in the same
+/// minute no time at all, `[Caroline]`. The speaker falls back to the role; the time is left
+/// out when unknown.
+pub fn label(turn: &Turn, now_ms: Option<i64>, shown: Option<i64>) -> String {
     let mut out = String::from("[");
     match &turn.speaker {
         Some(name) => out.push_str(name),
@@ -180,13 +181,15 @@ pub fn label(turn: &Turn, now_ms: Option<i64>, day: Option<&str>) -> String {
             Role::Tool => "tool",
         }),
     }
-    let at = turn
-        .timestamp_ms
-        .and_then(chrono::DateTime::from_timestamp_millis);
-    if let Some(at) = at {
-        if day.is_some_and(|day| at.format("%Y-%m-%d").to_string() == day) {
-            let _ = write!(out, ", {}", at.format("%H:%M"));
-        } else if let Some(when) = when_label(turn.timestamp_ms, now_ms) {
+    let minute = |ms: i64| date_label(ms);
+    let at = turn.timestamp_ms;
+    let shown_minute = shown.and_then(minute);
+    if let Some(at_minute) = at.and_then(minute) {
+        if shown_minute.as_deref() == Some(at_minute.as_str()) {
+            // The reader has this very minute.
+        } else if shown.and_then(day_label) == at.and_then(day_label) {
+            let _ = write!(out, ", {}", &at_minute[11..]);
+        } else if let Some(when) = when_label(at, now_ms) {
             let _ = write!(out, ", {when}");
         }
     }
@@ -282,9 +285,7 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
             None => format!("[{which} conversation ({conversation})]"),
         };
         messages.push(Side::User, &header, None);
-        let mut day = group
-            .first()
-            .and_then(|t| t.timestamp_ms.and_then(day_label));
+        let mut shown = group.first().and_then(|t| t.timestamp_ms);
         let mut previous: Option<&Turn> = None;
         for &turn in group {
             let continues = previous.is_some_and(|p| {
@@ -293,15 +294,9 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
             if continues {
                 messages.extend(&turn.text, turn.row);
             } else {
-                let line = format!(
-                    "{} {}",
-                    label(turn, layout.now_ms, day.as_deref()),
-                    turn.text
-                );
+                let line = format!("{} {}", label(turn, layout.now_ms, shown), turn.text);
                 messages.push(Side::of(turn.role), &line, Some(turn.row));
-                if let Some(today) = turn.timestamp_ms.and_then(day_label) {
-                    day = Some(today);
-                }
+                shown = turn.timestamp_ms.or(shown);
             }
             previous = Some(turn);
         }
@@ -515,11 +510,15 @@ mod tests {
         );
         assert_eq!(label(&t, None, None), "[Caroline, 2023-05-08 13:56]");
         assert_eq!(
-            label(&t, Some(MAY_8 + 21 * DAY), Some("2023-05-08")),
+            label(&t, Some(MAY_8 + 21 * DAY), Some(MAY_8 - 3 * MINUTE)),
             "[Caroline, 13:56]"
         );
         assert_eq!(
-            label(&t, Some(MAY_8 + 21 * DAY), Some("2023-05-07")),
+            label(&t, Some(MAY_8 + 21 * DAY), Some(MAY_8 + 30_000)),
+            "[Caroline]"
+        );
+        assert_eq!(
+            label(&t, Some(MAY_8 + 21 * DAY), Some(MAY_8 - DAY)),
             "[Caroline, 2023-05-08 13:56, 3 weeks before now]"
         );
         let anonymous = Turn {
@@ -582,13 +581,13 @@ mod tests {
         assert_eq!(
             messages[0].content,
             "[Earlier conversation (s1), from 2023-05-08 13:57, 9 minutes before now]\n\n\
-             [Caroline, 13:57] I went to the support group."
+             [Caroline] I went to the support group."
         );
         assert_eq!(
             messages[2].content,
             "[Caroline, 14:01] It was great.\n\n\
              [This conversation (s2), from 2023-05-08 13:59, 7 minutes before now]\n\n\
-             [Caroline, 13:59] Painting today.\n\n\
+             [Caroline] Painting today.\n\n\
              [Caroline, 14:00] A sunset.\n\n\
              What did Caroline paint?"
         );
@@ -617,7 +616,7 @@ mod tests {
         let messages = render(&[&first, &second], &Layout::default(), Omitted::default());
         assert_eq!(
             messages[0].content,
-            "[Earlier conversation (s1), from 2023-05-08 14:06]\n\n[Ann, 14:06] Part one. Part two."
+            "[Earlier conversation (s1), from 2023-05-08 14:06]\n\n[Ann] Part one. Part two."
         );
         assert_eq!(messages[0].rows, vec![RowId(10), RowId(11)]);
     }

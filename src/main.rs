@@ -357,7 +357,7 @@ struct DictionaryArgs {
     /// source tree's dictionaries/].
     #[arg(long)]
     dictionaries: Option<PathBuf>,
-    /// Dictionary version of a new store [default: v1]; a store serves the version it
+    /// Dictionary version of a new store [default: v3]; a store serves the version it
     /// records (set by `dict flip`), and another one given here is refused.
     #[arg(long, env = "PERPETUITY_DICTIONARY_VERSION")]
     dictionary_version: Option<String>,
@@ -892,9 +892,10 @@ fn print_frame(
     let frame = &recall.frame;
     writeln!(
         out,
-        "--- frame: {} tokens, cap {} (budget from the spread of {} retrieved scores); {} turns shown ({} mandatory); left out by the cap: {} turns, {} tokens; {} rows would be reheated (probe: nothing written)",
+        "--- frame: {} tokens, cap {} (budget from the spread of the best {} of {} retrieved scores); {} turns shown ({} mandatory); left out by the cap: {} turns, {} tokens; {} rows would be reheated (probe: nothing written)",
         frame.tokens,
         frame.cap,
+        config.depth.min(recall.retrieved.len()),
         recall.retrieved.len(),
         frame.rows.len(),
         frame.mandatory,

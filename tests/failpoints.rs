@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::server::Server;
 use common::upstream::{Upstream, chat_reply, chat_request};
+use perpetuity::dictionary::DEFAULT_VERSION;
 use perpetuity::proxy::identity::Secret;
 use perpetuity::store::{Store, StoreOptions};
 use perpetuity::types::{Role, UserId};
@@ -285,7 +286,7 @@ fn a_crash_mid_rederivation_and_around_the_flip_leaves_one_version_serving() {
         !status.success() && stderr.contains("failpoint dict.mid_derive"),
         "{stderr}"
     );
-    check("v1", Some(("v2", false)));
+    check(DEFAULT_VERSION, Some(("v2", false)));
     let (status, listed) = {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_perpetuity"))
             .args(["dict", "list", "--data", data_arg])
@@ -299,9 +300,10 @@ fn a_crash_mid_rederivation_and_around_the_flip_leaves_one_version_serving() {
     };
     assert!(status.success());
     let batch = perpetuity::swap::REDERIVE_BATCH_ROWS;
+    // Listed in version name order.
     assert_eq!(
         listed,
-        format!("v1\tserving\nv2\tderiving {batch}/{rows}\n")
+        format!("v2\tderiving {batch}/{rows}\n{DEFAULT_VERSION}\tserving\n")
     );
 
     // The flip resumes the derivation, builds the arena, and dies before its write.
@@ -313,7 +315,7 @@ fn a_crash_mid_rederivation_and_around_the_flip_leaves_one_version_serving() {
         !status.success() && stderr.contains("failpoint dict.before_flip"),
         "{stderr}"
     );
-    check("v1", Some(("v2", true)));
+    check(DEFAULT_VERSION, Some(("v2", true)));
 
     // Written, then dead before the retired slot was cleared: the next open clears it.
     let (status, stderr) = perpetuity(

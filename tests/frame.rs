@@ -293,8 +293,14 @@ fn labels_use_the_name_bound_now_not_the_name_at_capture() {
         &ask("chat", "ferry times", true),
     );
     let all = text(&recall);
+    // The header shows 09:00, so the first label does not repeat it; the next one's hour
+    // differs.
     assert!(
-        all.contains("[Ferrybot, 09:00] I can look up ferry times."),
+        all.contains("[Ferrybot] I can look up ferry times."),
+        "{all}"
+    );
+    assert!(
+        all.contains("[Ferrybot, 10:00] The ferry sails at noon."),
         "{all}"
     );
     assert!(!all.contains("Helper"), "{all}");
@@ -368,4 +374,70 @@ fn rows_that_cooled_leave_the_warm_index_and_their_activation_stays() {
     );
     let report = perpetuity::integrity::check(&memory.store, &memory.dictionary).unwrap();
     assert!(report.is_clean(), "{:?}", report.violations);
+}
+
+/// The frame's order lifts the turns of a speaker the question names: two answers match the
+/// question about as well, the one its speaker said comes first, and only by that lift.
+#[test]
+fn a_speaker_the_question_names_comes_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = common::memory(dir.path());
+    let mut messages = vec![
+        turn(
+            "alice",
+            "pets",
+            Role::User,
+            "Dana",
+            0,
+            "I walk the dog on the beach, the dog loves a long beach walk.",
+        ),
+        turn(
+            "alice",
+            "pets",
+            Role::Assistant,
+            "Eli",
+            0,
+            "I walk my dog in the park.",
+        ),
+    ];
+    let chatter = [
+        "The bakery on the corner sells rye bread.",
+        "Rain is due on Thursday afternoon.",
+        "The train was late again this morning.",
+        "Painting the kitchen took all weekend.",
+    ];
+    for (hour, text) in chatter.iter().enumerate() {
+        messages.push(turn(
+            "alice",
+            "news",
+            Role::Assistant,
+            "Eli",
+            1 + hour as i64,
+            text,
+        ));
+    }
+    Capturer::new(&memory.dictionary)
+        .capture(&memory.store, &messages)
+        .unwrap();
+    let first = |config: &RecallConfig| {
+        let recall = run(
+            &memory,
+            config,
+            &ask("pets", "Where does Eli walk the dog?", true),
+        );
+        let top = recall.retrieved[0].row;
+        memory
+            .store
+            .row(ALICE[0], RowId(top))
+            .unwrap()
+            .unwrap()
+            .name
+            .unwrap()
+    };
+    let unlifted = RecallConfig {
+        speaker_lift: 0.0,
+        ..RecallConfig::default()
+    };
+    assert_eq!(first(&unlifted), "Dana");
+    assert_eq!(first(&RecallConfig::default()), "Eli");
 }

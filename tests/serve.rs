@@ -17,7 +17,10 @@ fn serve_answers_health_and_refuses_a_route_without_a_provider() {
     assert_eq!(health.status, 200, "{}", health.text());
     let health = health.json();
     assert_eq!(health["status"], "ok");
-    assert_eq!(health["dictionary"], "v1");
+    assert_eq!(
+        health["dictionary"],
+        perpetuity::dictionary::DEFAULT_VERSION
+    );
     assert!(
         dir.path().join("perpetuity-data/CURRENT").is_file(),
         "default data dir created"

@@ -18,6 +18,7 @@ use common::upstream::{Answer, Harness, body_of, header};
 use perpetuity::arena::Arena;
 use perpetuity::capture::{Capturer, Message};
 use perpetuity::config::default_dictionaries_root;
+use perpetuity::dictionary::DEFAULT_VERSION;
 use perpetuity::integrity;
 use perpetuity::retrieve::{PreparedQuery, search};
 use perpetuity::scan::kernels::Kernels;
@@ -67,9 +68,12 @@ fn seed(user_key: &str, messages: usize) -> Vec<Message> {
         .collect()
 }
 
-/// A copy of the shipped v1 folder under another version name (the same table).
+/// The version name the default version's table is installed under again.
+const AGAIN: &str = "same-table";
+
+/// A copy of the default version's folder under another version name (the same table).
 fn same_table(dir: &Path, version: &str) -> PathBuf {
-    let source = default_dictionaries_root().join("v1");
+    let source = default_dictionaries_root().join(DEFAULT_VERSION);
     let target = dir.join(version);
     std::fs::create_dir_all(&target).unwrap();
     for entry in std::fs::read_dir(&source).unwrap() {
@@ -132,7 +136,7 @@ fn rederiving_under_the_same_table_changes_nothing_but_the_tag() {
     let counts = entries(&memory.store, Cf::Counts);
     let retrieval = entries(&memory.store, Cf::Retrieval);
 
-    let table = same_table(tables.path(), "v1-again");
+    let table = same_table(tables.path(), AGAIN);
     let installed = swap::install(&memory.store, &table).unwrap();
     // Half-derived is progress, not damage.
     let step = memory.store.rederive_step(100).unwrap();
@@ -149,7 +153,7 @@ fn rederiving_under_the_same_table_changes_nothing_but_the_tag() {
     assert!(
         listed
             .iter()
-            .any(|l| l.to_string() == "v1-again\tderiving 100/600"),
+            .any(|l| l.to_string() == format!("{AGAIN}\tderiving 100/600")),
         "{listed:?}"
     );
     let state = swap::rederive(&memory.store, |_| {}).unwrap();
@@ -164,7 +168,7 @@ fn rederiving_under_the_same_table_changes_nothing_but_the_tag() {
 
     assert_eq!(
         memory.store.dictionary_version().unwrap().as_deref(),
-        Some("v1-again")
+        Some(AGAIN)
     );
     for (cf, before) in untouched.iter().zip(&kept) {
         assert_eq!(
@@ -183,13 +187,13 @@ fn rederiving_under_the_same_table_changes_nothing_but_the_tag() {
             perpetuity::dictionary::derive::RetrievalRow::decode(old).unwrap(),
             perpetuity::dictionary::derive::RetrievalRow::decode(new).unwrap(),
         );
-        old.dictionary_version = "v1-again".into();
+        old.dictionary_version = AGAIN.into();
         assert_eq!(old, new);
     }
     assert!(entries(&memory.store, Cf::DarkRetrieval).is_empty());
     assert!(entries(&memory.store, Cf::DarkCounts).is_empty());
     assert!(
-        !data.join("arena").join("v1").exists(),
+        !data.join("arena").join(DEFAULT_VERSION).exists(),
         "the retired arena is dropped"
     );
     let flipped = perpetuity::memory::Memory {
@@ -202,12 +206,19 @@ fn rederiving_under_the_same_table_changes_nothing_but_the_tag() {
             .unwrap()
             .is_clean()
     );
+    // Listed in version name order.
     let states: Vec<String> = swap::list(&memory.store)
         .unwrap()
         .iter()
         .map(ToString::to_string)
         .collect();
-    assert_eq!(states, ["v1\tretired", "v1-again\tserving"]);
+    assert_eq!(
+        states,
+        [
+            format!("{AGAIN}\tserving"),
+            format!("{DEFAULT_VERSION}\tretired")
+        ]
+    );
 }
 
 /// One chat request; its status, memory status and dictionary version.
@@ -326,7 +337,7 @@ async fn a_swap_under_concurrent_queries_and_captures_is_atomic_and_complete() {
     };
     flipped.store(true, Ordering::SeqCst);
     assert_eq!(flip["serving"], "v2");
-    assert_eq!(flip["retired"], "v1");
+    assert_eq!(flip["retired"], DEFAULT_VERSION);
 
     let mut captured = Vec::new();
     for task in load {
@@ -336,14 +347,14 @@ async fn a_swap_under_concurrent_queries_and_captures_is_atomic_and_complete() {
             .position(|v| v == "v2")
             .expect("answers after the flip");
         assert!(
-            versions[..first_v2].iter().all(|v| v == "v1")
+            versions[..first_v2].iter().all(|v| v == DEFAULT_VERSION)
                 && versions[first_v2..].iter().all(|v| v == "v2"),
             "a client saw the old version after the new: {versions:?}"
         );
         captured.extend(mine);
     }
     assert!(
-        captured.iter().any(|(_, v)| v == "v1"),
+        captured.iter().any(|(_, v)| v == DEFAULT_VERSION),
         "captures ran before the flip"
     );
 
@@ -375,6 +386,6 @@ async fn a_swap_under_concurrent_queries_and_captures_is_atomic_and_complete() {
     let (_, listed) = admin(&h, "GET", "/admin/dictionary").await;
     assert_eq!(
         listed["versions"],
-        json!([{"version": "v1", "state": "retired"}, {"version": "v2", "state": "serving"}])
+        json!([{"version": "v2", "state": "serving"}, {"version": DEFAULT_VERSION, "state": "retired"}])
     );
 }

@@ -525,8 +525,14 @@ def encode_vectors_bin(token_ids: np.ndarray, scales: np.ndarray, values: np.nda
     return payload
 
 
+def lexical_spec(stem: str) -> dict:
+    """The lexical analyzer block of dictionary.json (the server's `LexicalSpec`)."""
+    return {"decode": "utf8_lossy", "case": "lowercase", "split": "unicode_alphanumeric_runs",
+            "stem": stem, "max_term_bytes": 64}
+
+
 def dictionary_json(*, version: str, dims: int, tiktoken_sha: str, teacher: Teacher, rows: int,
-                    explained: float, vectors_bytes: bytes, seconds: int) -> dict:
+                    explained: float, vectors_bytes: bytes, seconds: int, stem: str) -> dict:
     """The dictionary.json document, keys in the order the loader documents."""
     return {
         "format_version": FORMAT_VERSION,
@@ -546,8 +552,7 @@ def dictionary_json(*, version: str, dims: int, tiktoken_sha: str, teacher: Teac
                       "prior_mass_tokens": PRIOR_MASS_TOKENS,
                       "note": "w(t) = a/(a + p(t)), p(t) = (count(t) + m*prior(t))/(total + m), "
                               "prior(t) ∝ 1/(t+2); counts from the pooled memory at score time"},
-        "lexical": {"decode": "utf8_lossy", "case": "lowercase", "split": "unicode_alphanumeric_runs",
-                    "stem": "none", "max_term_bytes": 64},
+        "lexical": lexical_spec(stem),
         "files": {"vectors.bin": {"bytes": len(vectors_bytes),
                                   "sha256": hashlib.sha256(vectors_bytes).hexdigest()}},
         "build": {"tool": "tools/build_dictionary.py", "tool_version": TOOL_VERSION,
@@ -579,8 +584,36 @@ def model_licence_md(teacher: Teacher) -> str:
 # ------------------------------------------------------------------------------- main
 
 
+def reuse_table(args: argparse.Namespace) -> None:
+    """Write a version that shares an existing version's table (`--table-from`): the same
+    vectors.bin and MODEL_LICENCE.md, checked against the source's manifest, and a manifest that
+    differs only in the version name, the lexical analyzer and the provenance note."""
+    source = Path(args.table_from)
+    document = json.loads((source / "dictionary.json").read_text(encoding="utf-8"))
+    vectors_bytes = (source / "vectors.bin").read_bytes()
+    recorded = document["files"]["vectors.bin"]
+    if len(vectors_bytes) != recorded["bytes"] or hashlib.sha256(vectors_bytes).hexdigest() != recorded["sha256"]:
+        raise BuildError(f"{source / 'vectors.bin'} does not match the size and sha256 its dictionary.json records")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(out_dir / "vectors.bin", vectors_bytes)
+    write_atomic(out_dir / "MODEL_LICENCE.md", (source / "MODEL_LICENCE.md").read_bytes())
+    document["provenance"] = (
+        f"The table of {document['version']} (the same vectors.bin, built as its build block records), "
+        f"served with lexical stemming '{args.stem}'. " + document["provenance"]
+    )
+    document["version"] = args.version
+    document["lexical"] = lexical_spec(args.stem)
+    write_atomic(out_dir / "dictionary.json",
+                 (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    log(f"wrote {out_dir}: the table of {source}, lexical stem '{args.stem}'")
+
+
 def build(args: argparse.Namespace) -> None:
     """Run the whole pipeline and write the output folder."""
+    if args.table_from:
+        reuse_table(args)
+        return
     started = time.monotonic()
     out_dir = Path(args.out)
     tiktoken_path = find_tiktoken_file(args.tiktoken_file)
@@ -624,7 +657,7 @@ def build(args: argparse.Namespace) -> None:
     write_atomic(out_dir / "MODEL_LICENCE.md", model_licence_md(teacher).encode("utf-8"))
     seconds = int(round(time.monotonic() - started))
     document = dictionary_json(version=args.version, dims=dims, tiktoken_sha=tiktoken_sha, teacher=teacher, rows=rows, explained=explained,
-                               vectors_bytes=vectors_bytes, seconds=seconds)
+                               vectors_bytes=vectors_bytes, seconds=seconds, stem=args.stem)
     write_atomic(out_dir / "dictionary.json",
                  (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
     log(f"wrote {out_dir}: vectors.bin {len(vectors_bytes):,} bytes, "
@@ -641,6 +674,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"the version name recorded in dictionary.json (default {DEFAULT_VERSION})")
     parser.add_argument("--dims", type=int, default=DEFAULT_DIMS,
                         help=f"PCA components kept, a multiple of 64 up to {FROM_DIMS} (default {DEFAULT_DIMS})")
+    parser.add_argument("--stem", choices=["none", "snowball_english"], default="snowball_english",
+                        help="the lexical analyzer's stemming recorded in dictionary.json (default snowball_english)")
+    parser.add_argument("--table-from",
+                        help="reuse this built version's folder's table instead of building one "
+                             "(a new analyzer over the same vectors)")
     parser.add_argument("--limit", type=int, help="debug: keep only the first N selected rows")
     parser.add_argument("--batch-tokens", type=int, default=1024,
                         help="padded positions per forward batch (default 1024)")

@@ -18,27 +18,11 @@ use std::collections::HashSet;
 use std::sync::OnceLock;
 
 use super::page::WORDS;
-use crate::dictionary::lexical::term_id;
+use crate::dictionary::lexical::{STOP_WORDS, term_id};
 use crate::types::TermId;
 
 /// Bits a term sets in its word.
 pub const TERM_BITS: usize = 3;
-
-/// Function words left out of every signature, as the default analyzer folds them (lower
-/// case).
-const STOP_WORDS: &[&str] = &[
-    "a", "about", "after", "again", "all", "also", "am", "an", "and", "any", "are", "as", "at",
-    "be", "been", "before", "being", "both", "but", "by", "can", "could", "did", "do", "does",
-    "doing", "down", "during", "each", "for", "from", "had", "has", "have", "having", "he", "her",
-    "here", "hers", "him", "his", "how", "i", "if", "in", "into", "is", "it", "its", "just", "me",
-    "more", "most", "my", "no", "nor", "not", "now", "of", "off", "on", "once", "only", "or",
-    "other", "our", "ours", "out", "over", "own", "same", "she", "should", "so", "some", "such",
-    "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "those",
-    "through", "to", "too", "under", "until", "up", "very", "was", "we", "were", "what", "when",
-    "where", "which", "while", "who", "whom", "why", "will", "with", "would", "you", "your",
-    "yours", "s", "t", "ll", "re", "ve", "d", "m", "don", "didn", "doesn", "isn", "wasn", "won",
-    "yes", "oh", "ok", "really", "like",
-];
 
 fn stop_terms() -> &'static HashSet<TermId> {
     static STOP: OnceLock<HashSet<TermId>> = OnceLock::new();

@@ -3,6 +3,10 @@
 //! version can change them without a code change; this build knows the values below and refuses
 //! others with a typed error at load.
 
+use std::collections::HashSet;
+use std::sync::OnceLock;
+
+use rust_stemmers::{Algorithm, Stemmer};
 use serde::{Deserialize, Serialize};
 
 use crate::types::TermId;
@@ -40,7 +44,27 @@ pub enum Split {
 pub enum Stem {
     /// Terms are the folded words as they are.
     None,
+    /// Each folded word but a stop word ([`STOP_WORDS`]) becomes its Snowball English
+    /// (Porter2) stem, so "hikes", "hiking" and "hiked" are one term. Stop words pass as they
+    /// are: the lexical signature leaves them out by name.
+    SnowballEnglish,
 }
+
+/// Function words, as the default analyzer folds them (lower case): the lexical signature
+/// leaves them out of every row (`arena::signature`), and stemming passes them unchanged.
+pub const STOP_WORDS: &[&str] = &[
+    "a", "about", "after", "again", "all", "also", "am", "an", "and", "any", "are", "as", "at",
+    "be", "been", "before", "being", "both", "but", "by", "can", "could", "did", "do", "does",
+    "doing", "down", "during", "each", "for", "from", "had", "has", "have", "having", "he", "her",
+    "here", "hers", "him", "his", "how", "i", "if", "in", "into", "is", "it", "its", "just", "me",
+    "more", "most", "my", "no", "nor", "not", "now", "of", "off", "on", "once", "only", "or",
+    "other", "our", "ours", "out", "over", "own", "same", "she", "should", "so", "some", "such",
+    "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "those",
+    "through", "to", "too", "under", "until", "up", "very", "was", "we", "were", "what", "when",
+    "where", "which", "while", "who", "whom", "why", "will", "with", "would", "you", "your",
+    "yours", "s", "t", "ll", "re", "ve", "d", "m", "don", "didn", "doesn", "isn", "wasn", "won",
+    "yes", "oh", "ok", "really", "like",
+];
 
 /// The analyzer's settings, as stored in the dictionary header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,8 +80,22 @@ pub struct LexicalSpec {
 }
 
 impl LexicalSpec {
-    /// The folded words of `text`, in order of appearance.
+    /// The folded (and stemmed, where the spec says so) words of `text`, in order of
+    /// appearance.
     pub fn words(&self, text: &str) -> Vec<String> {
+        let stemmer = match self.stem {
+            Stem::None => None,
+            Stem::SnowballEnglish => Some(Stemmer::create(Algorithm::English)),
+        };
+        let term = |word: String| {
+            let word = match &stemmer {
+                Some(stemmer) if !stop_words().contains(word.as_str()) => {
+                    stemmer.stem(&word).into_owned()
+                }
+                _ => word,
+            };
+            self.bound(word)
+        };
         let mut words = Vec::new();
         let mut current = String::new();
         for ch in text.chars() {
@@ -67,11 +105,11 @@ impl LexicalSpec {
                     Case::Preserve => current.push(ch),
                 }
             } else if !current.is_empty() {
-                words.push(self.bound(std::mem::take(&mut current)));
+                words.push(term(std::mem::take(&mut current)));
             }
         }
         if !current.is_empty() {
-            words.push(self.bound(current));
+            words.push(term(current));
         }
         words
     }
@@ -101,6 +139,11 @@ impl LexicalSpec {
         }
         word
     }
+}
+
+fn stop_words() -> &'static HashSet<&'static str> {
+    static STOP: OnceLock<HashSet<&'static str>> = OnceLock::new();
+    STOP.get_or_init(|| STOP_WORDS.iter().copied().collect())
 }
 
 /// The term id of a folded word: 64-bit FNV-1a over its UTF-8 bytes.
@@ -140,6 +183,23 @@ mod tests {
         assert_eq!(the.1, 2);
         assert_eq!(terms.len(), 4);
         assert!(terms.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    #[test]
+    fn stemming_joins_a_words_forms_and_passes_stop_words() {
+        let spec = LexicalSpec {
+            stem: Stem::SnowballEnglish,
+            max_term_bytes: 64,
+            ..SPEC
+        };
+        assert_eq!(
+            spec.words("Hikes, hiking and HIKED: activities being done"),
+            ["hike", "hike", "and", "hike", "activ", "being", "done"]
+        );
+        assert_eq!(spec.terms("hikes"), spec.terms("hiking"));
+        assert_ne!(SPEC.terms("hikes"), SPEC.terms("hiking"));
+        // Without the exception, "being" would stem to "be" and "does" to "doe".
+        assert_eq!(spec.words("does being"), ["does", "being"]);
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub const TABLE_FILE: &str = "vectors.bin";
 /// The header format this build reads.
 pub const MANIFEST_FORMAT_VERSION: u32 = 1;
 /// The dictionary version served when none is configured.
-pub const DEFAULT_VERSION: &str = "v1";
+pub const DEFAULT_VERSION: &str = "v3";
 /// The only dtype this build reads: int8 values, one f32 scale per row.
 const DTYPE_NAME: &str = "i8_row_scale";
 

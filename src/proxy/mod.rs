@@ -169,6 +169,9 @@ impl ProxyConfig {
             recall.budget_ceiling_tokens,
         );
         set(&mut self.recall.depth, recall.depth);
+        set(&mut self.recall.reach, recall.reach);
+        set(&mut self.recall.conversation_lift, recall.conversation_lift);
+        set(&mut self.recall.speaker_lift, recall.speaker_lift);
         set(&mut self.recall.mandatory_hits, recall.mandatory_hits);
         set(&mut self.recall.recent_tokens, recall.recent_tokens);
         set(&mut self.recall.warm_floor, recall.warm_floor);
