@@ -15,7 +15,7 @@ use crate::heat;
 use crate::memory::Memory;
 use crate::retrieve::{PreparedQuery, Retrieved, search_without};
 use crate::scan::kernels::Kernels;
-use crate::store::{Activation, StoreError};
+use crate::store::{Activation, Row, StoreError};
 use crate::tokens::Tokenizer;
 use crate::types::{Role, RowId, TermId, UserId};
 
@@ -304,12 +304,13 @@ fn speakers_named(
             continue;
         };
         let speaker = names.speaker(memory, hit.user, &row.conversation, row.role)?;
-        named.push(speaker.or(row.name).is_some_and(|name| {
+        named.push(speaker.or_else(|| row.name.clone()).is_some_and(|name| {
             *verdicts.entry(name).or_insert_with_key(|name| {
                 let terms = memory.dictionary.lexical().terms(name);
                 !terms.is_empty() && terms.iter().all(|(term, _)| asked.contains(term))
             })
         }));
+        names.read.insert(hit.row, row);
     }
     Ok(named)
 }
@@ -469,6 +470,9 @@ pub fn reheat_returned(
 #[derive(Default)]
 pub struct Names {
     bound: HashMap<(UserId, String, Role), Option<String>>,
+    /// Rows already read this recall (the frame's order reads every retrieved row's speaker),
+    /// so the frame does not read them again.
+    read: HashMap<RowId, Row>,
 }
 
 impl Names {
@@ -496,8 +500,12 @@ impl Names {
         user: UserId,
         id: RowId,
     ) -> Result<Option<Turn>, StoreError> {
-        let Some(row) = memory.store.row(user, id)? else {
-            return Ok(None);
+        let row = match self.read.remove(&id) {
+            Some(row) => row,
+            None => match memory.store.row(user, id)? {
+                Some(row) => row,
+                None => return Ok(None),
+            },
         };
         let bound = self.speaker(memory, user, &row.conversation, row.role)?;
         Ok(Some(Turn {
