@@ -128,12 +128,13 @@ pub fn recall(
     let scan_us = started.elapsed().as_micros() as u64;
     let mut names = Names::default();
     let named = speakers_named(memory, &mut names, &query, &found)?;
-    let conversations: Vec<u64> = found
+    let conversations: Vec<(UserId, u64)> = found
         .iter()
         .map(|hit| {
-            arena.slot(hit.row).map_or(0, |slot| {
+            let conversation = arena.slot(hit.row).map_or(0, |slot| {
                 arena.page(slot.page).conversations[slot.index as usize]
-            })
+            });
+            (hit.user, conversation)
         })
         .collect();
     let ordered = frame_order(found, &conversations, &named, config);
@@ -253,19 +254,19 @@ pub fn recall(
 
 /// The frame's order of a search's `hits` (best first): each row's score lifted by
 /// `conversation_lift` times the best score among the hits of its conversation
-/// (`conversations[i]` is hit `i`'s), and by `speaker_lift` where `named[i]` (the question names
+/// (`conversations[i]` is hit `i`'s: its owner's, in a group scope), and by `speaker_lift` where `named[i]` (the question names
 /// its speaker); best lifted score first, ties by row id. Each hit's score becomes its lifted
 /// one. A conversation that holds a strong match is likely about the question in other turns
 /// too, and a question about a person is mostly answered by what that person said: on LoCoMo
 /// both raise the share of questions whose evidence the frame holds (`docs/benchmarks.md`).
 /// The search itself stays exact: this only reorders what it returned.
-pub fn frame_order(
+pub fn frame_order<C: Copy + Eq + std::hash::Hash>(
     hits: Vec<Retrieved>,
-    conversations: &[u64],
+    conversations: &[C],
     named: &[bool],
     config: &RecallConfig,
 ) -> Vec<Retrieved> {
-    let mut best: HashMap<u64, f32> = HashMap::new();
+    let mut best: HashMap<C, f32> = HashMap::new();
     for (hit, &conversation) in hits.iter().zip(conversations) {
         let top = best.entry(conversation).or_insert(hit.score);
         *top = top.max(hit.score);
