@@ -127,7 +127,12 @@ pub fn recall(
     );
     let scan_us = started.elapsed().as_micros() as u64;
     let mut names = Names::default();
-    let named = speakers_named(memory, &mut names, &query, &found)?;
+    // Speakers are read from the store only when naming one can lift a row.
+    let named = if config.speaker_lift > 0.0 {
+        speakers_named(memory, &mut names, &query, &found)?
+    } else {
+        vec![false; found.len()]
+    };
     let conversations: Vec<(UserId, u64)> = found
         .iter()
         .map(|hit| {
