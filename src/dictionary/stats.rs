@@ -39,10 +39,20 @@ pub enum Count {
     TotalTerms,
 }
 
+/// Token ids below this are counted in a dense table (8 MiB at most); o200k_base's are below
+/// 200,019.
+pub const DENSE_TOKENS: usize = 1 << 20;
+
 /// Counts held in memory.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct FrequencyTable {
-    tokens: HashMap<TokenId, u64>,
+    /// Occurrences by token id below [`DENSE_TOKENS`]: a tokenizer's ids are dense, and the
+    /// exact rescore weighs every token of every row it embeds by its count, so an index beats
+    /// a hash lookup (`docs/benchmarks.md`). Ids past the end count zero.
+    tokens: Vec<u64>,
+    /// Occurrences of tokens with larger ids, which no bundled tokenizer has: a damaged count
+    /// cannot make the dense table huge.
+    sparse: HashMap<TokenId, u64>,
     terms: HashMap<TermId, u64>,
     total_tokens: u64,
     total_terms: u64,
@@ -53,7 +63,7 @@ impl FrequencyTable {
     /// Count one row in.
     pub fn add(&mut self, row: &RetrievalRow) {
         for &(token, count) in &row.tokens {
-            *self.tokens.entry(token).or_default() += u64::from(count);
+            *self.token_slot(token) += u64::from(count);
         }
         for &(term, _) in &row.terms {
             *self.terms.entry(term).or_default() += 1;
@@ -61,6 +71,19 @@ impl FrequencyTable {
         self.total_tokens += u64::from(row.token_len);
         self.total_terms += row.term_len();
         self.rows += 1;
+    }
+
+    /// The count of `token`, the dense table grown to hold it where its id is below
+    /// [`DENSE_TOKENS`].
+    fn token_slot(&mut self, token: TokenId) -> &mut u64 {
+        let at = token.0 as usize;
+        if at >= DENSE_TOKENS {
+            return self.sparse.entry(token).or_default();
+        }
+        if at >= self.tokens.len() {
+            self.tokens.resize(at + 1, 0);
+        }
+        &mut self.tokens[at]
     }
 
     /// Set one count (a zero count removes the entry).
@@ -73,7 +96,10 @@ impl FrequencyTable {
             }
         }
         match count {
-            Count::Token(token) => slot(&mut self.tokens, token, value),
+            Count::Token(token) if token.0 as usize >= DENSE_TOKENS => {
+                slot(&mut self.sparse, token, value)
+            }
+            Count::Token(token) => *self.token_slot(token) = value,
             Count::TermRows(term) => slot(&mut self.terms, term, value),
             Count::Rows => self.rows = value,
             Count::TotalTokens => self.total_tokens = value,
@@ -92,12 +118,20 @@ impl FrequencyTable {
         .into_iter()
         .filter(|&(_, v)| v != 0)
         .collect();
-        let mut tokens: Vec<_> = self
-            .tokens
+        let mut sparse: Vec<_> = self
+            .sparse
             .iter()
             .map(|(&t, &v)| (Count::Token(t), v))
             .collect();
-        tokens.sort_unstable();
+        sparse.sort_unstable();
+        // Every sparse id is above every dense one.
+        let tokens = self
+            .tokens
+            .iter()
+            .enumerate()
+            .filter(|&(_, &v)| v != 0)
+            .map(|(t, &v)| (Count::Token(TokenId(t as u32)), v))
+            .chain(sparse);
         let mut terms: Vec<_> = self
             .terms
             .iter()
@@ -110,9 +144,22 @@ impl FrequencyTable {
     }
 }
 
+/// Two tables are equal when every count is: a token count of zero is the same whether its
+/// slot was ever grown or not.
+impl PartialEq for FrequencyTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries() == other.entries()
+    }
+}
+
+impl Eq for FrequencyTable {}
+
 impl FrequencyStats for FrequencyTable {
     fn token_count(&self, token: TokenId) -> u64 {
-        self.tokens.get(&token).copied().unwrap_or(0)
+        match self.tokens.get(token.0 as usize) {
+            Some(&count) => count,
+            None => self.sparse.get(&token).copied().unwrap_or(0),
+        }
     }
     fn total_tokens(&self) -> u64 {
         self.total_tokens
@@ -125,5 +172,54 @@ impl FrequencyStats for FrequencyTable {
     }
     fn total_terms(&self) -> u64 {
         self.total_terms
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    /// Token ids on both sides of [`DENSE_TOKENS`], and the very largest.
+    fn token() -> impl Strategy<Value = TokenId> {
+        prop_oneof![
+            (0u32..300).prop_map(TokenId),
+            ((DENSE_TOKENS as u32 - 3)..(DENSE_TOKENS as u32 + 3)).prop_map(TokenId),
+            Just(TokenId(u32::MAX)),
+        ]
+    }
+
+    proptest! {
+        /// Token counts read back as a plain map of the same sets gives them, zeros removing
+        /// the entry, wherever the id lies; entries come in id order; equality ignores how
+        /// far the dense table grew.
+        #[test]
+        fn token_counts_match_a_map_of_the_same_sets(
+            sets in proptest::collection::vec((token(), prop_oneof![Just(0u64), 1u64..5]), 0..60),
+        ) {
+            let mut table = FrequencyTable::default();
+            let mut model: BTreeMap<TokenId, u64> = BTreeMap::new();
+            for &(token, value) in &sets {
+                table.set(Count::Token(token), value);
+                if value == 0 {
+                    model.remove(&token);
+                } else {
+                    model.insert(token, value);
+                }
+            }
+            for &(token, _) in &sets {
+                prop_assert_eq!(table.token_count(token), model.get(&token).copied().unwrap_or(0));
+            }
+            let expected: Vec<(Count, u64)> =
+                model.iter().map(|(&t, &v)| (Count::Token(t), v)).collect();
+            prop_assert_eq!(table.entries(), expected);
+            let mut rebuilt = FrequencyTable::default();
+            for (count, value) in table.entries() {
+                rebuilt.set(count, value);
+            }
+            prop_assert_eq!(&rebuilt, &table);
+            prop_assert!(table.tokens.len() <= DENSE_TOKENS);
+        }
     }
 }
