@@ -98,14 +98,14 @@ fn main() {
     );
 
     // Pairs of dimensions, 16 entries each.
-    let table: Vec<i16> = fill(DIMS / 2 * 16 / 4)
+    let table: Vec<i8> = fill(DIMS / 2 * 16 / 8)
         .into_iter()
-        .flat_map(|w| (0..4).map(move |k| (w >> (16 * k)) as i16 % LUT_ENTRY_MAX))
+        .flat_map(|w| (0..8).map(move |k| (w >> (8 * k)) as i8 % LUT_ENTRY_MAX))
         .collect();
     let query = TwoBitQuery::new(table);
     let mut out = vec![0i32; CODE_ROWS];
     let mut two_bits: Vec<(Isa, TwoBitFn)> = vec![(Isa::Scalar, kernels::scalar::two_bit)];
-    if kernels::avx512::has_bw() {
+    if kernels::avx512::has_lookup() {
         two_bits.push((Isa::Avx512, kernels::avx512::two_bit));
     }
     for (isa, f) in two_bits {

@@ -146,7 +146,7 @@ impl DenseEstimate {
         };
         let quantised = table
             .iter()
-            .map(|x| (x / step).round().clamp(-entry_max, entry_max) as i16)
+            .map(|x| (x / step).round().clamp(-entry_max, entry_max) as i8)
             .collect();
         Self {
             weights: TwoBitQuery::new(quantised),

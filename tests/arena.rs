@@ -19,7 +19,7 @@ use perpetuity::bench::synthetic_messages;
 use perpetuity::ingest::ingest;
 use perpetuity::integrity::{self, Report};
 use perpetuity::retrieve::{PreparedQuery, Retrieved, search};
-use perpetuity::scan::kernels::Kernels;
+use perpetuity::scan::kernels::{Kernels, code_offset};
 use perpetuity::store::{Store, StoreOptions};
 use perpetuity::types::UserId;
 
@@ -251,7 +251,7 @@ fn an_append_killed_before_its_commit_is_cut_back() {
     let last = start..start + sketch_size;
     let mut sketch: Sketch = bytemuck::pod_read_unaligned(&sketches[last.clone()]);
     sketch.row_ids[i] = head.watermark + 2;
-    sketch.codes[i] = 0x5A;
+    sketch.codes[code_offset(i, 0)] = 0x5A;
     sketch.alphas[i] = 0.5;
     sketch.signatures[perpetuity::arena::blocked(i, 0)] |= 1 << 9;
     sketch.rows += 1;
@@ -312,7 +312,7 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
     // A byte of data every committed row depends on: always detected.
     let row0 = PAGES_OFFSET + std::mem::offset_of!(Page, vectors);
     let code0 = SKETCHES_OFFSET + std::mem::offset_of!(Sketch, codes);
-    let code_last = code0 + (CODE_BYTES - 1) * PAGE_ROWS;
+    let code_last = code0 + code_offset(0, CODE_BYTES - 1);
     let alpha0 = SKETCHES_OFFSET + std::mem::offset_of!(Sketch, alphas);
     let signature0 = SKETCHES_OFFSET + std::mem::offset_of!(Sketch, signatures);
     let sketch_id0 = SKETCHES_OFFSET + std::mem::offset_of!(Sketch, row_ids);
@@ -416,7 +416,7 @@ fn integrity_checks_each_sketch_against_its_row() {
     let sketches = committed_sketches(&mut sketch_bytes, &committed);
     // Row 2's signature gains a bit, row 5's code a byte, row 7's term length one.
     sketches[0].signatures[perpetuity::arena::blocked(2, 1)] ^= 1 << 40;
-    sketches[0].codes[3 * PAGE_ROWS + 5] ^= 0x11;
+    sketches[0].codes[code_offset(5, 3)] ^= 0x11;
     sketches[0].term_lens[7] += 1;
     let sketch = sketches[0];
     let page = &mut committed_pages(&mut pages, &committed)[0];

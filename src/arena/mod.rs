@@ -4,7 +4,7 @@
 //!
 //! Layout, chosen for the scan: a page holds [`PAGE_ROWS`] rows of ONE user, column by column
 //! ([`Page`], a `#[repr(C)]` Pod struct), and what stage one reads of them lies apart in the
-//! page's [`Sketch`] (2-bit codes byte-major, lexical signatures, code scales, term lengths,
+//! page's [`Sketch`] (2-bit codes in chunks of four bytes, lexical signatures, code scales, term lengths,
 //! row ids). A user's query walks only that user's pages (or, for a group scope, the pages of
 //! the group's users), so a memory pooled over many users costs a query only what its scope
 //! holds; a user's pages mostly follow each other in the file, and so do their sketches, so

@@ -5,7 +5,7 @@ use bytemuck::{Pod, Zeroable};
 
 use super::codebook::RowCode;
 use super::signature::term_bits;
-use crate::scan::kernels::{BLOCK_ROWS, LUT_ROWS};
+use crate::scan::kernels::{BLOCK_ROWS, LUT_ROWS, code_offset};
 #[cfg(doc)]
 use crate::scan::kernels::{prefetch, prefetch_l2};
 use crate::types::TermId;
@@ -87,7 +87,8 @@ pub struct Sketch {
     pub term_lens: [u32; PAGE_ROWS],
     /// The page's `row_ids`.
     pub row_ids: [u64; PAGE_ROWS],
-    /// The 2-bit codes, byte-major: byte `b` of row `r` at `b · PAGE_ROWS + r` ([`code_byte`]).
+    /// The 2-bit codes in chunks of four bytes: byte `b` of row `r` at
+    /// [`code_offset`]`(r, b)` = `(⌊b/4⌋ · PAGE_ROWS + r) · 4 + b mod 4` ([`code_byte`]).
     pub codes: [u8; PAGE_ROWS * CODE_BYTES],
     /// Lexical signatures, blocked: word `w` of row `r` at `(r / 8 · WORDS + w) · 8 + r % 8`.
     /// The bits of each of the row's terms are set ([`super::signature::term_bits`]), so the
@@ -187,14 +188,14 @@ impl Sketch {
     /// Write row `i`'s 2-bit code.
     pub fn set_code(&mut self, i: usize, code: &RowCode) {
         for b in 0..CODE_BYTES {
-            self.codes[b * PAGE_ROWS + i] = code_byte(&code.signs, &code.magnitudes, b);
+            self.codes[code_offset(i, b)] = code_byte(&code.signs, &code.magnitudes, b);
         }
         self.alphas[i] = code.alpha;
     }
 
     /// Row `i`'s code bytes, in order.
     pub fn code_bytes(&self, i: usize) -> [u8; CODE_BYTES] {
-        std::array::from_fn(|b| self.codes[b * PAGE_ROWS + i])
+        std::array::from_fn(|b| self.codes[code_offset(i, b)])
     }
 
     /// Start loading, with `load` ([`prefetch`] or [`prefetch_l2`]), the columns stage one
@@ -245,7 +246,7 @@ impl Sketch {
                 self.signatures[blocked(i, w)] = 0;
             }
             for b in 0..CODE_BYTES {
-                self.codes[b * PAGE_ROWS + i] = 0;
+                self.codes[code_offset(i, b)] = 0;
             }
         }
         self.rows = from as u32;

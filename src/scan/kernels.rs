@@ -3,10 +3,12 @@
 //! - `two_bit`: the dense sum of the first pass over 2-bit codes, `Σ_p T_p[n_p]`: the code of a
 //!   row is one nibble `n_p` per pair of dimensions `p` (sign and magnitude bit of each), and
 //!   the query a table `T_p` of 16 integer entries per pair ([`TwoBitQuery`]). Codes are stored
-//!   in groups of [`LUT_ROWS`] rows, byte-major inside a group (byte `b` of row `r` of group `g`
-//!   at `(g · bytes + b) · LUT_ROWS + r`), so one 512-bit register holds the same code byte of
-//!   64 rows and a table lookup (`VPSHUFB`) scores a pair of dimensions of all of them at once:
-//!   the "fast scan" of faiss's 4-bit PQ, with 16-bit table entries.
+//!   in groups of [`LUT_ROWS`] rows, and inside a group in chunks of [`CHUNK_BYTES`] bytes,
+//!   chunk-major ([`code_offset`]): one 512-bit register holds the same chunk of 16 rows, so
+//!   one table lookup (`VPERMB`, a 64-entry table: the 16 entries of each of the chunk's four
+//!   byte positions) scores four pairs of dimensions of 16 rows at once, and one `VPDPBUSD`
+//!   adds each row's four entries into its 32-bit sum. The "fast scan" of faiss's 4-bit PQ,
+//!   with the sum done by the VNNI dot product instead of 16-bit adds.
 //! - `dot_i8`: int8 dot product into i32 (the rescore of quantised vectors).
 //! - `dot_f32`: f32 dot product (the exact dense rescore).
 //! - `signature`: for each row, the summed weights of the query terms whose bits its lexical
@@ -19,14 +21,15 @@
 //! - `scalar`: plain loops.
 //! - `wide`: 256-bit vectors through the `wide` crate, whose instructions are fixed at compile
 //!   time by the baseline in `.cargo/config.toml` (AVX2 and FMA).
-//! - `avx512`: `core::arch` AVX-512 BW table lookups (`VPSHUFB`) for the 2-bit sum, and a bit
-//!   test (and, compare) into a mask register with a masked add (AVX-512 F and VL) for the signature weights,
-//!   each chosen only when the CPU reports the features at start-up. The lookups replaced a
-//!   bit-plane popcount kernel (VPOPCNTDQ, 27 popcounts per code word of eight rows, its cost
-//!   linear in the weights' bits); alone over contiguous codes both run at the memory's pace
-//!   (75-85M against 81-82M rows/s per core in the same runs, `docs/benchmarks.md`), and the
-//!   tables quantise finer ([`LUT_ENTRY_MAX`]). A VNNI int8 kernel was measured and did not pay: out of
-//!   cache it ran at 0.87-0.96x the `wide` kernel (`docs/benchmarks.md`), so there is none.
+//! - `avx512`: `core::arch` AVX-512 table lookups (`VPERMB`, AVX-512 VBMI) summed by `VPDPBUSD`
+//!   (AVX-512 VNNI) for the 2-bit sum, and a bit test (and, compare) into a mask register with
+//!   a masked add (AVX-512 F and VL) for the signature weights, each chosen only when the CPU
+//!   reports the features at start-up. The lookups replaced a bit-plane popcount kernel
+//!   (VPOPCNTDQ, 27 popcounts per code word of eight rows, its cost linear in the weights'
+//!   bits), then a byte-major `VPSHUFB` kernel with 16-bit entries, which did twice the
+//!   lookups and four blends and shifts per code line (`docs/benchmarks.md`). A VNNI int8 dot
+//!   over the rows' 256-byte vectors was measured and did not pay: out of cache it ran at
+//!   0.87-0.96x the `wide` kernel (`docs/benchmarks.md`), so there is none.
 //!
 //! [`Kernels::detect`] picks one implementation per kernel once, on purpose, and the choice is
 //! logged by the caller. Integer kernels agree bit for bit with the scalar twin (proptests
@@ -48,10 +51,23 @@ pub enum Isa {
     Avx512,
 }
 
-/// Rows per group of the byte-major 2-bit code layout: one byte of each fills a 512-bit register.
+/// Rows per group of the 2-bit code layout.
 pub const LUT_ROWS: usize = 64;
+/// Code bytes per chunk of the 2-bit code layout: four bytes (eight pairs) of a row lie
+/// together, one 32-bit lane of a register.
+pub const CHUNK_BYTES: usize = 4;
+/// Rows whose chunk fills a 512-bit register.
+const CHUNK_ROWS: usize = 64 / CHUNK_BYTES;
+const _: () = assert!(LUT_ROWS.is_multiple_of(CHUNK_ROWS));
 
-/// 2-bit sums of `query` against byte-major `codes` (see [`scalar::two_bit`], the
+/// Where byte `byte` of row `row` of a group lies inside the group's codes: chunk
+/// `byte / CHUNK_BYTES` of the group's rows in row order, each chunk's bytes together.
+#[inline]
+pub fn code_offset(row: usize, byte: usize) -> usize {
+    ((byte / CHUNK_BYTES) * LUT_ROWS + row) * CHUNK_BYTES + byte % CHUNK_BYTES
+}
+
+/// 2-bit sums of `query` against grouped `codes` (see [`scalar::two_bit`], the
 /// specification): `out.len()` rows, a multiple of [`LUT_ROWS`], `codes` holding at least
 /// `out.len() · query.code_bytes()` bytes. `ahead` is a hint that changes no result: where the
 /// caller's next codes lie, to load while the kernel computes ([`Lookahead`]).
@@ -127,7 +143,7 @@ impl Kernels {
             at_least: wide_impl::at_least,
             at_least_isa: Isa::Wide,
         };
-        if avx512::has_bw() {
+        if avx512::has_lookup() {
             k.two_bit = avx512::two_bit;
             k.two_bit_isa = Isa::Avx512;
         }
@@ -185,43 +201,52 @@ fn hint<const LEVEL: i32, T>(p: *const T) {
 
 /// Entries of a pair's table: one per nibble.
 pub const PAIR_ENTRIES: usize = 16;
-/// Largest magnitude of a table entry. The AVX-512 kernel sums [`PAIRS_PER_FLUSH`] entries in
-/// 16-bit lanes before it widens them, so `PAIRS_PER_FLUSH · LUT_ENTRY_MAX` must fit an `i16`.
-/// With 1,023 a pair's contribution is rounded once, on a step at most half that of the
-/// bit-plane kernel it replaced, whose pair was the sum of up to four rounded 8-bit weights.
-pub const LUT_ENTRY_MAX: i16 = 1023;
-/// Pairs summed in 16-bit lanes between two widenings to 32 bits (16 code bytes).
-pub const PAIRS_PER_FLUSH: usize = 32;
-const _: () = assert!(PAIRS_PER_FLUSH * LUT_ENTRY_MAX as usize <= i16::MAX as usize);
+/// Largest magnitude of a table entry: entries are `i8`, the operand `VPDPBUSD` multiplies.
+/// A pair's contribution is rounded once on a step of 1/127 of the largest entry; the sum of
+/// 128 of them is exact in 32 bits.
+pub const LUT_ENTRY_MAX: i8 = 127;
+/// Pairs of dimensions in a chunk of code bytes (two a byte).
+pub const PAIRS_PER_CHUNK: usize = 2 * CHUNK_BYTES;
 
 /// A query's per-pair tables as the 2-bit kernel reads them: entry `n` of pair `p` is what a
-/// row whose nibble for `p` is `n` adds to its sum. Kept twice: as `i16` (the specification)
-/// and split into low and high bytes, 16 of each per pair (the operands of `VPSHUFB`).
+/// row whose nibble for `p` is `n` adds to its sum. Kept twice: pair by pair (the
+/// specification), and as the kernel's lookup tables, two of 64 entries per chunk: entry
+/// `16 j + n` of the first is entry `n` of the low-nibble pair of the chunk's byte `j`, of the
+/// second that of its high-nibble pair (the operands of `VPERMB`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TwoBitQuery {
     /// Entry `n` of pair `p` at `p · 16 + n`.
-    table: Vec<i16>,
-    low: Vec<u8>,
-    high: Vec<u8>,
+    table: Vec<i8>,
+    lookup: Vec<i8>,
 }
 
 impl TwoBitQuery {
-    /// Tables for `table.len() / 16` pairs, a multiple of [`PAIRS_PER_FLUSH`]; every entry
+    /// Tables for `table.len() / 16` pairs, a multiple of [`PAIRS_PER_CHUNK`]; every entry
     /// within `±LUT_ENTRY_MAX`.
-    pub fn new(table: Vec<i16>) -> Self {
+    pub fn new(table: Vec<i8>) -> Self {
         assert!(
-            table.len().is_multiple_of(PAIR_ENTRIES * PAIRS_PER_FLUSH),
-            "whole flushes of pairs only"
+            table.len().is_multiple_of(PAIR_ENTRIES * PAIRS_PER_CHUNK),
+            "whole chunks of pairs only"
         );
         assert!(
-            table.iter().all(|e| e.abs() <= LUT_ENTRY_MAX),
+            table
+                .iter()
+                .all(|e| e.unsigned_abs() <= LUT_ENTRY_MAX.unsigned_abs()),
             "a table entry past LUT_ENTRY_MAX"
         );
-        Self {
-            low: table.iter().map(|&e| e.to_le_bytes()[0]).collect(),
-            high: table.iter().map(|&e| e.to_le_bytes()[1]).collect(),
-            table,
-        }
+        let chunks = table.len() / (PAIR_ENTRIES * PAIRS_PER_CHUNK);
+        let lookup = (0..chunks)
+            .flat_map(|c| {
+                let table = &table;
+                (0..2).flat_map(move |half| {
+                    (0..CHUNK_BYTES * PAIR_ENTRIES).map(move |at| {
+                        let (j, n) = (at / PAIR_ENTRIES, at % PAIR_ENTRIES);
+                        table[(2 * (CHUNK_BYTES * c + j) + half) * PAIR_ENTRIES + n]
+                    })
+                })
+            })
+            .collect();
+        Self { table, lookup }
     }
 
     /// Pairs of dimensions.
@@ -294,7 +319,7 @@ pub mod scalar {
             for (r, sum) in sums.iter_mut().enumerate() {
                 *sum = (0..query.pairs())
                     .map(|p| {
-                        let byte = group[p / 2 * LUT_ROWS + r];
+                        let byte = group[super::code_offset(r, p / 2)];
                         query.entry(p, byte >> (4 * (p % 2)) & 0x0F)
                     })
                     .sum();
@@ -392,12 +417,13 @@ pub mod wide_impl {
 /// AVX-512 kernels through `core::arch`, used only after runtime detection.
 #[allow(unsafe_code)]
 pub mod avx512 {
-    /// True when the CPU runs the table-lookup 2-bit kernel (AVX-512 F and BW).
-    pub fn has_bw() -> bool {
+    /// True when the CPU runs the table-lookup 2-bit kernel (AVX-512 F, VBMI and VNNI).
+    pub fn has_lookup() -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vbmi")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -453,30 +479,33 @@ pub mod avx512 {
         super::signature_weights(terms, words, signatures, out)
     }
 
-    /// The 2-bit sum with table lookups: for each code byte of 64 rows, its two nibbles index
-    /// the byte-split tables of their pairs (`VPSHUFB`, low and high bytes of each entry),
-    /// the bytes are joined into 16-bit entries for the even and the odd rows, summed in 16-bit
-    /// lanes for [`super::PAIRS_PER_FLUSH`] pairs (within `i16` by [`super::LUT_ENTRY_MAX`]) and
-    /// widened into 32-bit sums. All integer, so equal to the scalar loop.
+    /// The 2-bit sum with table lookups: for each chunk of 16 rows (one register), the low
+    /// and the high nibble of each byte index the chunk's two 64-entry tables (`VPERMB`, the
+    /// byte's position in its row's chunk choosing the table's quarter), and `VPDPBUSD` adds
+    /// each row's four looked-up entries into its 32-bit sum. All integer, so equal to the
+    /// scalar loop.
     pub fn two_bit(
         query: &super::TwoBitQuery,
         codes: &[u8],
         out: &mut [i32],
         ahead: super::Lookahead,
     ) {
-        assert!(has_bw(), "avx512::two_bit called without AVX-512 BW");
+        assert!(
+            has_lookup(),
+            "avx512::two_bit called without AVX-512 VBMI and VNNI"
+        );
         assert_eq!(out.len() % super::LUT_ROWS, 0, "whole groups only");
         assert!(
             codes.len() >= out.len() * query.code_bytes(),
             "codes shorter than out"
         );
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the first assert checked the CPU features `two_bit_lut` is compiled for; the
-        // others guarantee whole groups and that `codes` holds every group `out` asks for, and
-        // `TwoBitQuery::new` that its tables hold 16 entries for each of `code_bytes() · 2`
-        // pairs in whole flushes, which bounds each of its loads and stores.
+        // SAFETY: the first assert checked the CPU features `two_bit_lookup` is compiled for;
+        // the others guarantee whole groups and that `codes` holds every group `out` asks for,
+        // and `TwoBitQuery::new` that its lookup tables hold 128 entries for each of the
+        // `code_bytes() / 4` chunks, which bounds each of its loads and stores.
         unsafe {
-            x86::two_bit_lut(query, codes, out, ahead)
+            x86::two_bit_lookup(query, codes, out, ahead)
         }
         #[cfg(not(target_arch = "x86_64"))]
         super::scalar::two_bit(query, codes, out, ahead)
@@ -510,84 +539,82 @@ pub mod avx512 {
             }
         }
 
-        #[target_feature(enable = "avx512f,avx512bw")]
-        pub(super) unsafe fn two_bit_lut(
+        #[target_feature(enable = "avx512f,avx512vbmi,avx512vnni")]
+        pub(super) unsafe fn two_bit_lookup(
             query: &super::super::TwoBitQuery,
             codes: &[u8],
             out: &mut [i32],
             ahead: super::super::Lookahead,
         ) {
-            use super::super::{LUT_ROWS, PAIR_ENTRIES, PAIRS_PER_FLUSH, prefetch, prefetch_l2};
+            use super::super::{
+                CHUNK_BYTES, CHUNK_ROWS, LUT_ROWS, PAIR_ENTRIES, prefetch, prefetch_l2,
+            };
+            const TABLE_BYTES: usize = CHUNK_BYTES * PAIR_ENTRIES;
+            const REGISTERS: usize = LUT_ROWS / CHUNK_ROWS;
             let bytes = query.code_bytes();
-            let (low, high) = (query.low.as_ptr(), query.high.as_ptr());
+            let tables = query.lookup.as_ptr();
             let nibble = _mm512_set1_epi8(0x0F);
-            // The odd bytes of each 16-bit lane: the high byte of an entry for an even row, the
-            // low one for an odd row.
-            const ODD_BYTES: __mmask64 = 0xAAAA_AAAA_AAAA_AAAA;
+            // Byte `j` of each 32-bit lane indexes quarter `j` of a table: `16 j` ORed in.
+            let quarters = _mm512_set1_epi32(0x3020_1000);
+            let ones = _mm512_set1_epi8(1);
+            // `(a & b) | c` as a ternary-logic truth table.
+            const AND_OR: i32 = 0xEA;
             for (g, sums) in out.chunks_exact_mut(LUT_ROWS).enumerate() {
                 let base = codes[g * bytes * LUT_ROWS..].as_ptr();
-                // 32-bit sums of rows 0, 2, .., 30; 32, .., 62; 1, .., 31; 33, .., 63.
-                let mut wide = [_mm512_setzero_si512(); 4];
-                for flush in (0..bytes).step_by(PAIRS_PER_FLUSH / 2) {
-                    let (mut even, mut odd) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                    for b in flush..flush + PAIRS_PER_FLUSH / 2 {
+                // The low and the high nibbles' sums of each register's 16 rows, apart so that
+                // no two adds in a row wait on each other.
+                let mut low_sums = [_mm512_setzero_si512(); REGISTERS];
+                let mut high_sums = [_mm512_setzero_si512(); REGISTERS];
+                for c in 0..bytes / CHUNK_BYTES {
+                    // SAFETY: chunk `c < code_bytes / 4` has its two tables at
+                    // `c · 128 .. c · 128 + 128` inside `lookup`.
+                    let (low_table, high_table) = unsafe {
+                        (
+                            _mm512_loadu_si512(tables.add(2 * c * TABLE_BYTES).cast()),
+                            _mm512_loadu_si512(tables.add((2 * c + 1) * TABLE_BYTES).cast()),
+                        )
+                    };
+                    for (s, (low, high)) in low_sums.iter_mut().zip(&mut high_sums).enumerate() {
+                        let at = (c * LUT_ROWS + s * CHUNK_ROWS) * CHUNK_BYTES;
                         // SAFETY: group `g` holds `bytes · 64` bytes inside `codes` and
-                        // `b < bytes`, so the 64-byte load is in bounds.
-                        let x = unsafe { _mm512_loadu_si512(base.add(b * LUT_ROWS).cast()) };
+                        // `at + 64 ≤ bytes · 64`, so the 64-byte load is in bounds.
+                        let x = unsafe { _mm512_loadu_si512(base.add(at).cast()) };
                         // Hints only: the addresses are never read here, and a prefetch of
                         // any address is harmless.
-                        let line = base.wrapping_add(b * LUT_ROWS);
+                        let line = base.wrapping_add(at);
                         if ahead.near != 0 {
                             prefetch(line.wrapping_offset(ahead.near));
                         }
                         if ahead.far != 0 {
                             prefetch_l2(line.wrapping_offset(ahead.far));
                         }
-                        let nibbles = [
-                            _mm512_and_si512(x, nibble),
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(x), nibble),
-                        ];
-                        for (half, n) in nibbles.into_iter().enumerate() {
-                            let at = (2 * b + half) * PAIR_ENTRIES;
-                            // SAFETY: pair `2b + half` < `2 · bytes`, whose 16 entries lie
-                            // inside both byte tables, so each 16-byte load is in bounds.
-                            let (lo, hi) = unsafe {
-                                (
-                                    _mm512_broadcast_i32x4(_mm_loadu_si128(low.add(at).cast())),
-                                    _mm512_broadcast_i32x4(_mm_loadu_si128(high.add(at).cast())),
-                                )
-                            };
-                            let (l, h) = (_mm512_shuffle_epi8(lo, n), _mm512_shuffle_epi8(hi, n));
-                            even = _mm512_add_epi16(
-                                even,
-                                _mm512_mask_blend_epi8(ODD_BYTES, l, _mm512_slli_epi16::<8>(h)),
-                            );
-                            odd = _mm512_add_epi16(
-                                odd,
-                                _mm512_mask_blend_epi8(ODD_BYTES, _mm512_srli_epi16::<8>(l), h),
-                            );
-                        }
-                    }
-                    for (w, (half, part)) in
-                        wide.iter_mut()
-                            .zip([(even, 0), (even, 1), (odd, 0), (odd, 1)])
-                    {
-                        let part = if part == 0 {
-                            _mm512_castsi512_si256(half)
-                        } else {
-                            _mm512_extracti64x4_epi64::<1>(half)
-                        };
-                        *w = _mm512_add_epi32(*w, _mm512_cvtepi16_epi32(part));
+                        let low_index = _mm512_ternarylogic_epi32::<AND_OR>(x, nibble, quarters);
+                        let high_index = _mm512_ternarylogic_epi32::<AND_OR>(
+                            _mm512_srli_epi32::<4>(x),
+                            nibble,
+                            quarters,
+                        );
+                        *low = _mm512_dpbusd_epi32(
+                            *low,
+                            ones,
+                            _mm512_permutexvar_epi8(low_index, low_table),
+                        );
+                        *high = _mm512_dpbusd_epi32(
+                            *high,
+                            ones,
+                            _mm512_permutexvar_epi8(high_index, high_table),
+                        );
                     }
                 }
-                let mut lanes = [[0i32; 16]; 4];
-                for (lane, w) in lanes.iter_mut().zip(wide) {
-                    // SAFETY: `lane` is 16 i32 = 64 bytes, exactly what the store writes.
-                    unsafe { _mm512_storeu_si512(lane.as_mut_ptr().cast(), w) };
-                }
-                for k in 0..LUT_ROWS / 2 {
-                    sums[2 * k] = lanes[k / 16][k % 16];
-                    sums[2 * k + 1] = lanes[2 + k / 16][k % 16];
+                for (s, (low, high)) in low_sums.into_iter().zip(high_sums).enumerate() {
+                    // SAFETY: `sums` holds 64 i32; rows `16 s .. 16 s + 16` are 64 bytes of it,
+                    // exactly what the store writes.
+                    unsafe {
+                        _mm512_storeu_si512(
+                            sums[s * CHUNK_ROWS..].as_mut_ptr().cast(),
+                            _mm512_add_epi32(low, high),
+                        )
+                    };
                 }
             }
         }
@@ -602,21 +629,20 @@ mod tests {
     /// Every implementation this CPU can run, scalar first.
     fn two_bit_impls() -> Vec<(Isa, TwoBitFn)> {
         let mut v: Vec<(Isa, TwoBitFn)> = vec![(Isa::Scalar, scalar::two_bit)];
-        if avx512::has_bw() {
+        if avx512::has_lookup() {
             v.push((Isa::Avx512, avx512::two_bit));
         }
         v
     }
 
     /// Table entries with the edges over-represented.
-    fn entry_edge() -> impl Strategy<Value = i16> {
+    fn entry_edge() -> impl Strategy<Value = i8> {
         prop_oneof![
             Just(-LUT_ENTRY_MAX),
             Just(LUT_ENTRY_MAX),
-            Just(0i16),
-            Just(-1i16),
-            Just(255i16),
-            Just(256i16),
+            Just(0i8),
+            Just(-1i8),
+            Just(1i8),
             -LUT_ENTRY_MAX..=LUT_ENTRY_MAX
         ]
     }
@@ -644,27 +670,30 @@ mod tests {
 
         #[test]
         fn two_bit_agrees_with_scalar(
-            flushes in 1usize..4,
+            chunks in 1usize..17,
             groups in 0usize..3,
             seed in proptest::collection::vec(
-                prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()], 3 * 2 * 3 * 8 * 8),
-            table in proptest::collection::vec(entry_edge(), 3 * PAIRS_PER_FLUSH * PAIR_ENTRIES),
+                prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()], 2 * 16 * 4 * 8),
+            table in proptest::collection::vec(entry_edge(), 16 * PAIRS_PER_CHUNK * PAIR_ENTRIES),
             near in prop_oneof![Just(0isize), -(1isize << 20)..1 << 20, Just(isize::MIN), Just(isize::MAX)],
             far in prop_oneof![Just(0isize), -(1isize << 21)..1 << 21, Just(isize::MIN)],
         ) {
-            let pairs = flushes * PAIRS_PER_FLUSH;
+            let pairs = chunks * PAIRS_PER_CHUNK;
             let query = TwoBitQuery::new(table[..pairs * PAIR_ENTRIES].to_vec());
             let rows = groups * LUT_ROWS;
             let bytes: Vec<u8> = seed.iter().flat_map(|w| w.to_le_bytes()).collect();
             let codes = &bytes[..rows * query.code_bytes()];
             let mut expected = vec![i32::MIN; rows];
             scalar::two_bit(&query, codes, &mut expected, Lookahead::default());
-            // The specification is the sum it names, read straight from the byte-major layout.
+            // The specification is the sum it names, read straight from the chunked layout:
+            // byte `b` of row `i` of group `g` at `g · bytes · 64 + (⌊b/4⌋ · 64 + i) · 4 + b % 4`.
             for (r, &sum) in expected.iter().enumerate() {
                 let (g, i) = (r / LUT_ROWS, r % LUT_ROWS);
                 let direct: i32 = (0..pairs)
                     .map(|p| {
-                        let byte = codes[(g * query.code_bytes() + p / 2) * LUT_ROWS + i];
+                        let b = p / 2;
+                        let at = g * query.code_bytes() * LUT_ROWS + (b / 4 * LUT_ROWS + i) * 4 + b % 4;
+                        let byte = codes[at];
                         let nibble = if p % 2 == 0 { byte & 0x0F } else { byte >> 4 };
                         i32::from(table[p * PAIR_ENTRIES + usize::from(nibble)])
                     })
@@ -789,22 +818,26 @@ mod tests {
     #[test]
     fn two_bit_sums_a_hand_example() {
         // Pair 0: entry 5 is 7, entry 0 is −3; pair 1: entry 2 is 100; pair 63: entry 15 is
-        // −1,023; every other entry 0.
-        let mut table = vec![0i16; 64 * PAIR_ENTRIES];
+        // −127; pair 62: entry 3 is 11; every other entry 0.
+        let mut table = vec![0i8; 64 * PAIR_ENTRIES];
         (table[5], table[0], table[PAIR_ENTRIES + 2]) = (7, -3, 100);
         table[63 * PAIR_ENTRIES + 15] = -LUT_ENTRY_MAX;
+        table[62 * PAIR_ENTRIES + 3] = 11;
         let query = TwoBitQuery::new(table);
         let mut codes = vec![0u8; query.code_bytes() * LUT_ROWS];
-        // Row 0: byte 0 = pair 0 nibble 5, pair 1 nibble 2. Row 1: byte 31 high nibble 15.
+        // Row 0: byte 0 = pair 0 nibble 5, pair 1 nibble 2. Row 1: byte 31 (chunk 7, its
+        // fourth byte) high nibble 15. Row 17 (the second register): byte 31 low nibble 3.
         codes[0] = 0x25;
-        codes[31 * LUT_ROWS + 1] = 0xF0;
+        codes[(7 * LUT_ROWS + 1) * 4 + 3] = 0xF0;
+        codes[(7 * LUT_ROWS + 17) * 4 + 3] = 0x03;
         for (isa, f) in two_bit_impls() {
             let mut out = [9i32; LUT_ROWS];
             f(&query, &codes, &mut out, Lookahead::default());
             // Every nibble not set above is 0, which only pair 0 weighs (−3).
             let mut expected = [-3i32; LUT_ROWS];
             expected[0] = 107;
-            expected[1] = -3 - 1023;
+            expected[1] = -3 - 127;
+            expected[17] = -3 + 11;
             assert_eq!(out, expected, "{isa:?}");
         }
     }
@@ -829,7 +862,7 @@ mod tests {
         assert_eq!(Kernels::detect(true).describe(), Kernels::SCALAR.describe());
         let k = Kernels::detect(false);
         assert_eq!(k.dot_f32_isa, Isa::Wide);
-        assert_eq!(k.two_bit_isa == Isa::Avx512, avx512::has_bw());
+        assert_eq!(k.two_bit_isa == Isa::Avx512, avx512::has_lookup());
         assert_eq!(k.dot_i8_isa, Isa::Wide);
         assert_eq!(k.signature_isa == Isa::Avx512, avx512::has_vl());
     }
