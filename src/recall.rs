@@ -6,6 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::arena::Arena;
@@ -219,12 +220,13 @@ pub fn recall(
         outside.turns += 1;
         outside.tokens += pick.tokens;
     }
-    let mut candidates = Vec::with_capacity(kept.len());
-    for &i in &kept {
-        let pick = picks[i];
-        let Some(owner) = arena.owner_in(pick.row, ask.scope) else {
-            continue;
-        };
+    let owned: Vec<(Pick, UserId)> = kept
+        .iter()
+        .filter_map(|&i| Some((picks[i], arena.owner_in(picks[i].row, ask.scope)?)))
+        .collect();
+    names.read_rows(memory, owned.iter().map(|&(pick, owner)| (owner, pick.row)))?;
+    let mut candidates = Vec::with_capacity(owned.len());
+    for (pick, owner) in owned {
         if let Some(turn) = names.turn(memory, owner, pick.row)? {
             candidates.push(Candidate {
                 turn,
@@ -302,21 +304,22 @@ fn speakers_named(
     hits: &[Retrieved],
 ) -> Result<Vec<bool>, StoreError> {
     let asked: HashSet<TermId> = query.retrieval.terms.iter().map(|&(t, _)| t).collect();
+    names.read_rows(memory, hits.iter().map(|hit| (hit.user, hit.row)))?;
     let mut verdicts: HashMap<String, bool> = HashMap::new();
     let mut named = Vec::with_capacity(hits.len());
     for hit in hits {
-        let Some(row) = memory.store.row(hit.user, hit.row)? else {
+        let Some(row) = names.read.get(&hit.row) else {
             named.push(false);
             continue;
         };
-        let speaker = names.speaker(memory, hit.user, &row.conversation, row.role)?;
-        named.push(speaker.or_else(|| row.name.clone()).is_some_and(|name| {
+        let (conversation, role, own) = (row.conversation.clone(), row.role, row.name.clone());
+        let speaker = names.speaker(memory, hit.user, &conversation, role)?;
+        named.push(speaker.or(own).is_some_and(|name| {
             *verdicts.entry(name).or_insert_with_key(|name| {
                 let terms = memory.dictionary.lexical().terms(name);
                 !terms.is_empty() && terms.iter().all(|(term, _)| asked.contains(term))
             })
         }));
-        names.read.insert(hit.row, row);
     }
     Ok(named)
 }
@@ -482,6 +485,40 @@ pub struct Names {
 }
 
 impl Names {
+    /// Read the stored rows `rows` (user, row) not read yet, and the names bound to their
+    /// speakers' conversations and roles not resolved yet: each a point read of the store, so
+    /// they are spread over the rayon pool (a recall reads a few hundred).
+    pub fn read_rows(
+        &mut self,
+        memory: &Memory,
+        rows: impl IntoIterator<Item = (UserId, RowId)>,
+    ) -> Result<(), StoreError> {
+        let wanted: Vec<(UserId, RowId)> = rows
+            .into_iter()
+            .filter(|(_, id)| !self.read.contains_key(id))
+            .collect();
+        let read: Vec<Option<(UserId, Row)>> = wanted
+            .par_iter()
+            .map(|&(user, id)| Ok(memory.store.row(user, id)?.map(|row| (user, row))))
+            .collect::<Result<_, StoreError>>()?;
+        let mut slots: Vec<(UserId, String, Role)> = read
+            .iter()
+            .flatten()
+            .map(|(user, row)| (*user, row.conversation.clone(), row.role))
+            .filter(|slot| !self.bound.contains_key(slot))
+            .collect();
+        slots.sort_unstable();
+        slots.dedup();
+        let bound: Vec<Option<String>> = slots
+            .par_iter()
+            .map(|(user, conversation, role)| memory.store.bound_name(*user, conversation, *role))
+            .collect::<Result<_, StoreError>>()?;
+        self.bound.extend(slots.into_iter().zip(bound));
+        self.read
+            .extend(read.into_iter().flatten().map(|(_, row)| (row.id, row)));
+        Ok(())
+    }
+
     /// The name now bound to `role` in `user`'s `conversation`, if any.
     pub fn speaker(
         &mut self,
