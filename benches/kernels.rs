@@ -108,6 +108,9 @@ fn main() {
     if kernels::avx512::has_lookup() {
         two_bits.push((Isa::Avx512, kernels::avx512::two_bit));
     }
+    if kernels::avx512::has_bw() {
+        two_bits.push((Isa::Avx512Bw, kernels::avx512::two_bit_bw));
+    }
     for (isa, f) in two_bits {
         let t = time(|| {
             f(&query, &codes, &mut out, Lookahead::default());

@@ -22,9 +22,11 @@
 //! - `wide`: 256-bit vectors through the `wide` crate, whose instructions are fixed at compile
 //!   time by the baseline in `.cargo/config.toml` (AVX2 and FMA).
 //! - `avx512`: `core::arch` AVX-512 table lookups (`VPERMB`, AVX-512 VBMI) summed by `VPDPBUSD`
-//!   (AVX-512 VNNI) for the 2-bit sum, and a bit test (and, compare) into a mask register with
-//!   a masked add (AVX-512 F and VL) for the signature weights, each chosen only when the CPU
-//!   reports the features at start-up. The lookups replaced a bit-plane popcount kernel
+//!   (AVX-512 VNNI) for the 2-bit sum, or on a CPU with AVX-512 BW but not those two, four
+//!   merge-masked `VPSHUFB` lookups a register summed by `VPMADDUBSW` and `VPMADDWD`
+//!   (`Isa::Avx512Bw`); and a bit test (and, compare) into a mask register with a masked add
+//!   (AVX-512 F and VL) for the signature weights; each chosen only when the CPU reports the
+//!   features at start-up. The lookups replaced a bit-plane popcount kernel
 //!   (VPOPCNTDQ, 27 popcounts per code word of eight rows, its cost linear in the weights'
 //!   bits), then a byte-major `VPSHUFB` kernel with 16-bit entries, which did twice the
 //!   lookups and four blends and shifts per code line (`docs/benchmarks.md`). A VNNI int8 dot
@@ -49,6 +51,9 @@ pub enum Isa {
     Scalar,
     Wide,
     Avx512,
+    /// AVX-512 without the VBMI and VNNI the 2-bit kernel's `Avx512` form needs (AVX-512 BW
+    /// only, as on Skylake and Cascade Lake servers).
+    Avx512Bw,
 }
 
 /// Rows per group of the 2-bit code layout.
@@ -146,6 +151,9 @@ impl Kernels {
         if avx512::has_lookup() {
             k.two_bit = avx512::two_bit;
             k.two_bit_isa = Isa::Avx512;
+        } else if avx512::has_bw() {
+            k.two_bit = avx512::two_bit_bw;
+            k.two_bit_isa = Isa::Avx512Bw;
         }
         if avx512::has_vl() {
             k.signature = avx512::signature_weights;
@@ -431,6 +439,19 @@ pub mod avx512 {
         }
     }
 
+    /// True when the CPU runs the 2-bit kernel's AVX-512 BW form (AVX-512 F and BW).
+    pub fn has_bw() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
     /// True when the CPU runs the masked-add signature kernel (AVX-512 F and VL).
     pub fn has_vl() -> bool {
         #[cfg(target_arch = "x86_64")]
@@ -506,6 +527,33 @@ pub mod avx512 {
         // `code_bytes() / 4` chunks, which bounds each of its loads and stores.
         unsafe {
             x86::two_bit_lookup(query, codes, out, ahead)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        super::scalar::two_bit(query, codes, out, ahead)
+    }
+
+    /// The 2-bit sum for AVX-512 BW without VBMI and VNNI: the same chunks, each nibble
+    /// looked up with `VPSHUFB` in the 16-entry table of its byte's place in the row's chunk
+    /// (four merge-masked lookups a register, one per place), each row's four entries summed
+    /// by `VPMADDUBSW` and `VPMADDWD` into its 32-bit sum. All integer, so equal to the scalar
+    /// loop.
+    pub fn two_bit_bw(
+        query: &super::TwoBitQuery,
+        codes: &[u8],
+        out: &mut [i32],
+        ahead: super::Lookahead,
+    ) {
+        assert!(has_bw(), "avx512::two_bit_bw called without AVX-512 BW");
+        assert_eq!(out.len() % super::LUT_ROWS, 0, "whole groups only");
+        assert!(
+            codes.len() >= out.len() * query.code_bytes(),
+            "codes shorter than out"
+        );
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as for `two_bit`: the first assert checked the CPU features
+        // `two_bit_shuffle` is compiled for, the others bound each load and store.
+        unsafe {
+            x86::two_bit_shuffle(query, codes, out, ahead)
         }
         #[cfg(not(target_arch = "x86_64"))]
         super::scalar::two_bit(query, codes, out, ahead)
@@ -618,6 +666,79 @@ pub mod avx512 {
                 }
             }
         }
+
+        #[target_feature(enable = "avx512f,avx512bw")]
+        pub(super) unsafe fn two_bit_shuffle(
+            query: &super::super::TwoBitQuery,
+            codes: &[u8],
+            out: &mut [i32],
+            ahead: super::super::Lookahead,
+        ) {
+            use super::super::{
+                CHUNK_BYTES, CHUNK_ROWS, LUT_ROWS, PAIR_ENTRIES, prefetch, prefetch_l2,
+            };
+            const TABLE_BYTES: usize = CHUNK_BYTES * PAIR_ENTRIES;
+            const REGISTERS: usize = LUT_ROWS / CHUNK_ROWS;
+            // The bytes at place 1, 2 and 3 of each 32-bit lane.
+            const PLACES: [__mmask64; 3] = [
+                0x2222_2222_2222_2222,
+                0x4444_4444_4444_4444,
+                0x8888_8888_8888_8888,
+            ];
+            let bytes = query.code_bytes();
+            let tables = query.lookup.as_ptr();
+            let nibble = _mm512_set1_epi8(0x0F);
+            let (ones8, ones16) = (_mm512_set1_epi8(1), _mm512_set1_epi16(1));
+            for (g, sums) in out.chunks_exact_mut(LUT_ROWS).enumerate() {
+                let base = codes[g * bytes * LUT_ROWS..].as_ptr();
+                let mut totals = [_mm512_setzero_si512(); REGISTERS];
+                for c in 0..bytes / CHUNK_BYTES {
+                    // The chunk's eight 16-entry tables, each in every 128-bit lane: the low
+                    // nibbles' for places 0-3, then the high nibbles'.
+                    // SAFETY: chunk `c < code_bytes / 4` has its 128 entries at
+                    // `c · 128 .. c · 128 + 128` inside `lookup`.
+                    let table: [__m512i; 8] = std::array::from_fn(|t| unsafe {
+                        _mm512_broadcast_i32x4(_mm_loadu_si128(
+                            tables.add(2 * c * TABLE_BYTES + t * PAIR_ENTRIES).cast(),
+                        ))
+                    });
+                    for (s, total) in totals.iter_mut().enumerate() {
+                        let at = (c * LUT_ROWS + s * CHUNK_ROWS) * CHUNK_BYTES;
+                        // SAFETY: group `g` holds `bytes · 64` bytes inside `codes` and
+                        // `at + 64 ≤ bytes · 64`, so the 64-byte load is in bounds.
+                        let x = unsafe { _mm512_loadu_si512(base.add(at).cast()) };
+                        // Hints only, as in `two_bit_lookup`.
+                        let line = base.wrapping_add(at);
+                        if ahead.near != 0 {
+                            prefetch(line.wrapping_offset(ahead.near));
+                        }
+                        if ahead.far != 0 {
+                            prefetch_l2(line.wrapping_offset(ahead.far));
+                        }
+                        let halves = [
+                            _mm512_and_si512(x, nibble),
+                            _mm512_and_si512(_mm512_srli_epi32::<4>(x), nibble),
+                        ];
+                        for (half, index) in halves.into_iter().enumerate() {
+                            let own = &table[4 * half..4 * half + 4];
+                            let mut entries = _mm512_shuffle_epi8(own[0], index);
+                            for (place, &mask) in PLACES.iter().enumerate() {
+                                entries =
+                                    _mm512_mask_shuffle_epi8(entries, mask, own[place + 1], index);
+                            }
+                            let pairs = _mm512_maddubs_epi16(ones8, entries);
+                            *total = _mm512_add_epi32(*total, _mm512_madd_epi16(pairs, ones16));
+                        }
+                    }
+                }
+                for (s, total) in totals.into_iter().enumerate() {
+                    // SAFETY: as in `two_bit_lookup`.
+                    unsafe {
+                        _mm512_storeu_si512(sums[s * CHUNK_ROWS..].as_mut_ptr().cast(), total)
+                    };
+                }
+            }
+        }
     }
 }
 
@@ -631,6 +752,9 @@ mod tests {
         let mut v: Vec<(Isa, TwoBitFn)> = vec![(Isa::Scalar, scalar::two_bit)];
         if avx512::has_lookup() {
             v.push((Isa::Avx512, avx512::two_bit));
+        }
+        if avx512::has_bw() {
+            v.push((Isa::Avx512Bw, avx512::two_bit_bw));
         }
         v
     }
@@ -863,6 +987,10 @@ mod tests {
         let k = Kernels::detect(false);
         assert_eq!(k.dot_f32_isa, Isa::Wide);
         assert_eq!(k.two_bit_isa == Isa::Avx512, avx512::has_lookup());
+        assert_eq!(
+            k.two_bit_isa == Isa::Avx512Bw,
+            avx512::has_bw() && !avx512::has_lookup()
+        );
         assert_eq!(k.dot_i8_isa, Isa::Wide);
         assert_eq!(k.signature_isa == Isa::Avx512, avx512::has_vl());
     }
