@@ -500,6 +500,16 @@ pub mod avx512 {
         super::signature_weights(terms, words, signatures, out)
     }
 
+    /// What both 2-bit forms rely on besides their CPU features: whole groups, and `codes`
+    /// holding every group `out` asks for.
+    fn assert_two_bit_shape(query: &super::TwoBitQuery, codes: &[u8], out: &[i32]) {
+        assert_eq!(out.len() % super::LUT_ROWS, 0, "whole groups only");
+        assert!(
+            codes.len() >= out.len() * query.code_bytes(),
+            "codes shorter than out"
+        );
+    }
+
     /// The 2-bit sum with table lookups: for each chunk of 16 rows (one register), the low
     /// and the high nibble of each byte index the chunk's two 64-entry tables (`VPERMB`, the
     /// byte's position in its row's chunk choosing the table's quarter), and `VPDPBUSD` adds
@@ -515,11 +525,7 @@ pub mod avx512 {
             has_lookup(),
             "avx512::two_bit called without AVX-512 VBMI and VNNI"
         );
-        assert_eq!(out.len() % super::LUT_ROWS, 0, "whole groups only");
-        assert!(
-            codes.len() >= out.len() * query.code_bytes(),
-            "codes shorter than out"
-        );
+        assert_two_bit_shape(query, codes, out);
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the first assert checked the CPU features `two_bit_lookup` is compiled for;
         // the others guarantee whole groups and that `codes` holds every group `out` asks for,
@@ -544,11 +550,7 @@ pub mod avx512 {
         ahead: super::Lookahead,
     ) {
         assert!(has_bw(), "avx512::two_bit_bw called without AVX-512 BW");
-        assert_eq!(out.len() % super::LUT_ROWS, 0, "whole groups only");
-        assert!(
-            codes.len() >= out.len() * query.code_bytes(),
-            "codes shorter than out"
-        );
+        assert_two_bit_shape(query, codes, out);
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as for `two_bit`: the first assert checked the CPU features
         // `two_bit_shuffle` is compiled for, the others bound each load and store.
@@ -587,6 +589,36 @@ pub mod avx512 {
             }
         }
 
+        /// Line `s` (16 rows) of chunk `c` of the group of codes at `group`; with it, its
+        /// counterparts `ahead` start loading.
+        ///
+        /// # Safety
+        /// The group holds `bytes · 64` bytes at `group`, `bytes` a multiple of 4, and
+        /// `c < bytes / 4`, `s < 4`: the 64-byte load lies inside it.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn chunk_line(
+            group: *const u8,
+            c: usize,
+            s: usize,
+            ahead: super::super::Lookahead,
+        ) -> __m512i {
+            use super::super::{CHUNK_BYTES, CHUNK_ROWS, LUT_ROWS, prefetch, prefetch_l2};
+            let at = (c * LUT_ROWS + s * CHUNK_ROWS) * CHUNK_BYTES;
+            // SAFETY: the caller's promise bounds `at + 64` by the group's bytes.
+            let x = unsafe { _mm512_loadu_si512(group.add(at).cast()) };
+            // Hints only: the addresses are never read here, and a prefetch of any address is
+            // harmless.
+            let line = group.wrapping_add(at);
+            if ahead.near != 0 {
+                prefetch(line.wrapping_offset(ahead.near));
+            }
+            if ahead.far != 0 {
+                prefetch_l2(line.wrapping_offset(ahead.far));
+            }
+            x
+        }
+
         #[target_feature(enable = "avx512f,avx512vbmi,avx512vnni")]
         pub(super) unsafe fn two_bit_lookup(
             query: &super::super::TwoBitQuery,
@@ -594,9 +626,7 @@ pub mod avx512 {
             out: &mut [i32],
             ahead: super::super::Lookahead,
         ) {
-            use super::super::{
-                CHUNK_BYTES, CHUNK_ROWS, LUT_ROWS, PAIR_ENTRIES, prefetch, prefetch_l2,
-            };
+            use super::super::{CHUNK_BYTES, CHUNK_ROWS, LUT_ROWS, PAIR_ENTRIES};
             const TABLE_BYTES: usize = CHUNK_BYTES * PAIR_ENTRIES;
             const REGISTERS: usize = LUT_ROWS / CHUNK_ROWS;
             let bytes = query.code_bytes();
@@ -623,19 +653,9 @@ pub mod avx512 {
                         )
                     };
                     for (s, (low, high)) in low_sums.iter_mut().zip(&mut high_sums).enumerate() {
-                        let at = (c * LUT_ROWS + s * CHUNK_ROWS) * CHUNK_BYTES;
-                        // SAFETY: group `g` holds `bytes · 64` bytes inside `codes` and
-                        // `at + 64 ≤ bytes · 64`, so the 64-byte load is in bounds.
-                        let x = unsafe { _mm512_loadu_si512(base.add(at).cast()) };
-                        // Hints only: the addresses are never read here, and a prefetch of
-                        // any address is harmless.
-                        let line = base.wrapping_add(at);
-                        if ahead.near != 0 {
-                            prefetch(line.wrapping_offset(ahead.near));
-                        }
-                        if ahead.far != 0 {
-                            prefetch_l2(line.wrapping_offset(ahead.far));
-                        }
+                        // SAFETY: group `g` holds `bytes · 64` bytes inside `codes`, and
+                        // `c < bytes / 4`, `s < 4`.
+                        let x = unsafe { chunk_line(base, c, s, ahead) };
                         let low_index = _mm512_ternarylogic_epi32::<AND_OR>(x, nibble, quarters);
                         let high_index = _mm512_ternarylogic_epi32::<AND_OR>(
                             _mm512_srli_epi32::<4>(x),
@@ -674,9 +694,7 @@ pub mod avx512 {
             out: &mut [i32],
             ahead: super::super::Lookahead,
         ) {
-            use super::super::{
-                CHUNK_BYTES, CHUNK_ROWS, LUT_ROWS, PAIR_ENTRIES, prefetch, prefetch_l2,
-            };
+            use super::super::{CHUNK_BYTES, CHUNK_ROWS, LUT_ROWS, PAIR_ENTRIES};
             const TABLE_BYTES: usize = CHUNK_BYTES * PAIR_ENTRIES;
             const REGISTERS: usize = LUT_ROWS / CHUNK_ROWS;
             // The bytes at place 1, 2 and 3 of each 32-bit lane.
@@ -703,18 +721,9 @@ pub mod avx512 {
                         ))
                     });
                     for (s, total) in totals.iter_mut().enumerate() {
-                        let at = (c * LUT_ROWS + s * CHUNK_ROWS) * CHUNK_BYTES;
-                        // SAFETY: group `g` holds `bytes · 64` bytes inside `codes` and
-                        // `at + 64 ≤ bytes · 64`, so the 64-byte load is in bounds.
-                        let x = unsafe { _mm512_loadu_si512(base.add(at).cast()) };
-                        // Hints only, as in `two_bit_lookup`.
-                        let line = base.wrapping_add(at);
-                        if ahead.near != 0 {
-                            prefetch(line.wrapping_offset(ahead.near));
-                        }
-                        if ahead.far != 0 {
-                            prefetch_l2(line.wrapping_offset(ahead.far));
-                        }
+                        // SAFETY: group `g` holds `bytes · 64` bytes inside `codes`, and
+                        // `c < bytes / 4`, `s < 4`.
+                        let x = unsafe { chunk_line(base, c, s, ahead) };
                         let halves = [
                             _mm512_and_si512(x, nibble),
                             _mm512_and_si512(_mm512_srli_epi32::<4>(x), nibble),
