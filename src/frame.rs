@@ -181,10 +181,9 @@ pub fn label(turn: &Turn, now_ms: Option<i64>, shown: Option<i64>) -> String {
             Role::Tool => "tool",
         }),
     }
-    let minute = |ms: i64| date_label(ms);
     let at = turn.timestamp_ms;
-    let shown_minute = shown.and_then(minute);
-    if let Some(at_minute) = at.and_then(minute) {
+    let shown_minute = shown.and_then(date_label);
+    if let Some(at_minute) = at.and_then(date_label) {
         if shown_minute.as_deref() == Some(at_minute.as_str()) {
             // The reader has this very minute.
         } else if shown.and_then(day_label) == at.and_then(day_label) {
