@@ -11,7 +11,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use perpetuity::scan::kernels::{
-    self, DotI8Fn, Isa, Kernels, LUT_ENTRY_MAX, LUT_ROWS, Lookahead, TwoBitFn, TwoBitQuery,
+    self, DotI8Fn, Isa, Kernels, LUT_ENTRY_MAX, LUT_ROWS, Lookahead, TwoBitQuery,
 };
 use perpetuity::scan::topk::{Hit, TopK};
 use perpetuity::types::RowId;
@@ -104,14 +104,7 @@ fn main() {
         .collect();
     let query = TwoBitQuery::new(table);
     let mut out = vec![0i32; CODE_ROWS];
-    let mut two_bits: Vec<(Isa, TwoBitFn)> = vec![(Isa::Scalar, kernels::scalar::two_bit)];
-    if kernels::avx512::has_lookup() {
-        two_bits.push((Isa::Avx512, kernels::avx512::two_bit));
-    }
-    if kernels::avx512::has_bw() {
-        two_bits.push((Isa::Avx512Bw, kernels::avx512::two_bit_bw));
-    }
-    for (isa, f) in two_bits {
+    for (isa, f) in kernels::two_bit_forms() {
         let t = time(|| {
             f(&query, &codes, &mut out, Lookahead::default());
             black_box(&out);

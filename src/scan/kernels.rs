@@ -32,6 +32,10 @@
 //!   lookups and four blends and shifts per code line (`docs/benchmarks.md`). A VNNI int8 dot
 //!   over the rows' 256-byte vectors was measured and did not pay: out of cache it ran at
 //!   0.87-0.96x the `wide` kernel (`docs/benchmarks.md`), so there is none.
+//! - `avx2`: `core::arch` AVX2 for the 2-bit sum on CPUs without AVX-512: per 256-bit register
+//!   of eight rows, four `VPSHUFB` lookups a nibble (one per byte place, the other places'
+//!   indices given the high bit so that they look up zero) ORed together, summed by
+//!   `VPMADDUBSW` and `VPMADDWD` (`Isa::Avx2`), chosen after runtime detection.
 //!
 //! [`Kernels::detect`] picks one implementation per kernel once, on purpose, and the choice is
 //! logged by the caller. Integer kernels agree bit for bit with the scalar twin (proptests
@@ -54,6 +58,8 @@ pub enum Isa {
     /// AVX-512 without the VBMI and VNNI the 2-bit kernel's `Avx512` form needs (AVX-512 BW
     /// only, as on Skylake and Cascade Lake servers).
     Avx512Bw,
+    /// AVX2 through `core::arch`, for the 2-bit kernel on CPUs without AVX-512.
+    Avx2,
 }
 
 /// Rows per group of the 2-bit code layout.
@@ -154,6 +160,9 @@ impl Kernels {
         } else if avx512::has_bw() {
             k.two_bit = avx512::two_bit_bw;
             k.two_bit_isa = Isa::Avx512Bw;
+        } else if avx2::has_avx2() {
+            k.two_bit = avx2::two_bit;
+            k.two_bit_isa = Isa::Avx2;
         }
         if avx512::has_vl() {
             k.signature = avx512::signature_weights;
@@ -173,6 +182,22 @@ impl Kernels {
             self.at_least_isa
         )
     }
+}
+
+/// Every form of the 2-bit kernel this CPU runs, scalar first (for the equivalence tests and
+/// the kernel benchmark; [`Kernels::detect`] picks one).
+pub fn two_bit_forms() -> Vec<(Isa, TwoBitFn)> {
+    let mut forms: Vec<(Isa, TwoBitFn)> = vec![(Isa::Scalar, scalar::two_bit)];
+    if avx512::has_lookup() {
+        forms.push((Isa::Avx512, avx512::two_bit));
+    }
+    if avx512::has_bw() {
+        forms.push((Isa::Avx512Bw, avx512::two_bit_bw));
+    }
+    if avx2::has_avx2() {
+        forms.push((Isa::Avx2, avx2::two_bit));
+    }
+    forms
 }
 
 /// Ask the CPU to start loading the cache line holding `p`: a hint that never faults and
@@ -271,6 +296,16 @@ impl TwoBitQuery {
     pub fn entry(&self, pair: usize, nibble: u8) -> i32 {
         i32::from(self.table[pair * PAIR_ENTRIES + usize::from(nibble)])
     }
+}
+
+/// What every vector form of the 2-bit kernel relies on besides its CPU features: whole
+/// groups, and `codes` holding every group `out` asks for.
+fn assert_two_bit_shape(query: &TwoBitQuery, codes: &[u8], out: &[i32]) {
+    assert_eq!(out.len() % LUT_ROWS, 0, "whole groups only");
+    assert!(
+        codes.len() >= out.len() * query.code_bytes(),
+        "codes shorter than out"
+    );
 }
 
 /// A query term as the lexical-signature kernel reads it: which word of the signature holds
@@ -500,16 +535,6 @@ pub mod avx512 {
         super::signature_weights(terms, words, signatures, out)
     }
 
-    /// What both 2-bit forms rely on besides their CPU features: whole groups, and `codes`
-    /// holding every group `out` asks for.
-    fn assert_two_bit_shape(query: &super::TwoBitQuery, codes: &[u8], out: &[i32]) {
-        assert_eq!(out.len() % super::LUT_ROWS, 0, "whole groups only");
-        assert!(
-            codes.len() >= out.len() * query.code_bytes(),
-            "codes shorter than out"
-        );
-    }
-
     /// The 2-bit sum with table lookups: for each chunk of 16 rows (one register), the low
     /// and the high nibble of each byte index the chunk's two 64-entry tables (`VPERMB`, the
     /// byte's position in its row's chunk choosing the table's quarter), and `VPDPBUSD` adds
@@ -525,7 +550,7 @@ pub mod avx512 {
             has_lookup(),
             "avx512::two_bit called without AVX-512 VBMI and VNNI"
         );
-        assert_two_bit_shape(query, codes, out);
+        super::assert_two_bit_shape(query, codes, out);
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the first assert checked the CPU features `two_bit_lookup` is compiled for;
         // the others guarantee whole groups and that `codes` holds every group `out` asks for,
@@ -550,7 +575,7 @@ pub mod avx512 {
         ahead: super::Lookahead,
     ) {
         assert!(has_bw(), "avx512::two_bit_bw called without AVX-512 BW");
-        assert_two_bit_shape(query, codes, out);
+        super::assert_two_bit_shape(query, codes, out);
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as for `two_bit`: the first assert checked the CPU features
         // `two_bit_shuffle` is compiled for, the others bound each load and store.
@@ -751,22 +776,130 @@ pub mod avx512 {
     }
 }
 
+/// AVX2 kernels through `core::arch`, for CPUs without AVX-512, used only after runtime
+/// detection.
+#[allow(unsafe_code)]
+pub mod avx2 {
+    /// True when the CPU runs the 2-bit kernel's AVX2 form.
+    pub fn has_avx2() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx2")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// The 2-bit sum for CPUs without AVX-512: the same chunks, eight rows a 256-bit register;
+    /// each nibble looked up with `VPSHUFB` in the 16-entry table of its byte's place in the
+    /// row's chunk (four lookups a register, one per place, the other places' indices given
+    /// the high bit so that they look up zero), the four ORed together, and each row's entries
+    /// summed by `VPMADDUBSW` and `VPMADDWD` into its 32-bit sum. All integer, so equal to the
+    /// scalar loop.
+    pub fn two_bit(
+        query: &super::TwoBitQuery,
+        codes: &[u8],
+        out: &mut [i32],
+        ahead: super::Lookahead,
+    ) {
+        assert!(has_avx2(), "avx2::two_bit called without AVX2");
+        super::assert_two_bit_shape(query, codes, out);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the first assert checked the CPU feature `two_bit_shuffle` is compiled for;
+        // the second guarantees whole groups and that `codes` holds every group `out` asks
+        // for, and `TwoBitQuery::new` that its lookup tables hold 128 entries for each of the
+        // `code_bytes() / 4` chunks, which bounds each of its loads and stores.
+        unsafe {
+            x86::two_bit_shuffle(query, codes, out, ahead)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        super::scalar::two_bit(query, codes, out, ahead)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use std::arch::x86_64::*;
+
+        #[target_feature(enable = "avx2")]
+        pub(super) unsafe fn two_bit_shuffle(
+            query: &super::super::TwoBitQuery,
+            codes: &[u8],
+            out: &mut [i32],
+            ahead: super::super::Lookahead,
+        ) {
+            use super::super::{CHUNK_BYTES, LUT_ROWS, PAIR_ENTRIES, prefetch, prefetch_l2};
+            const TABLE_BYTES: usize = CHUNK_BYTES * PAIR_ENTRIES;
+            // Rows whose chunk fills a 256-bit register.
+            const REGISTER_ROWS: usize = 32 / CHUNK_BYTES;
+            let bytes = query.code_bytes();
+            let tables = query.lookup.as_ptr();
+            let nibble = _mm256_set1_epi8(0x0F);
+            // For place `j`: the high bit in every byte of a 32-bit lane but byte `j`.
+            let others: [__m256i; CHUNK_BYTES] = std::array::from_fn(|j| {
+                _mm256_set1_epi32((0x8080_8080u32 & !(0xFF << (8 * j))) as i32)
+            });
+            let (ones8, ones16) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1));
+            for (g, sums) in out.chunks_exact_mut(LUT_ROWS).enumerate() {
+                let base = codes[g * bytes * LUT_ROWS..].as_ptr();
+                for (s, sums) in sums.chunks_exact_mut(REGISTER_ROWS).enumerate() {
+                    let mut total = _mm256_setzero_si256();
+                    for c in 0..bytes / CHUNK_BYTES {
+                        let at = (c * LUT_ROWS + s * REGISTER_ROWS) * CHUNK_BYTES;
+                        // SAFETY: group `g` holds `bytes · 64` bytes inside `codes`, and with
+                        // `c < bytes / 4`, `s < 8` the 32 bytes at `at` lie inside it.
+                        let x = unsafe { _mm256_loadu_si256(base.add(at).cast()) };
+                        // Hints only, once a 64-byte line: the addresses are never read here.
+                        if s % 2 == 0 {
+                            let line = base.wrapping_add(at);
+                            if ahead.near != 0 {
+                                prefetch(line.wrapping_offset(ahead.near));
+                            }
+                            if ahead.far != 0 {
+                                prefetch_l2(line.wrapping_offset(ahead.far));
+                            }
+                        }
+                        let halves = [
+                            _mm256_and_si256(x, nibble),
+                            _mm256_and_si256(_mm256_srli_epi32::<4>(x), nibble),
+                        ];
+                        let mut pairs = _mm256_setzero_si256();
+                        for (half, index) in halves.into_iter().enumerate() {
+                            let mut entries = _mm256_setzero_si256();
+                            for (place, other) in others.iter().enumerate() {
+                                // SAFETY: chunk `c < code_bytes / 4` has its 128 entries at
+                                // `c · 128 .. c · 128 + 128` inside `lookup`.
+                                let table = unsafe {
+                                    _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                                        tables
+                                            .add(
+                                                (2 * c + half) * TABLE_BYTES + place * PAIR_ENTRIES,
+                                            )
+                                            .cast(),
+                                    ))
+                                };
+                                entries = _mm256_or_si256(
+                                    entries,
+                                    _mm256_shuffle_epi8(table, _mm256_or_si256(index, *other)),
+                                );
+                            }
+                            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(ones8, entries));
+                        }
+                        total = _mm256_add_epi32(total, _mm256_madd_epi16(pairs, ones16));
+                    }
+                    // SAFETY: `sums` holds 8 i32, exactly the 32 bytes the store writes.
+                    unsafe { _mm256_storeu_si256(sums.as_mut_ptr().cast(), total) };
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    /// Every implementation this CPU can run, scalar first.
-    fn two_bit_impls() -> Vec<(Isa, TwoBitFn)> {
-        let mut v: Vec<(Isa, TwoBitFn)> = vec![(Isa::Scalar, scalar::two_bit)];
-        if avx512::has_lookup() {
-            v.push((Isa::Avx512, avx512::two_bit));
-        }
-        if avx512::has_bw() {
-            v.push((Isa::Avx512Bw, avx512::two_bit_bw));
-        }
-        v
-    }
 
     /// Table entries with the edges over-represented.
     fn entry_edge() -> impl Strategy<Value = i8> {
@@ -833,7 +966,7 @@ mod tests {
                     .sum();
                 prop_assert_eq!(sum, direct);
             }
-            for (isa, f) in two_bit_impls() {
+            for (isa, f) in two_bit_forms() {
                 let mut got = vec![i32::MAX; rows];
                 // Loading ahead is a hint: it changes no sum.
                 f(&query, codes, &mut got, Lookahead { near, far });
@@ -963,7 +1096,7 @@ mod tests {
         codes[0] = 0x25;
         codes[(7 * LUT_ROWS + 1) * 4 + 3] = 0xF0;
         codes[(7 * LUT_ROWS + 17) * 4 + 3] = 0x03;
-        for (isa, f) in two_bit_impls() {
+        for (isa, f) in two_bit_forms() {
             let mut out = [9i32; LUT_ROWS];
             f(&query, &codes, &mut out, Lookahead::default());
             // Every nibble not set above is 0, which only pair 0 weighs (−3).
@@ -999,6 +1132,10 @@ mod tests {
         assert_eq!(
             k.two_bit_isa == Isa::Avx512Bw,
             avx512::has_bw() && !avx512::has_lookup()
+        );
+        assert_eq!(
+            k.two_bit_isa == Isa::Avx2,
+            avx2::has_avx2() && !avx512::has_bw()
         );
         assert_eq!(k.dot_i8_isa, Isa::Wide);
         assert_eq!(k.signature_isa == Isa::Avx512, avx512::has_vl());
