@@ -298,9 +298,12 @@ enum BenchCommand {
     /// What the proxy adds to a streamed call against a local upstream: time to first byte and
     /// total, direct, through the proxy, and with recall off.
     Proxy {
-        /// Rows the benchmark user's memory holds (one scope: the worst case).
+        /// Rows the store holds, pooled over `--users` (one user, one scope: the worst case).
         #[arg(long, default_value_t = 0)]
         rows: usize,
+        /// Users (credentials) the rows are spread over; the requests take turns among them.
+        #[arg(long, default_value_t = 1)]
+        users: usize,
         /// Requests in flight at once.
         #[arg(long, default_value_t = 1)]
         concurrency: usize,
@@ -755,13 +758,24 @@ fn main() -> anyhow::Result<()> {
             command:
                 BenchCommand::Proxy {
                     rows,
+                    users,
                     concurrency,
                     requests,
                     data,
                     json,
                     dictionary,
                 },
-        } => bench_proxy(rows, concurrency, requests, data, json, &dictionary),
+        } => bench_proxy(
+            ProxyBenchShape {
+                rows,
+                users,
+                concurrency,
+                requests,
+            },
+            data,
+            json,
+            &dictionary,
+        ),
     }
 }
 
@@ -1179,17 +1193,29 @@ fn synthetic_memory(
 
 /// `bench proxy`: the benchmark user's memory (made once per data directory), then the
 /// measurement over loopback.
-fn bench_proxy(
+/// What `bench proxy` stores and asks.
+struct ProxyBenchShape {
     rows: usize,
+    users: usize,
     concurrency: usize,
     requests: usize,
+}
+
+fn bench_proxy(
+    shape: ProxyBenchShape,
     data: Option<PathBuf>,
     json: bool,
     dictionary: &DictionaryArgs,
 ) -> anyhow::Result<()> {
+    let ProxyBenchShape {
+        rows,
+        users,
+        concurrency,
+        requests,
+    } = shape;
     anyhow::ensure!(
-        concurrency > 0 && requests > 0,
-        "--concurrency and --requests must be at least 1"
+        concurrency > 0 && requests > 0 && users > 0,
+        "--users, --concurrency and --requests must be at least 1"
     );
     let place = BenchDir::new(data, "proxy", Existing::Reuse)?;
     let memory = dictionary.open(&DataArgs {
@@ -1198,16 +1224,22 @@ fn bench_proxy(
         uncompressed: false,
     })?;
     let secret = proxy::identity::Secret::load_or_create(&place.dir)?;
-    let user_key = secret.user_key(proxy::bench::CREDENTIAL, None);
-    if memory
-        .store
-        .user_key(UserId::from_key(&user_key))?
-        .is_none()
-        && rows > 0
-    {
-        let mut messages = bench::synthetic_messages(rows, 1, bench::MESSAGE_SEED);
-        for message in &mut messages {
-            message.user_key.clone_from(&user_key);
+    let user_keys: Vec<String> = (0..users)
+        .map(|u| secret.user_key(&proxy::bench::credential(u), None))
+        .collect();
+    let holds = |key: &String| -> anyhow::Result<bool> {
+        Ok(memory.store.user_key(UserId::from_key(key))?.is_some())
+    };
+    let (first, last) = (holds(&user_keys[0])?, holds(&user_keys[users - 1])?);
+    anyhow::ensure!(
+        first == last,
+        "{} holds a proxy benchmark of another number of users: give a fresh --data",
+        place.dir.display()
+    );
+    if !first && rows > 0 {
+        let mut messages = bench::synthetic_messages(rows, users, bench::MESSAGE_SEED);
+        for (i, message) in messages.iter_mut().enumerate() {
+            message.user_key.clone_from(&user_keys[i % users]);
         }
         ingest::ingest(
             &memory.store,
@@ -1218,7 +1250,8 @@ fn bench_proxy(
     }
     let (mut arena, _) = Arena::open(&memory.store, &memory.dictionary)?;
     arena.catch_up(&memory.store, &memory.dictionary)?;
-    let held = arena.scope_rows(&[UserId::from_key(&user_key)]);
+    let held = arena.rows();
+    let scope_rows = arena.scope_rows(&[UserId::from_key(&user_keys[0])]);
     let questions: Vec<String> = bench::synthetic_queries(requests.min(1_000), 1)
         .into_iter()
         .map(|(_, text)| text)
@@ -1238,7 +1271,14 @@ fn bench_proxy(
             secret,
             config,
         ));
-        proxy::bench::measure(state, upstream, held, concurrency, requests, &questions).await
+        let shape = proxy::bench::Shape {
+            rows: held,
+            users,
+            scope_rows,
+            concurrency,
+            requests,
+        };
+        proxy::bench::measure(state, upstream, shape, &questions).await
     })?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -1250,8 +1290,12 @@ fn bench_proxy(
             )
         };
         println!(
-            "bench proxy: {} rows in the scope, {} in flight, {} requests each way",
-            report.rows, report.concurrency, report.requests
+            "bench proxy: {} rows over {} users ({} in the first user's scope), {} in flight, {} requests each way",
+            report.shape.rows,
+            report.shape.users,
+            report.shape.scope_rows,
+            report.shape.concurrency,
+            report.shape.requests
         );
         line("direct", &report.direct);
         line("proxy", &report.proxy);

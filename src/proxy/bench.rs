@@ -28,8 +28,17 @@ data: {\"id\":\"bench\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"ind
 data: {\"id\":\"bench\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n\
 data: [DONE]\n\n";
 
-/// The credential the benchmark's requests carry.
+/// The credential of the benchmark's first user; user `u > 0` carries it suffixed `-u`.
 pub const CREDENTIAL: &str = "bench-credential";
+
+/// The credential of benchmark user `user`.
+pub fn credential(user: usize) -> String {
+    if user == 0 {
+        CREDENTIAL.to_owned()
+    } else {
+        format!("{CREDENTIAL}-{user}")
+    }
+}
 
 /// Percentiles of one way of calling, in milliseconds.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -40,12 +49,24 @@ pub struct Timing {
     pub total_p99_ms: f64,
 }
 
+/// What one run stores and asks.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Shape {
+    /// Rows the store holds.
+    pub rows: usize,
+    /// Users they are spread over; request `i` carries user `i mod users`'s credential.
+    pub users: usize,
+    /// Rows in the first user's scope.
+    pub scope_rows: usize,
+    pub concurrency: usize,
+    pub requests: usize,
+}
+
 /// The three ways measured in one run.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProxyReport {
-    pub rows: usize,
-    pub concurrency: usize,
-    pub requests: usize,
+    #[serde(flatten)]
+    pub shape: Shape,
     pub direct: Timing,
     pub proxy: Timing,
     pub proxy_recall_off: Timing,
@@ -86,11 +107,15 @@ pub async fn local_upstream() -> std::io::Result<SocketAddr> {
 pub async fn measure(
     state: Arc<State>,
     upstream: SocketAddr,
-    rows: usize,
-    concurrency: usize,
-    requests: usize,
+    shape: Shape,
     questions: &[String],
 ) -> std::io::Result<ProxyReport> {
+    let Shape {
+        users,
+        concurrency,
+        requests,
+        ..
+    } = shape;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let proxy = listener.local_addr()?;
     tokio::spawn(serve(listener, state));
@@ -101,7 +126,14 @@ pub async fn measure(
     let questions = Arc::new(questions.to_vec());
     let run = |target: SocketAddr, recall: bool| {
         let (client, questions) = (client.clone(), Arc::clone(&questions));
-        async move { timing(&client, target, recall, concurrency, requests, &questions).await }
+        async move {
+            let calls = Calls {
+                users,
+                concurrency,
+                requests,
+            };
+            timing(&client, target, recall, calls, &questions).await
+        }
     };
     // Warm both paths (connections, caches) before measuring.
     run(upstream, true).await;
@@ -110,9 +142,7 @@ pub async fn measure(
     let with_memory = run(proxy, true).await;
     let recall_off = run(proxy, false).await;
     Ok(ProxyReport {
-        rows,
-        concurrency,
-        requests,
+        shape,
         added_first_byte_p99_ms: with_memory.first_byte_p99_ms - direct.first_byte_p99_ms,
         added_first_byte_p99_recall_off_ms: recall_off.first_byte_p99_ms - direct.first_byte_p99_ms,
         direct,
@@ -121,14 +151,27 @@ pub async fn measure(
     })
 }
 
+/// How one way of calling is driven: `requests` calls, `concurrency` at once, call `i` carrying
+/// the credential of user `i mod users`.
+#[derive(Debug, Clone, Copy)]
+struct Calls {
+    users: usize,
+    concurrency: usize,
+    requests: usize,
+}
+
 async fn timing(
     client: &Client<HttpConnector, Full<Bytes>>,
     target: SocketAddr,
     recall: bool,
-    concurrency: usize,
-    requests: usize,
+    calls: Calls,
     questions: &[String],
 ) -> Timing {
+    let Calls {
+        users,
+        concurrency,
+        requests,
+    } = calls;
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut workers = Vec::with_capacity(concurrency);
     for _ in 0..concurrency.max(1) {
@@ -142,7 +185,8 @@ async fn timing(
                     return samples;
                 }
                 let question = &questions[i % questions.len()];
-                samples.push(one(&client, target, recall, question).await);
+                let credential = credential(i % users);
+                samples.push(one(&client, target, recall, &credential, question).await);
             }
         }));
     }
@@ -167,6 +211,7 @@ async fn one(
     client: &Client<HttpConnector, Full<Bytes>>,
     target: SocketAddr,
     recall: bool,
+    credential: &str,
     question: &str,
 ) -> (Duration, Duration) {
     let body = serde_json::json!({
@@ -175,7 +220,7 @@ async fn one(
         "messages": [{"role": "user", "content": question}],
     });
     let request = Request::post(format!("http://{target}/v1/chat/completions"))
-        .header("authorization", format!("Bearer {CREDENTIAL}"))
+        .header("authorization", format!("Bearer {credential}"))
         .header("content-type", "application/json")
         .header("x-perpetuity-recall", if recall { "on" } else { "off" })
         .header("x-perpetuity-conversation", "bench")
