@@ -35,7 +35,9 @@
 //! - `avx2`: `core::arch` AVX2 for the 2-bit sum on CPUs without AVX-512: per 256-bit register
 //!   of eight rows, four `VPSHUFB` lookups a nibble (one per byte place, the other places'
 //!   indices given the high bit so that they look up zero) ORed together, summed by
-//!   `VPMADDUBSW` and `VPMADDWD` (`Isa::Avx2`), chosen after runtime detection.
+//!   `VPMADDUBSW` and `VPMADDWD` (`Isa::Avx2`); and for the signature weights on CPUs without
+//!   AVX-512 VL, a 64-bit bit test per row and an add of the weight masked by it; each chosen
+//!   after runtime detection.
 //!
 //! [`Kernels::detect`] picks one implementation per kernel once, on purpose, and the choice is
 //! logged by the caller. Integer kernels agree bit for bit with the scalar twin (proptests
@@ -167,6 +169,9 @@ impl Kernels {
         if avx512::has_vl() {
             k.signature = avx512::signature_weights;
             k.signature_isa = Isa::Avx512;
+        } else if avx2::has_avx2() {
+            k.signature = avx2::signature_weights;
+            k.signature_isa = Isa::Avx2;
         }
         k
     }
@@ -196,6 +201,18 @@ pub fn two_bit_forms() -> Vec<(Isa, TwoBitFn)> {
     }
     if avx2::has_avx2() {
         forms.push((Isa::Avx2, avx2::two_bit));
+    }
+    forms
+}
+
+/// Every form of the signature kernel this CPU runs, the plain loop first.
+pub fn signature_forms() -> Vec<(Isa, SignatureFn)> {
+    let mut forms: Vec<(Isa, SignatureFn)> = vec![(Isa::Scalar, signature_weights)];
+    if avx512::has_vl() {
+        forms.push((Isa::Avx512, avx512::signature_weights));
+    }
+    if avx2::has_avx2() {
+        forms.push((Isa::Avx2, avx2::signature_weights));
     }
     forms
 }
@@ -305,6 +322,21 @@ fn assert_two_bit_shape(query: &TwoBitQuery, codes: &[u8], out: &[i32]) {
     assert!(
         codes.len() >= out.len() * query.code_bytes(),
         "codes shorter than out"
+    );
+}
+
+/// What every vector form of the signature kernel relies on besides its CPU features: whole
+/// blocks, `signatures` holding every block `out` asks for, and every term's word inside a
+/// row's signature.
+fn assert_signature_shape(terms: &[SignatureTerm], words: usize, signatures: &[u64], out: &[f32]) {
+    assert_eq!(out.len() % BLOCK_ROWS, 0, "whole blocks only");
+    assert!(
+        signatures.len() >= out.len() * words,
+        "signatures shorter than out"
+    );
+    assert!(
+        terms.iter().all(|t| t.word < words),
+        "a term names a word past the signature"
     );
 }
 
@@ -514,15 +546,7 @@ pub mod avx512 {
             has_vl(),
             "avx512::signature_weights called without AVX-512 VL"
         );
-        assert_eq!(out.len() % super::BLOCK_ROWS, 0, "whole blocks only");
-        assert!(
-            signatures.len() >= out.len() * words,
-            "signatures shorter than out"
-        );
-        assert!(
-            terms.iter().all(|t| t.word < words),
-            "a term names a word past the signature"
-        );
+        super::assert_signature_shape(terms, words, signatures, out);
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the first assert checked the CPU features `signature_masked` is compiled
         // for; the others guarantee whole blocks, that `signatures` holds every block `out`
@@ -818,9 +842,73 @@ pub mod avx2 {
         super::scalar::two_bit(query, codes, out, ahead)
     }
 
+    /// Signature weights with a bit test (and, 64-bit compare) and an add of the weight masked
+    /// by it: two registers hold a signature word of a block's eight rows, one their eight sums.
+    /// Each lane adds the weight or 0.0, as the scalar loop does, in the same order, so the sums
+    /// are bit-identical.
+    pub fn signature_weights(
+        terms: &[super::SignatureTerm],
+        words: usize,
+        signatures: &[u64],
+        out: &mut [f32],
+    ) {
+        assert!(has_avx2(), "avx2::signature_weights called without AVX2");
+        super::assert_signature_shape(terms, words, signatures, out);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the first assert checked the CPU feature `signature_and` is compiled for;
+        // the others guarantee whole blocks, that `signatures` holds every block `out` asks
+        // for, and that every term's word lies inside a block, which bounds each load and
+        // store.
+        unsafe {
+            x86::signature_and(terms, words, signatures, out)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        super::signature_weights(terms, words, signatures, out)
+    }
+
     #[cfg(target_arch = "x86_64")]
     mod x86 {
         use std::arch::x86_64::*;
+
+        #[target_feature(enable = "avx2")]
+        pub(super) unsafe fn signature_and(
+            terms: &[super::super::SignatureTerm],
+            words: usize,
+            signatures: &[u64],
+            out: &mut [f32],
+        ) {
+            use super::super::BLOCK_ROWS;
+            let block_words = words * BLOCK_ROWS;
+            for (b, sums) in out.chunks_exact_mut(BLOCK_ROWS).enumerate() {
+                let base = signatures[b * block_words..].as_ptr();
+                // The sums in the lane order the per-term gather leaves: rows 0, 1, 4, 5, 2,
+                // 3, 6, 7; put in row order once, before the store.
+                let mut acc = _mm256_setzero_ps();
+                for term in terms {
+                    // SAFETY: block `b` holds `words · 8` words inside `signatures` and
+                    // `term.word < words`, so both 32-byte loads are in bounds.
+                    let (low, high) = unsafe {
+                        let word = base.add(term.word * BLOCK_ROWS);
+                        (
+                            _mm256_loadu_si256(word.cast()),
+                            _mm256_loadu_si256(word.add(4).cast()),
+                        )
+                    };
+                    let mask = _mm256_set1_epi64x(term.mask as i64);
+                    let set = |lanes| _mm256_cmpeq_epi64(_mm256_and_si256(lanes, mask), mask);
+                    // The low half of each row's 64-bit test: rows 0, 1, 4, 5 in the lower
+                    // 128 bits, 2, 3, 6, 7 in the upper.
+                    let rows = _mm256_shuffle_ps::<0b10_00_10_00>(
+                        _mm256_castsi256_ps(set(low)),
+                        _mm256_castsi256_ps(set(high)),
+                    );
+                    acc = _mm256_add_ps(acc, _mm256_and_ps(rows, _mm256_set1_ps(term.weight)));
+                }
+                let in_order = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_castps_si256(acc));
+                // SAFETY: `sums` is 8 f32 = 32 bytes, exactly what the store writes.
+                unsafe { _mm256_storeu_si256(sums.as_mut_ptr().cast(), in_order) };
+            }
+        }
 
         #[target_feature(enable = "avx2")]
         pub(super) unsafe fn two_bit_shuffle(
@@ -1011,11 +1099,11 @@ mod tests {
                 .collect();
             let mut expected = vec![f32::NAN; rows];
             signature_weights(&terms, words, signatures, &mut expected);
-            if avx512::has_vl() {
+            for (isa, f) in signature_forms() {
                 let mut got = vec![f32::NAN; rows];
-                avx512::signature_weights(&terms, words, signatures, &mut got);
+                f(&terms, words, signatures, &mut got);
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                prop_assert_eq!(bits(&got), bits(&expected));
+                prop_assert_eq!(bits(&got), bits(&expected), "{:?}", isa);
             }
         }
 
@@ -1139,5 +1227,9 @@ mod tests {
         );
         assert_eq!(k.dot_i8_isa, Isa::Wide);
         assert_eq!(k.signature_isa == Isa::Avx512, avx512::has_vl());
+        assert_eq!(
+            k.signature_isa == Isa::Avx2,
+            avx2::has_avx2() && !avx512::has_vl()
+        );
     }
 }
