@@ -315,20 +315,53 @@ impl TwoBitQuery {
     }
 }
 
-/// What every vector form of the 2-bit kernel relies on besides its CPU features: whole
-/// groups, and `codes` holding every group `out` asks for.
-fn assert_two_bit_shape(query: &TwoBitQuery, codes: &[u8], out: &[i32]) {
+/// A vector form of the 2-bit kernel, compiled for CPU features detected at run time.
+#[cfg(target_arch = "x86_64")]
+type TwoBitKernel = unsafe fn(&TwoBitQuery, &[u8], &mut [i32], Lookahead);
+
+/// Run the 2-bit kernel's vector form `kernel` (`form` in messages) once `supported`, the
+/// run-time detection of the CPU features it is compiled for, holds, and with it what every
+/// form relies on: whole groups, and `codes` holding every group `out` asks for.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+fn checked_two_bit(
+    (supported, form, kernel): (bool, &str, TwoBitKernel),
+    query: &TwoBitQuery,
+    codes: &[u8],
+    out: &mut [i32],
+    ahead: Lookahead,
+) {
+    assert!(supported, "{form} called without the CPU features it needs");
     assert_eq!(out.len() % LUT_ROWS, 0, "whole groups only");
     assert!(
         codes.len() >= out.len() * query.code_bytes(),
         "codes shorter than out"
     );
+    // SAFETY: the first assert checked the CPU features `kernel` is compiled for; the others
+    // guarantee whole groups and that `codes` holds every group `out` asks for, and
+    // `TwoBitQuery::new` that its lookup tables hold 128 entries for each of the
+    // `code_bytes() / 4` chunks, which bounds each of the kernel's loads and stores.
+    unsafe { kernel(query, codes, out, ahead) }
 }
 
-/// What every vector form of the signature kernel relies on besides its CPU features: whole
-/// blocks, `signatures` holding every block `out` asks for, and every term's word inside a
-/// row's signature.
-fn assert_signature_shape(terms: &[SignatureTerm], words: usize, signatures: &[u64], out: &[f32]) {
+/// A vector form of the signature kernel, compiled for CPU features detected at run time.
+#[cfg(target_arch = "x86_64")]
+type SignatureKernel = unsafe fn(&[SignatureTerm], usize, &[u64], &mut [f32]);
+
+/// Run the signature kernel's vector form `kernel` (`form` in messages) once `supported`, the
+/// run-time detection of the CPU features it is compiled for, holds, and with it what every
+/// form relies on: whole blocks, `signatures` holding every block `out` asks for, and every
+/// term's word inside a row's signature.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+fn checked_signature(
+    (supported, form, kernel): (bool, &str, SignatureKernel),
+    terms: &[SignatureTerm],
+    words: usize,
+    signatures: &[u64],
+    out: &mut [f32],
+) {
+    assert!(supported, "{form} called without the CPU features it needs");
     assert_eq!(out.len() % BLOCK_ROWS, 0, "whole blocks only");
     assert!(
         signatures.len() >= out.len() * words,
@@ -338,6 +371,11 @@ fn assert_signature_shape(terms: &[SignatureTerm], words: usize, signatures: &[u
         terms.iter().all(|t| t.word < words),
         "a term names a word past the signature"
     );
+    // SAFETY: the first assert checked the CPU features `kernel` is compiled for; the others
+    // guarantee whole blocks, that `signatures` holds every block `out` asks for, and that
+    // every term's word lies inside a block, which bounds each of the kernel's loads and
+    // stores.
+    unsafe { kernel(terms, words, signatures, out) }
 }
 
 /// A query term as the lexical-signature kernel reads it: which word of the signature holds
@@ -542,19 +580,14 @@ pub mod avx512 {
         signatures: &[u64],
         out: &mut [f32],
     ) {
-        assert!(
-            has_vl(),
-            "avx512::signature_weights called without AVX-512 VL"
-        );
-        super::assert_signature_shape(terms, words, signatures, out);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the first assert checked the CPU features `signature_masked` is compiled
-        // for; the others guarantee whole blocks, that `signatures` holds every block `out`
-        // asks for, and that every term's word lies inside a block, which bounds each load and
-        // store.
-        unsafe {
-            x86::signature_masked(terms, words, signatures, out)
-        }
+        super::checked_signature(
+            (has_vl(), "avx512::signature_weights", x86::signature_masked),
+            terms,
+            words,
+            signatures,
+            out,
+        );
         #[cfg(not(target_arch = "x86_64"))]
         super::signature_weights(terms, words, signatures, out)
     }
@@ -570,19 +603,14 @@ pub mod avx512 {
         out: &mut [i32],
         ahead: super::Lookahead,
     ) {
-        assert!(
-            has_lookup(),
-            "avx512::two_bit called without AVX-512 VBMI and VNNI"
-        );
-        super::assert_two_bit_shape(query, codes, out);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the first assert checked the CPU features `two_bit_lookup` is compiled for;
-        // the others guarantee whole groups and that `codes` holds every group `out` asks for,
-        // and `TwoBitQuery::new` that its lookup tables hold 128 entries for each of the
-        // `code_bytes() / 4` chunks, which bounds each of its loads and stores.
-        unsafe {
-            x86::two_bit_lookup(query, codes, out, ahead)
-        }
+        super::checked_two_bit(
+            (has_lookup(), "avx512::two_bit", x86::two_bit_lookup),
+            query,
+            codes,
+            out,
+            ahead,
+        );
         #[cfg(not(target_arch = "x86_64"))]
         super::scalar::two_bit(query, codes, out, ahead)
     }
@@ -598,14 +626,14 @@ pub mod avx512 {
         out: &mut [i32],
         ahead: super::Lookahead,
     ) {
-        assert!(has_bw(), "avx512::two_bit_bw called without AVX-512 BW");
-        super::assert_two_bit_shape(query, codes, out);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as for `two_bit`: the first assert checked the CPU features
-        // `two_bit_shuffle` is compiled for, the others bound each load and store.
-        unsafe {
-            x86::two_bit_shuffle(query, codes, out, ahead)
-        }
+        super::checked_two_bit(
+            (has_bw(), "avx512::two_bit_bw", x86::two_bit_shuffle),
+            query,
+            codes,
+            out,
+            ahead,
+        );
         #[cfg(not(target_arch = "x86_64"))]
         super::scalar::two_bit(query, codes, out, ahead)
     }
@@ -828,16 +856,14 @@ pub mod avx2 {
         out: &mut [i32],
         ahead: super::Lookahead,
     ) {
-        assert!(has_avx2(), "avx2::two_bit called without AVX2");
-        super::assert_two_bit_shape(query, codes, out);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the first assert checked the CPU feature `two_bit_shuffle` is compiled for;
-        // the second guarantees whole groups and that `codes` holds every group `out` asks
-        // for, and `TwoBitQuery::new` that its lookup tables hold 128 entries for each of the
-        // `code_bytes() / 4` chunks, which bounds each of its loads and stores.
-        unsafe {
-            x86::two_bit_shuffle(query, codes, out, ahead)
-        }
+        super::checked_two_bit(
+            (has_avx2(), "avx2::two_bit", x86::two_bit_shuffle),
+            query,
+            codes,
+            out,
+            ahead,
+        );
         #[cfg(not(target_arch = "x86_64"))]
         super::scalar::two_bit(query, codes, out, ahead)
     }
@@ -852,16 +878,14 @@ pub mod avx2 {
         signatures: &[u64],
         out: &mut [f32],
     ) {
-        assert!(has_avx2(), "avx2::signature_weights called without AVX2");
-        super::assert_signature_shape(terms, words, signatures, out);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the first assert checked the CPU feature `signature_and` is compiled for;
-        // the others guarantee whole blocks, that `signatures` holds every block `out` asks
-        // for, and that every term's word lies inside a block, which bounds each load and
-        // store.
-        unsafe {
-            x86::signature_and(terms, words, signatures, out)
-        }
+        super::checked_signature(
+            (has_avx2(), "avx2::signature_weights", x86::signature_and),
+            terms,
+            words,
+            signatures,
+            out,
+        );
         #[cfg(not(target_arch = "x86_64"))]
         super::signature_weights(terms, words, signatures, out)
     }
