@@ -1,15 +1,9 @@
 //! The benchmark commands' JSON contract, at a small scale: the objects scripts read, with
 //! the shape they were asked for.
 
-use std::process::Command;
+mod common;
 
-fn perpetuity(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_perpetuity"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("the binary runs")
-}
+use common::perpetuity;
 
 fn json(output: &std::process::Output) -> serde_json::Value {
     assert!(

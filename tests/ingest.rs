@@ -3,8 +3,8 @@
 
 mod common;
 
+use common::perpetuity;
 use std::path::Path;
-use std::process::Command;
 
 use perpetuity::datasets::{self, DatasetError, Format};
 use perpetuity::ingest::{export, ingest};
@@ -104,14 +104,6 @@ fn bad_files_are_refused_with_file_and_position() {
     ));
     let err = datasets::load(Format::Locomo, &dir.path().join("missing.json")).unwrap_err();
     assert!(matches!(err, DatasetError::Io { .. }), "{err}");
-}
-
-fn perpetuity(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_perpetuity"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("the binary runs")
 }
 
 #[test]

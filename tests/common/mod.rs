@@ -14,6 +14,15 @@ use perpetuity::memory::Memory;
 use perpetuity::store::{Store, StoreOptions};
 use perpetuity::types::{Role, UserId};
 
+/// Run the `perpetuity` binary with `args` (warnings only in its log) to its end.
+pub fn perpetuity(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_perpetuity"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("the binary runs")
+}
+
 /// The shipped default dictionary, loaded once per test binary.
 pub fn dictionary() -> &'static Dictionary {
     static DICT: OnceLock<Dictionary> = OnceLock::new();
