@@ -3,9 +3,9 @@
 
 mod common;
 
-use common::perpetuity;
 use std::path::Path;
 
+use common::perpetuity;
 use perpetuity::datasets::{self, DatasetError, Format};
 use perpetuity::ingest::{export, ingest};
 use perpetuity::integrity;
