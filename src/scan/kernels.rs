@@ -60,7 +60,7 @@ pub enum Isa {
     /// AVX-512 without the VBMI and VNNI the 2-bit kernel's `Avx512` form needs (AVX-512 BW
     /// only, as on Skylake and Cascade Lake servers).
     Avx512Bw,
-    /// AVX2 through `core::arch`, for the 2-bit kernel on CPUs without AVX-512.
+    /// AVX2 through `core::arch`, for the stage-one kernels on CPUs without AVX-512.
     Avx2,
 }
 
@@ -832,7 +832,7 @@ pub mod avx512 {
 /// detection.
 #[allow(unsafe_code)]
 pub mod avx2 {
-    /// True when the CPU runs the 2-bit kernel's AVX2 form.
+    /// True when the CPU runs the AVX2 forms.
     pub fn has_avx2() -> bool {
         #[cfg(target_arch = "x86_64")]
         {
