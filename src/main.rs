@@ -772,8 +772,8 @@ fn main() -> anyhow::Result<()> {
                     dictionary,
                 },
         } => bench_proxy(
-            ProxyBenchShape {
-                rows,
+            rows,
+            proxy::bench::Calls {
                 users,
                 concurrency,
                 requests,
@@ -1197,28 +1197,20 @@ fn synthetic_memory(
     Ok((place, memory))
 }
 
-/// `bench proxy`: the benchmark user's memory (made once per data directory), then the
-/// measurement over loopback.
-/// What `bench proxy` stores and asks.
-struct ProxyBenchShape {
-    rows: usize,
-    users: usize,
-    concurrency: usize,
-    requests: usize,
-}
-
+/// `bench proxy`: the benchmark users' memory (`rows` spread over `calls.users`, made once per
+/// data directory), then the measurement over loopback.
 fn bench_proxy(
-    shape: ProxyBenchShape,
+    rows: usize,
+    calls: proxy::bench::Calls,
     data: Option<PathBuf>,
     json: bool,
     dictionary: &DictionaryArgs,
 ) -> anyhow::Result<()> {
-    let ProxyBenchShape {
-        rows,
+    let proxy::bench::Calls {
         users,
         concurrency,
         requests,
-    } = shape;
+    } = calls;
     anyhow::ensure!(
         concurrency > 0 && requests > 0 && users > 0,
         "--users, --concurrency and --requests must be at least 1"
@@ -1277,14 +1269,7 @@ fn bench_proxy(
             secret,
             config,
         ));
-        let shape = proxy::bench::Shape {
-            rows: held,
-            users,
-            scope_rows,
-            concurrency,
-            requests,
-        };
-        proxy::bench::measure(state, upstream, shape, &questions).await
+        proxy::bench::measure(state, upstream, (held, scope_rows), calls, &questions).await
     })?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -1297,11 +1282,11 @@ fn bench_proxy(
         };
         println!(
             "bench proxy: {} rows over {} users ({} in the first user's scope), {} in flight, {} requests each way",
-            report.shape.rows,
-            report.shape.users,
-            report.shape.scope_rows,
-            report.shape.concurrency,
-            report.shape.requests
+            report.rows,
+            report.calls.users,
+            report.scope_rows,
+            report.calls.concurrency,
+            report.calls.requests
         );
         line("direct", &report.direct);
         line("proxy", &report.proxy);

@@ -49,15 +49,11 @@ pub struct Timing {
     pub total_p99_ms: f64,
 }
 
-/// What one run stores and asks.
+/// How each way of calling is driven: `requests` calls, `concurrency` at once, call `i`
+/// carrying the credential of user `i mod users` ([`credential`]).
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct Shape {
-    /// Rows the store holds.
-    pub rows: usize,
-    /// Users they are spread over; request `i` carries user `i mod users`'s credential.
+pub struct Calls {
     pub users: usize,
-    /// Rows in the first user's scope.
-    pub scope_rows: usize,
     pub concurrency: usize,
     pub requests: usize,
 }
@@ -65,8 +61,11 @@ pub struct Shape {
 /// The three ways measured in one run.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProxyReport {
+    /// Rows the store holds, and those in the first user's scope.
+    pub rows: usize,
+    pub scope_rows: usize,
     #[serde(flatten)]
-    pub shape: Shape,
+    pub calls: Calls,
     pub direct: Timing,
     pub proxy: Timing,
     pub proxy_recall_off: Timing,
@@ -101,21 +100,16 @@ pub async fn local_upstream() -> std::io::Result<SocketAddr> {
     Ok(addr)
 }
 
-/// Measure `requests` chat requests at `concurrency` in flight against the upstream at
-/// `upstream` directly and through a proxy serving `state` (whose OpenAI upstream must be it),
-/// each carrying one of `questions` in turn.
+/// Measure `calls` against the upstream at `upstream` directly and through a proxy serving
+/// `state` (whose OpenAI upstream must be it, its store holding `(rows, scope_rows)`), each
+/// call carrying one of `questions` in turn.
 pub async fn measure(
     state: Arc<State>,
     upstream: SocketAddr,
-    shape: Shape,
+    (rows, scope_rows): (usize, usize),
+    calls: Calls,
     questions: &[String],
 ) -> std::io::Result<ProxyReport> {
-    let Shape {
-        users,
-        concurrency,
-        requests,
-        ..
-    } = shape;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let proxy = listener.local_addr()?;
     tokio::spawn(serve(listener, state));
@@ -126,14 +120,7 @@ pub async fn measure(
     let questions = Arc::new(questions.to_vec());
     let run = |target: SocketAddr, recall: bool| {
         let (client, questions) = (client.clone(), Arc::clone(&questions));
-        async move {
-            let calls = Calls {
-                users,
-                concurrency,
-                requests,
-            };
-            timing(&client, target, recall, calls, &questions).await
-        }
+        async move { timing(&client, target, recall, calls, &questions).await }
     };
     // Warm both paths (connections, caches) before measuring.
     run(upstream, true).await;
@@ -142,22 +129,15 @@ pub async fn measure(
     let with_memory = run(proxy, true).await;
     let recall_off = run(proxy, false).await;
     Ok(ProxyReport {
-        shape,
+        rows,
+        scope_rows,
+        calls,
         added_first_byte_p99_ms: with_memory.first_byte_p99_ms - direct.first_byte_p99_ms,
         added_first_byte_p99_recall_off_ms: recall_off.first_byte_p99_ms - direct.first_byte_p99_ms,
         direct,
         proxy: with_memory,
         proxy_recall_off: recall_off,
     })
-}
-
-/// How one way of calling is driven: `requests` calls, `concurrency` at once, call `i` carrying
-/// the credential of user `i mod users`.
-#[derive(Debug, Clone, Copy)]
-struct Calls {
-    users: usize,
-    concurrency: usize,
-    requests: usize,
 }
 
 async fn timing(
