@@ -32,10 +32,11 @@
 //!   lookups and four blends and shifts per code line (`docs/benchmarks.md`). A VNNI int8 dot
 //!   over the rows' 256-byte vectors was measured and did not pay: out of cache it ran at
 //!   0.87-0.96x the `wide` kernel (`docs/benchmarks.md`), so there is none.
-//! - `avx2`: `core::arch` AVX2 for the 2-bit sum on CPUs without AVX-512: per 256-bit register
-//!   of eight rows, four `VPSHUFB` lookups a nibble (one per byte place, the other places'
-//!   indices given the high bit so that they look up zero) ORed together, summed by
-//!   `VPMADDUBSW` and `VPMADDWD` (`Isa::Avx2`); and for the signature weights on CPUs without
+//! - `avx2`: `core::arch` AVX2 for the 2-bit sum on CPUs without AVX-512: 32 rows' chunks
+//!   regrouped by shuffles and unpacks so that a register holds one byte place of 32 rows,
+//!   one `VPSHUFB` lookup a nibble, summed in 16 bits by `VPMADDUBSW` (`Isa::Avx2`; it replaced
+//!   a form that looked up each nibble in all four places' tables, a quarter of each lookup
+//!   useful, 1.7-1.9x slower: `docs/benchmarks.md`); and for the signature weights on CPUs without
 //!   AVX-512 VL, a 64-bit bit test per row and an add of the weight masked by it; each chosen
 //!   after runtime detection.
 //!
@@ -844,12 +845,13 @@ pub mod avx2 {
         }
     }
 
-    /// The 2-bit sum for CPUs without AVX-512: the same chunks, eight rows a 256-bit register;
-    /// each nibble looked up with `VPSHUFB` in the 16-entry table of its byte's place in the
-    /// row's chunk (four lookups a register, one per place, the other places' indices given
-    /// the high bit so that they look up zero), the four ORed together, and each row's entries
-    /// summed by `VPMADDUBSW` and `VPMADDWD` into its 32-bit sum. All integer, so equal to the
-    /// scalar loop.
+    /// The 2-bit sum for CPUs without AVX-512: the same chunks, regrouped 32 rows at a time so
+    /// that a 256-bit register holds one byte place of 32 rows (a `VPSHUFB` within each 128-bit
+    /// lane puts each row's four bytes in four places, unpacks of 32- and 64-bit lanes gather
+    /// one place from four registers). Every lane of a lookup is then useful: each nibble is
+    /// looked up with one `VPSHUFB` in its place's 16-entry table, and the entries are summed
+    /// in 16 bits per row (even and odd rows apart, by `VPMADDUBSW`), widened every 16 chunks,
+    /// and put back in row order at the end. All integer, so equal to the scalar loop.
     pub fn two_bit(
         query: &super::TwoBitQuery,
         codes: &[u8],
@@ -858,7 +860,7 @@ pub mod avx2 {
     ) {
         #[cfg(target_arch = "x86_64")]
         super::checked_two_bit(
-            (has_avx2(), "avx2::two_bit", x86::two_bit_shuffle),
+            (has_avx2(), "avx2::two_bit", x86::two_bit_regrouped),
             query,
             codes,
             out,
@@ -935,7 +937,7 @@ pub mod avx2 {
         }
 
         #[target_feature(enable = "avx2")]
-        pub(super) unsafe fn two_bit_shuffle(
+        pub(super) unsafe fn two_bit_regrouped(
             query: &super::super::TwoBitQuery,
             codes: &[u8],
             out: &mut [i32],
@@ -943,65 +945,98 @@ pub mod avx2 {
         ) {
             use super::super::{CHUNK_BYTES, LUT_ROWS, PAIR_ENTRIES, prefetch, prefetch_l2};
             const TABLE_BYTES: usize = CHUNK_BYTES * PAIR_ENTRIES;
-            // Rows whose chunk fills a 256-bit register.
-            const REGISTER_ROWS: usize = 32 / CHUNK_BYTES;
+            const HALF_ROWS: usize = LUT_ROWS / 2;
+            // Chunks summed in 16 bits before widening: 16 chunks of 8 entries of at most
+            // 127 stay within i16.
+            const RUN: usize = 16;
             let bytes = query.code_bytes();
             let tables = query.lookup.as_ptr();
             let nibble = _mm256_set1_epi8(0x0F);
-            // For place `j`: the high bit in every byte of a 32-bit lane but byte `j`.
-            let others: [__m256i; CHUNK_BYTES] = std::array::from_fn(|j| {
-                _mm256_set1_epi32((0x8080_8080u32 & !(0xFF << (8 * j))) as i32)
-            });
-            let (ones8, ones16) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1));
+            let by_place = _mm256_setr_epi8(
+                0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2,
+                6, 10, 14, 3, 7, 11, 15,
+            );
+            let (even, odd) = (_mm256_set1_epi16(0x0001), _mm256_set1_epi16(0x0100));
             for (g, sums) in out.chunks_exact_mut(LUT_ROWS).enumerate() {
                 let base = codes[g * bytes * LUT_ROWS..].as_ptr();
-                for (s, sums) in sums.chunks_exact_mut(REGISTER_ROWS).enumerate() {
-                    let mut total = _mm256_setzero_si256();
-                    for c in 0..bytes / CHUNK_BYTES {
-                        let at = (c * LUT_ROWS + s * REGISTER_ROWS) * CHUNK_BYTES;
-                        // SAFETY: group `g` holds `bytes · 64` bytes inside `codes`, and with
-                        // `c < bytes / 4`, `s < 8` the 32 bytes at `at` lie inside it.
-                        let x = unsafe { _mm256_loadu_si256(base.add(at).cast()) };
-                        // Hints only, once a 64-byte line: the addresses are never read here.
-                        if s % 2 == 0 {
-                            let line = base.wrapping_add(at);
-                            if ahead.near != 0 {
-                                prefetch(line.wrapping_offset(ahead.near));
+                for (h, sums) in sums.chunks_exact_mut(HALF_ROWS).enumerate() {
+                    let mut totals = [0i32; HALF_ROWS];
+                    let chunks = bytes / CHUNK_BYTES;
+                    for run in (0..chunks).step_by(RUN) {
+                        let (mut evens, mut odds) =
+                            (_mm256_setzero_si256(), _mm256_setzero_si256());
+                        for c in run..(run + RUN).min(chunks) {
+                            let at = (c * LUT_ROWS + h * HALF_ROWS) * CHUNK_BYTES;
+                            for line in [0, 64] {
+                                let line = base.wrapping_add(at + line);
+                                if ahead.near != 0 {
+                                    prefetch(line.wrapping_offset(ahead.near));
+                                }
+                                if ahead.far != 0 {
+                                    prefetch_l2(line.wrapping_offset(ahead.far));
+                                }
                             }
-                            if ahead.far != 0 {
-                                prefetch_l2(line.wrapping_offset(ahead.far));
+                            // SAFETY: group `g` holds `bytes · 64` bytes inside `codes`, and
+                            // with `c < bytes / 4`, `h < 2` the 128 bytes at `at` lie inside it.
+                            let r: [__m256i; 4] = std::array::from_fn(|s| {
+                                _mm256_shuffle_epi8(
+                                    unsafe { _mm256_loadu_si256(base.add(at + 32 * s).cast()) },
+                                    by_place,
+                                )
+                            });
+                            let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
+                            let t1 = _mm256_unpacklo_epi32(r[2], r[3]);
+                            let t2 = _mm256_unpackhi_epi32(r[0], r[1]);
+                            let t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+                            let places = [
+                                _mm256_unpacklo_epi64(t0, t1),
+                                _mm256_unpackhi_epi64(t0, t1),
+                                _mm256_unpacklo_epi64(t2, t3),
+                                _mm256_unpackhi_epi64(t2, t3),
+                            ];
+                            for (place, p) in places.into_iter().enumerate() {
+                                let halves = [
+                                    _mm256_and_si256(p, nibble),
+                                    _mm256_and_si256(_mm256_srli_epi16::<4>(p), nibble),
+                                ];
+                                for (half, index) in halves.into_iter().enumerate() {
+                                    // SAFETY: chunk `c < code_bytes / 4` has its 128 entries
+                                    // at `c · 128 .. c · 128 + 128` inside `lookup`.
+                                    let table = unsafe {
+                                        _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                                            tables
+                                                .add(
+                                                    (2 * c + half) * TABLE_BYTES
+                                                        + place * PAIR_ENTRIES,
+                                                )
+                                                .cast(),
+                                        ))
+                                    };
+                                    let entries = _mm256_shuffle_epi8(table, index);
+                                    evens = _mm256_add_epi16(
+                                        evens,
+                                        _mm256_maddubs_epi16(even, entries),
+                                    );
+                                    odds =
+                                        _mm256_add_epi16(odds, _mm256_maddubs_epi16(odd, entries));
+                                }
                             }
                         }
-                        let halves = [
-                            _mm256_and_si256(x, nibble),
-                            _mm256_and_si256(_mm256_srli_epi32::<4>(x), nibble),
-                        ];
-                        let mut pairs = _mm256_setzero_si256();
-                        for (half, index) in halves.into_iter().enumerate() {
-                            let mut entries = _mm256_setzero_si256();
-                            for (place, other) in others.iter().enumerate() {
-                                // SAFETY: chunk `c < code_bytes / 4` has its 128 entries at
-                                // `c · 128 .. c · 128 + 128` inside `lookup`.
-                                let table = unsafe {
-                                    _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                                        tables
-                                            .add(
-                                                (2 * c + half) * TABLE_BYTES + place * PAIR_ENTRIES,
-                                            )
-                                            .cast(),
-                                    ))
-                                };
-                                entries = _mm256_or_si256(
-                                    entries,
-                                    _mm256_shuffle_epi8(table, _mm256_or_si256(index, *other)),
-                                );
-                            }
-                            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(ones8, entries));
+                        let (mut e, mut o) = ([0i16; 16], [0i16; 16]);
+                        // SAFETY: each array is 16 i16 = 32 bytes, what the store writes.
+                        unsafe {
+                            _mm256_storeu_si256(e.as_mut_ptr().cast(), evens);
+                            _mm256_storeu_si256(o.as_mut_ptr().cast(), odds);
                         }
-                        total = _mm256_add_epi32(total, _mm256_madd_epi16(pairs, ones16));
+                        for lane in 0..2 {
+                            for j in 0..8 {
+                                let row = 8 * (j / 2) + 4 * lane + 2 * (j % 2);
+                                totals[row] += i32::from(e[lane * 8 + j]);
+                                totals[row + 1] += i32::from(o[lane * 8 + j]);
+                            }
+                        }
                     }
-                    // SAFETY: `sums` holds 8 i32, exactly the 32 bytes the store writes.
-                    unsafe { _mm256_storeu_si256(sums.as_mut_ptr().cast(), total) };
+                    sums.copy_from_slice(&totals);
                 }
             }
         }
@@ -1216,6 +1251,37 @@ mod tests {
             expected[0] = 107;
             expected[1] = -3 - 127;
             expected[17] = -3 + 11;
+            assert_eq!(out, expected, "{isa:?}");
+        }
+    }
+
+    /// Long rows at the table's edges: every form widens its narrow partial sums before they
+    /// could overflow (512 pairs at ±127 is far past 16 bits).
+    #[test]
+    fn two_bit_extreme_long_rows_are_exact() {
+        let pairs = 512;
+        let table: Vec<i8> = (0..pairs * PAIR_ENTRIES)
+            .map(|at| match at % PAIR_ENTRIES {
+                15 => LUT_ENTRY_MAX,
+                0 => -LUT_ENTRY_MAX,
+                _ => 1,
+            })
+            .collect();
+        let query = TwoBitQuery::new(table);
+        // Rows 0-31 every nibble 15, rows 32-63 every nibble 0.
+        let mut codes = vec![0u8; query.code_bytes() * LUT_ROWS];
+        for row in 0..32 {
+            for byte in 0..query.code_bytes() {
+                codes[code_offset(row, byte)] = 0xFF;
+            }
+        }
+        let mut expected = [0i32; LUT_ROWS];
+        scalar::two_bit(&query, &codes, &mut expected, Lookahead::default());
+        assert_eq!(expected[0], 512 * 127);
+        assert_eq!(expected[63], -512 * 127);
+        for (isa, f) in two_bit_forms() {
+            let mut out = [0i32; LUT_ROWS];
+            f(&query, &codes, &mut out, Lookahead::default());
             assert_eq!(out, expected, "{isa:?}");
         }
     }
