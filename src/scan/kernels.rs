@@ -36,9 +36,9 @@
 //!   regrouped by shuffles and unpacks so that a register holds one byte place of 32 rows,
 //!   one `VPSHUFB` lookup a nibble, summed in 16 bits by `VPMADDUBSW` (`Isa::Avx2`; it replaced
 //!   a form that looked up each nibble in all four places' tables, a quarter of each lookup
-//!   useful, 1.7-1.9x slower: `docs/benchmarks.md`); and for the signature weights on CPUs without
-//!   AVX-512 VL, a 64-bit bit test per row and an add of the weight masked by it; each chosen
-//!   after runtime detection.
+//!   useful, 1.66-1.86x slower: `docs/benchmarks.md`); and for the signature weights on CPUs
+//!   without AVX-512 VL, a 64-bit bit test per row and an add of the weight masked by it; each
+//!   chosen after runtime detection.
 //!
 //! [`Kernels::detect`] picks one implementation per kernel once, on purpose, and the choice is
 //! logged by the caller. Integer kernels agree bit for bit with the scalar twin (proptests
@@ -952,6 +952,8 @@ pub mod avx2 {
             let bytes = query.code_bytes();
             let tables = query.lookup.as_ptr();
             let nibble = _mm256_set1_epi8(0x0F);
+            // Within each 128-bit lane (four rows' chunks): byte `4k + i` takes byte `4i + k`,
+            // place `k` of the lane's row `i`.
             let by_place = _mm256_setr_epi8(
                 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2,
                 6, 10, 14, 3, 7, 11, 15,
@@ -967,6 +969,7 @@ pub mod avx2 {
                             (_mm256_setzero_si256(), _mm256_setzero_si256());
                         for c in run..(run + RUN).min(chunks) {
                             let at = (c * LUT_ROWS + h * HALF_ROWS) * CHUNK_BYTES;
+                            // Hints only, for both 64-byte lines: the addresses are never read.
                             for line in [0, 64] {
                                 let line = base.wrapping_add(at + line);
                                 if ahead.near != 0 {
@@ -984,6 +987,8 @@ pub mod avx2 {
                                     by_place,
                                 )
                             });
+                            // A 4x4 transpose of 32-bit lanes: `places[k]`, lane `L`, byte
+                            // `4s + i` is place `k` of row `8s + 4L + i` of this half.
                             let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
                             let t1 = _mm256_unpacklo_epi32(r[2], r[3]);
                             let t2 = _mm256_unpackhi_epi32(r[0], r[1]);
@@ -1028,6 +1033,7 @@ pub mod avx2 {
                             _mm256_storeu_si256(e.as_mut_ptr().cast(), evens);
                             _mm256_storeu_si256(o.as_mut_ptr().cast(), odds);
                         }
+                        // 16-bit lane `j` of lane `L` holds bytes `2j` (even) and `2j + 1` (odd).
                         for lane in 0..2 {
                             for j in 0..8 {
                                 let row = 8 * (j / 2) + 4 * lane + 2 * (j % 2);
