@@ -577,6 +577,7 @@ pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<
         }
         let same = page.user == row.user.0
             && page.row_ids[i] == row.id.0
+            && page.roles[i] == row.role as u8
             && page.conversations[i] == ConversationId::from_key(&row.conversation).0
             && page.birth_clocks[i] == row.birth_clock
             && page.decays[i].to_bits() == row.decay.to_bits()

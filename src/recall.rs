@@ -4,7 +4,9 @@
 //!
 //! The arena must be caught up by the caller (the server does it before every scan).
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use rayon::prelude::*;
 use serde::Serialize;
@@ -16,9 +18,9 @@ use crate::heat;
 use crate::memory::Memory;
 use crate::retrieve::{PreparedQuery, Retrieved, search_without};
 use crate::scan::kernels::Kernels;
-use crate::store::{Activation, Row, StoreError};
+use crate::store::{Activation, BoundNames, Row, StoreError};
 use crate::tokens::Tokenizer;
-use crate::types::{Role, RowId, TermId, UserId};
+use crate::types::{ConversationId, Role, RowId, TermId, UserId};
 
 /// How a question becomes a frame. Every field has a documented default
 /// (`docs/frame.md`).
@@ -127,10 +129,9 @@ pub fn recall(
         &excluded,
     );
     let scan_us = started.elapsed().as_micros() as u64;
-    let mut names = Names::default();
-    // Speakers are read from the store only when naming one can lift a row.
+    // Speakers are resolved only when naming one can lift a row.
     let named = if config.speaker_lift > 0.0 {
-        speakers_named(memory, &mut names, &query, &found)?
+        speakers_named(memory, arena, &query, &found)?
     } else {
         vec![false; found.len()]
     };
@@ -224,6 +225,7 @@ pub fn recall(
         .iter()
         .filter_map(|&i| Some((picks[i], arena.owner_in(picks[i].row, ask.scope)?)))
         .collect();
+    let mut names = Names::default();
     names.read_rows(memory, owned.iter().map(|&(pick, owner)| (owner, pick.row)))?;
     let mut candidates = Vec::with_capacity(owned.len());
     for (pick, owner) in owned {
@@ -294,28 +296,37 @@ pub fn frame_order<C: Copy + Eq + std::hash::Hash>(
 }
 
 /// For each hit, whether the question names its speaker: every lexical term of the name now
-/// bound to the row's speaker (else the name it was captured with) is among the question's
-/// terms. Rows without a speaker's name, and rows gone from the store, are named by no
-/// question.
+/// bound to the row's speaker slot (its conversation and role, read from the arena) is among
+/// the question's terms. A row captured with a name always has one bound to its slot (the
+/// capture binds it), so rows without a bound name have no speaker's name and are named by
+/// no question. Nothing is read from the store but each hit owner's bound names, held in
+/// memory.
 fn speakers_named(
     memory: &Memory,
-    names: &mut Names,
+    arena: &Arena,
     query: &PreparedQuery,
     hits: &[Retrieved],
 ) -> Result<Vec<bool>, StoreError> {
     let asked: HashSet<TermId> = query.retrieval.terms.iter().map(|&(t, _)| t).collect();
-    names.read_rows(memory, hits.iter().map(|hit| (hit.user, hit.row)))?;
-    let mut verdicts: HashMap<String, bool> = HashMap::new();
+    let mut bound: HashMap<UserId, BoundNames> = HashMap::new();
+    let mut verdicts: HashMap<Arc<str>, bool> = HashMap::new();
     let mut named = Vec::with_capacity(hits.len());
     for hit in hits {
-        let Some(row) = names.read.get(&hit.row) else {
-            named.push(false);
-            continue;
+        let slot = arena.slot(hit.row).and_then(|slot| {
+            let page = arena.page(slot.page);
+            let i = slot.index as usize;
+            Some((
+                ConversationId(page.conversations[i]),
+                Role::from_code(page.roles[i])?,
+            ))
+        });
+        let names = match bound.entry(hit.user) {
+            Entry::Occupied(names) => names.into_mut(),
+            Entry::Vacant(names) => names.insert(memory.store.bound_names(hit.user)?),
         };
-        let (conversation, role, own) = (row.conversation.clone(), row.role, row.name.clone());
-        let speaker = names.speaker(memory, hit.user, &conversation, role)?;
-        named.push(speaker.or(own).is_some_and(|name| {
-            *verdicts.entry(name).or_insert_with_key(|name| {
+        let name = slot.and_then(|slot| names.get(&slot));
+        named.push(name.is_some_and(|name| {
+            *verdicts.entry(name.clone()).or_insert_with_key(|name| {
                 let terms = memory.dictionary.lexical().terms(name);
                 !terms.is_empty() && terms.iter().all(|(term, _)| asked.contains(term))
             })
@@ -475,19 +486,17 @@ pub fn reheat_returned(
     Ok(updates.len())
 }
 
-/// Speaker names resolved through the binding log, once per conversation and role.
+/// Stored rows read for a frame or a tool's answer, their speakers resolved through the
+/// binding log (held in memory by the store).
 #[derive(Default)]
 pub struct Names {
-    bound: HashMap<(UserId, String, Role), Option<String>>,
-    /// Rows already read this recall (the frame's order reads every retrieved row's speaker),
-    /// so the frame does not read them again.
+    /// Rows read ahead by [`Names::read_rows`], taken by [`Names::turn`].
     read: HashMap<RowId, Row>,
 }
 
 impl Names {
-    /// Read the stored rows `rows` (user, row) not read yet, and the names bound to their
-    /// speakers' conversations and roles not resolved yet: each a point read of the store, so
-    /// they are spread over the rayon pool (a recall reads a few hundred).
+    /// Read the stored rows `rows` (user, row) not read yet: each a point read of the store,
+    /// so they are spread over the rayon pool (a frame reads up to a few hundred).
     pub fn read_rows(
         &mut self,
         memory: &Memory,
@@ -497,43 +506,13 @@ impl Names {
             .into_iter()
             .filter(|(_, id)| !self.read.contains_key(id))
             .collect();
-        let read: Vec<Option<(UserId, Row)>> = wanted
+        let read: Vec<Option<Row>> = wanted
             .par_iter()
-            .map(|&(user, id)| Ok(memory.store.row(user, id)?.map(|row| (user, row))))
+            .map(|&(user, id)| memory.store.row(user, id))
             .collect::<Result<_, StoreError>>()?;
-        let mut slots: Vec<(UserId, String, Role)> = read
-            .iter()
-            .flatten()
-            .map(|(user, row)| (*user, row.conversation.clone(), row.role))
-            .filter(|slot| !self.bound.contains_key(slot))
-            .collect();
-        slots.sort_unstable();
-        slots.dedup();
-        let bound: Vec<Option<String>> = slots
-            .par_iter()
-            .map(|(user, conversation, role)| memory.store.bound_name(*user, conversation, *role))
-            .collect::<Result<_, StoreError>>()?;
-        self.bound.extend(slots.into_iter().zip(bound));
         self.read
-            .extend(read.into_iter().flatten().map(|(_, row)| (row.id, row)));
+            .extend(read.into_iter().flatten().map(|row| (row.id, row)));
         Ok(())
-    }
-
-    /// The name now bound to `role` in `user`'s `conversation`, if any.
-    pub fn speaker(
-        &mut self,
-        memory: &Memory,
-        user: UserId,
-        conversation: &str,
-        role: Role,
-    ) -> Result<Option<String>, StoreError> {
-        let slot = (user, conversation.to_owned(), role);
-        if let Some(name) = self.bound.get(&slot) {
-            return Ok(name.clone());
-        }
-        let name = memory.store.bound_name(user, conversation, role)?;
-        self.bound.insert(slot, name.clone());
-        Ok(name)
     }
 
     /// The stored row `id` as a frame turn, its speaker resolved now; `None` if it is gone.
@@ -550,10 +529,13 @@ impl Names {
                 None => return Ok(None),
             },
         };
-        let bound = self.speaker(memory, user, &row.conversation, row.role)?;
+        let bound =
+            memory
+                .store
+                .bound_name(user, ConversationId::from_key(&row.conversation), row.role)?;
         Ok(Some(Turn {
             row: id,
-            speaker: bound.or(row.name),
+            speaker: bound.map(|name| name.to_string()).or(row.name),
             tokens: row.tokens.len(),
             conversation: row.conversation,
             message: row.message,

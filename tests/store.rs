@@ -11,7 +11,7 @@ use perpetuity::dictionary::stats::Count;
 use perpetuity::ingest::export;
 use perpetuity::integrity;
 use perpetuity::store::{Activation, Cf, Store, StoreOptions, keys};
-use perpetuity::types::{Role, RowId, TokenId, UserId};
+use perpetuity::types::{ConversationId, Role, RowId, TokenId, UserId};
 use proptest::prelude::*;
 
 fn open(dir: &Path, compression: bool) -> Store {
@@ -280,6 +280,138 @@ fn the_warm_index_in_memory_follows_every_write_to_its_family() {
     let store = open(dir.path(), true);
     assert_eq!(listed(&store, alice), [RowId(2)]);
     assert!(store.warm_of(bob).unwrap().is_empty());
+    assert_clean(&store);
+}
+
+/// Every speaker slot's latest bound name, read from the `bindings` family itself.
+fn bound_on_disk(store: &Store, user: UserId) -> BTreeMap<(ConversationId, Role), String> {
+    store
+        .iter_user(Cf::Bindings, user)
+        .map(|entry| {
+            let (key, value) = entry.unwrap();
+            let (_, conversation, role, _) = keys::parse_binding(&key).unwrap();
+            (
+                (conversation, role),
+                String::from_utf8(value.to_vec()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn bound_in_memory(store: &Store, user: UserId) -> BTreeMap<(ConversationId, Role), String> {
+    store
+        .bound_names(user)
+        .unwrap()
+        .iter()
+        .map(|(&slot, name)| (slot, name.to_string()))
+        .collect()
+}
+
+#[test]
+fn the_bound_names_in_memory_follow_every_write_to_the_binding_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), true);
+    let capturer = Capturer::new(common::dictionary());
+    let (alice, bob) = (UserId::from_key("alice"), UserId::from_key("bob"));
+    let trip = ConversationId::from_key("trip");
+    capturer
+        .capture(
+            &store,
+            &[
+                message(
+                    "alice",
+                    "trip",
+                    Role::User,
+                    Some("Ann"),
+                    "Shall we go north?",
+                ),
+                message("alice", "trip", Role::Assistant, None, "North it is."),
+                message("bob", "trip", Role::User, Some("Bo"), "Any plans?"),
+            ],
+        )
+        .unwrap();
+    let first = store.bound_names(alice).unwrap();
+    assert_eq!(bound_in_memory(&store, alice), bound_on_disk(&store, alice));
+    assert_eq!(
+        store
+            .bound_name(alice, trip, Role::User)
+            .unwrap()
+            .as_deref(),
+        Some("Ann")
+    );
+    assert_eq!(
+        store.bound_name(alice, trip, Role::Assistant).unwrap(),
+        None
+    );
+
+    // Writes after the first read: a rename, a new slot, the same name again (no binding).
+    capturer
+        .capture(
+            &store,
+            &[
+                message("alice", "trip", Role::User, Some("Annie"), "Or south?"),
+                message(
+                    "alice",
+                    "trip",
+                    Role::Assistant,
+                    Some("Guide"),
+                    "South, then.",
+                ),
+                message("alice", "trip", Role::User, Some("Annie"), "South."),
+            ],
+        )
+        .unwrap();
+    assert_eq!(
+        first[&(trip, Role::User)].as_ref(),
+        "Ann",
+        "a snapshot already read stays as it was"
+    );
+    for user in [alice, bob] {
+        assert_eq!(bound_in_memory(&store, user), bound_on_disk(&store, user));
+    }
+    assert_eq!(
+        store
+            .bound_name(alice, trip, Role::User)
+            .unwrap()
+            .as_deref(),
+        Some("Annie")
+    );
+    assert_eq!(
+        store
+            .bound_name(alice, trip, Role::Assistant)
+            .unwrap()
+            .as_deref(),
+        Some("Guide")
+    );
+
+    // A purge empties the user's names in memory as on disk; a new capture binds afresh.
+    store.purge_user(alice).unwrap();
+    assert!(store.bound_names(alice).unwrap().is_empty());
+    capturer
+        .capture(
+            &store,
+            &[message(
+                "alice",
+                "trip",
+                Role::User,
+                Some("Ada"),
+                "Hello again.",
+            )],
+        )
+        .unwrap();
+    assert_eq!(bound_in_memory(&store, alice), bound_on_disk(&store, alice));
+    assert_eq!(
+        store
+            .bound_name(alice, trip, Role::User)
+            .unwrap()
+            .as_deref(),
+        Some("Ada")
+    );
+    drop(store);
+    let store = open(dir.path(), true);
+    for user in [alice, bob] {
+        assert_eq!(bound_in_memory(&store, user), bound_on_disk(&store, user));
+    }
     assert_clean(&store);
 }
 

@@ -774,6 +774,7 @@ impl Arena {
         );
         let i = page.rows as usize;
         page.row_ids[i] = row.id.0;
+        page.roles[i] = row.role as u8;
         page.conversations[i] = ConversationId::from_key(&row.conversation).0;
         page.birth_clocks[i] = row.birth_clock;
         page.term_offsets[i] = offset;

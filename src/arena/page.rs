@@ -25,7 +25,7 @@ const _: () = assert!(
     "a page is one group of the 2-bit kernel"
 );
 
-/// One page: up to [`PAGE_ROWS`] rows of one user, column by column. 20,032 bytes. The
+/// One page: up to [`PAGE_ROWS`] rows of one user, column by column. 20,096 bytes. The
 /// columns stage one reads lie in the page's [`Sketch`], kept apart so that a scope's sketches
 /// lie end to end.
 ///
@@ -47,6 +47,9 @@ pub struct Page {
     /// for its sketch.
     pub sketch: u32,
     pub reserved: [u32; 10],
+    /// Each row's role code ([`crate::types::Role`]): with its conversation, the speaker slot
+    /// whose bound name recall matches against the question, without reading the row.
+    pub roles: [u8; PAGE_ROWS],
     pub row_ids: [u64; PAGE_ROWS],
     pub conversations: [u64; PAGE_ROWS],
     pub birth_clocks: [u64; PAGE_ROWS],
@@ -67,7 +70,7 @@ pub struct Page {
     pub vectors: [i8; PAGE_ROWS * DIMS],
 }
 
-const _: () = assert!(std::mem::size_of::<Page>() == 20_032);
+const _: () = assert!(std::mem::size_of::<Page>() == 20_096);
 const _: () = assert!(std::mem::size_of::<Page>().is_multiple_of(64));
 
 /// What stage one reads of a page's rows, in `sketches.bin` at the page's index: 7,232 bytes.
@@ -137,6 +140,7 @@ impl Page {
     /// held `from` rows.
     pub fn truncate(&mut self, from: usize) {
         let tail = from..PAGE_ROWS;
+        self.roles[tail.clone()].fill(0);
         self.row_ids[tail.clone()].fill(0);
         self.conversations[tail.clone()].fill(0);
         self.birth_clocks[tail.clone()].fill(0);

@@ -330,11 +330,20 @@ pub struct Store {
     /// the writer lock, so no write slips between the read and the entry; every write to the
     /// family updates the entry after the write lands, still under the writer lock.
     warm: Mutex<HashMap<UserId, WarmIndex>>,
+    /// The names bound now to the speaker slots of every user read since open, in memory
+    /// (recall resolves the speaker of every retrieved row each turn; the `bindings` family
+    /// stays the record). Loaded and kept like `warm`: first read under the writer lock,
+    /// updated by [`Store::write_captures`] after its batch lands, dropped by a purge.
+    bound: Mutex<HashMap<UserId, BoundNames>>,
 }
 
 /// One user's warm index: each reheated row still listed, with its activation, in row order.
 /// Shared with readers as a snapshot; a write copies it only while a reader still holds one.
 pub type WarmIndex = Arc<BTreeMap<RowId, Activation>>;
+
+/// One user's bound names: the latest name bound to each speaker slot (conversation, role)
+/// that has one. Shared with readers as a snapshot, like [`WarmIndex`].
+pub type BoundNames = Arc<HashMap<(ConversationId, Role), Arc<str>>>;
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -414,6 +423,7 @@ impl Store {
             }),
             serving_slot: AtomicUsize::new(0),
             warm: Mutex::new(HashMap::new()),
+            bound: Mutex::new(HashMap::new()),
         };
         match store.meta(keys::meta::FORMAT_VERSION)? {
             None => store.put_meta(keys::meta::FORMAT_VERSION, &FORMAT_VERSION.to_le_bytes())?,
@@ -840,16 +850,63 @@ impl Store {
     }
 
     /// The name bound to `role` in a conversation now (the latest binding), if any: what a
-    /// label shows when the frame is rendered.
+    /// frame labels the speaker with. Read from memory after the user's first read since open.
     pub fn bound_name(
         &self,
         user: UserId,
-        conversation: &str,
+        conversation: ConversationId,
         role: Role,
-    ) -> Result<Option<String>, StoreError> {
-        Ok(self
-            .latest_binding(user, ConversationId::from_key(conversation), role)?
-            .map(|v| String::from_utf8_lossy(&v).into_owned()))
+    ) -> Result<Option<Arc<str>>, StoreError> {
+        Ok(self.bound_names(user)?.get(&(conversation, role)).cloned())
+    }
+
+    /// Every speaker slot of `user` that has a name bound, with the latest one.
+    pub fn bound_names(&self, user: UserId) -> Result<BoundNames, StoreError> {
+        self.per_user(&self.bound, user, || {
+            let mut names = HashMap::new();
+            for entry in self.iter_user(Cf::Bindings, user) {
+                let (key, value) = entry?;
+                let (_, conversation, role, _) =
+                    keys::parse_binding(&key).ok_or_else(|| StoreError::Corrupt {
+                        cf: Cf::Bindings.name(),
+                        key: hex_key(&key),
+                        source: CodecError {
+                            what: "binding key",
+                            reason: "not user ++ conversation ++ role ++ row".into(),
+                        },
+                    })?;
+                // Keys ascend by row within a slot: the last one read is the latest.
+                names.insert(
+                    (conversation, role),
+                    Arc::from(String::from_utf8_lossy(&value).as_ref()),
+                );
+            }
+            Ok(Arc::new(names))
+        })
+    }
+
+    /// `user`'s entry of the in-memory cache `cache` (`warm`, `bound`), loaded by `load` on
+    /// its first read: under the writer lock, so no write slips between the load and the
+    /// entry (every writer updates the entry after its batch lands, under the same lock).
+    fn per_user<T: Clone>(
+        &self,
+        cache: &Mutex<HashMap<UserId, T>>,
+        user: UserId,
+        load: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if let Some(entry) = cache.lock().expect("cache lock").get(&user) {
+            return Ok(entry.clone());
+        }
+        let _guard = self.writer.lock().expect("writer lock");
+        if let Some(entry) = cache.lock().expect("cache lock").get(&user) {
+            return Ok(entry.clone());
+        }
+        let entry = load()?;
+        cache
+            .lock()
+            .expect("cache lock")
+            .insert(user, entry.clone());
+        Ok(entry)
     }
 
     /// Every activation state of a user's rows, in row order.
@@ -1088,6 +1145,15 @@ impl Store {
         self.write(batch)?;
         crate::failpoint::hit("store.after_commit");
         writer.next_row = next_row;
+        let mut cached = self.bound.lock().expect("cache lock");
+        for ((user, conversation, role), name) in bindings {
+            if let (Some(names), Some(name)) = (cached.get_mut(&user), name) {
+                Arc::make_mut(names).insert(
+                    (conversation, role),
+                    Arc::from(String::from_utf8_lossy(&name).as_ref()),
+                );
+            }
+        }
         Ok(ids)
     }
 
@@ -1143,7 +1209,7 @@ impl Store {
             written.push((user, row, next));
         }
         self.write(batch)?;
-        let mut cached = self.warm.lock().expect("warm index lock");
+        let mut cached = self.warm.lock().expect("cache lock");
         for (user, row, next) in written {
             if let Some(index) = cached.get_mut(&user) {
                 Arc::make_mut(index).insert(row, next);
@@ -1213,22 +1279,12 @@ impl Store {
     /// order. Rows born hot and never reheated are not listed (their state is the birth state).
     /// Read from memory after the user's first read since open.
     pub fn warm_of(&self, user: UserId) -> Result<WarmIndex, StoreError> {
-        if let Some(index) = self.warm.lock().expect("warm index lock").get(&user) {
-            return Ok(index.clone());
-        }
-        let _guard = self.writer.lock().expect("writer lock");
-        if let Some(index) = self.warm.lock().expect("warm index lock").get(&user) {
-            return Ok(index.clone());
-        }
-        let index: WarmIndex = Arc::new(
-            self.activation_entries(Cf::Warm, user)
-                .collect::<Result<_, _>>()?,
-        );
-        self.warm
-            .lock()
-            .expect("warm index lock")
-            .insert(user, index.clone());
-        Ok(index)
+        self.per_user(&self.warm, user, || {
+            Ok(Arc::new(
+                self.activation_entries(Cf::Warm, user)
+                    .collect::<Result<_, _>>()?,
+            ))
+        })
     }
 
     /// Drop rows that have cooled below the frame's floor from the warm index (their
@@ -1244,7 +1300,7 @@ impl Store {
             batch.delete_cf(&warm, keys::user_row(user, row));
         }
         self.write(batch)?;
-        if let Some(index) = self.warm.lock().expect("warm index lock").get_mut(&user) {
+        if let Some(index) = self.warm.lock().expect("cache lock").get_mut(&user) {
             let index = Arc::make_mut(index);
             for row in rows {
                 index.remove(row);
@@ -1281,7 +1337,8 @@ impl Store {
                 (self.purges()? + 1).to_le_bytes(),
             );
             self.write(batch)?;
-            self.warm.lock().expect("warm index lock").remove(&user);
+            self.warm.lock().expect("cache lock").remove(&user);
+            self.bound.lock().expect("cache lock").remove(&user);
             crate::failpoint::hit("purge.after_batch");
             (-deltas.totals[0]) as u64
         };
