@@ -307,6 +307,25 @@ fn bound_in_memory(store: &Store, user: UserId) -> BTreeMap<(ConversationId, Rol
         .collect()
 }
 
+/// Each user's bound names in memory equal the family's.
+fn assert_bound_as_on_disk(store: &Store, users: &[UserId]) {
+    for &user in users {
+        assert_eq!(bound_in_memory(store, user), bound_on_disk(store, user));
+    }
+}
+
+/// The name bound now to `role` in alice's conversation "trip".
+fn bound_in_trip(store: &Store, role: Role) -> Option<String> {
+    store
+        .bound_name(
+            UserId::from_key("alice"),
+            ConversationId::from_key("trip"),
+            role,
+        )
+        .unwrap()
+        .map(|name| name.to_string())
+}
+
 #[test]
 fn the_bound_names_in_memory_follow_every_write_to_the_binding_log() {
     let dir = tempfile::tempdir().unwrap();
@@ -331,18 +350,9 @@ fn the_bound_names_in_memory_follow_every_write_to_the_binding_log() {
         )
         .unwrap();
     let first = store.bound_names(alice).unwrap();
-    assert_eq!(bound_in_memory(&store, alice), bound_on_disk(&store, alice));
-    assert_eq!(
-        store
-            .bound_name(alice, trip, Role::User)
-            .unwrap()
-            .as_deref(),
-        Some("Ann")
-    );
-    assert_eq!(
-        store.bound_name(alice, trip, Role::Assistant).unwrap(),
-        None
-    );
+    assert_bound_as_on_disk(&store, &[alice]);
+    assert_eq!(bound_in_trip(&store, Role::User).as_deref(), Some("Ann"));
+    assert_eq!(bound_in_trip(&store, Role::Assistant), None);
 
     // Writes after the first read: a rename, a new slot, the same name again (no binding).
     capturer
@@ -366,21 +376,10 @@ fn the_bound_names_in_memory_follow_every_write_to_the_binding_log() {
         "Ann",
         "a snapshot already read stays as it was"
     );
-    for user in [alice, bob] {
-        assert_eq!(bound_in_memory(&store, user), bound_on_disk(&store, user));
-    }
+    assert_bound_as_on_disk(&store, &[alice, bob]);
+    assert_eq!(bound_in_trip(&store, Role::User).as_deref(), Some("Annie"));
     assert_eq!(
-        store
-            .bound_name(alice, trip, Role::User)
-            .unwrap()
-            .as_deref(),
-        Some("Annie")
-    );
-    assert_eq!(
-        store
-            .bound_name(alice, trip, Role::Assistant)
-            .unwrap()
-            .as_deref(),
+        bound_in_trip(&store, Role::Assistant).as_deref(),
         Some("Guide")
     );
 
@@ -399,19 +398,11 @@ fn the_bound_names_in_memory_follow_every_write_to_the_binding_log() {
             )],
         )
         .unwrap();
-    assert_eq!(bound_in_memory(&store, alice), bound_on_disk(&store, alice));
-    assert_eq!(
-        store
-            .bound_name(alice, trip, Role::User)
-            .unwrap()
-            .as_deref(),
-        Some("Ada")
-    );
+    assert_bound_as_on_disk(&store, &[alice]);
+    assert_eq!(bound_in_trip(&store, Role::User).as_deref(), Some("Ada"));
     drop(store);
     let store = open(dir.path(), true);
-    for user in [alice, bob] {
-        assert_eq!(bound_in_memory(&store, user), bound_on_disk(&store, user));
-    }
+    assert_bound_as_on_disk(&store, &[alice, bob]);
     assert_clean(&store);
 }
 
