@@ -225,11 +225,11 @@ pub fn recall(
         .iter()
         .filter_map(|&i| Some((picks[i], arena.owner_in(picks[i].row, ask.scope)?)))
         .collect();
-    let mut names = Names::default();
-    names.read_rows(memory, owned.iter().map(|&(pick, owner)| (owner, pick.row)))?;
+    let mut turns = Turns::default();
+    turns.read_rows(memory, owned.iter().map(|&(pick, owner)| (owner, pick.row)))?;
     let mut candidates = Vec::with_capacity(owned.len());
     for (pick, owner) in owned {
-        if let Some(turn) = names.turn(memory, owner, pick.row)? {
+        if let Some(turn) = turns.turn(memory, owner, pick.row)? {
             candidates.push(Candidate {
                 turn,
                 warmth: pick.warmth,
@@ -489,12 +489,12 @@ pub fn reheat_returned(
 /// Stored rows read for a frame or a tool's answer, their speakers resolved through the
 /// binding log (held in memory by the store).
 #[derive(Default)]
-pub struct Names {
-    /// Rows read ahead by [`Names::read_rows`], taken by [`Names::turn`].
+pub struct Turns {
+    /// Rows read ahead by [`Turns::read_rows`], taken by [`Turns::turn`].
     read: HashMap<RowId, Row>,
 }
 
-impl Names {
+impl Turns {
     /// Read the stored rows `rows` (user, row) not read yet: each a point read of the store,
     /// so they are spread over the rayon pool (a frame reads up to a few hundred).
     pub fn read_rows(

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use crate::arena::Arena;
 use crate::frame::{self, REOPEN_TOOL, Turn};
 use crate::memory::Memory;
-use crate::recall::Names;
+use crate::recall::Turns;
 use crate::retrieve::{PreparedQuery, search_without};
 use crate::scan::kernels::Kernels;
 use crate::store::StoreError;
@@ -257,7 +257,7 @@ impl TurnState {
         kernels: &Kernels,
         call: &Call,
     ) -> Result<Outcome, StoreError> {
-        let mut names = Names::default();
+        let mut read = Turns::default();
         let excluded = memory.store.exclusions(self.user)?;
         let outcome = match call {
             Call::Search { query, limit } => {
@@ -275,12 +275,12 @@ impl TurnState {
                 );
                 let mut rows = self.unseen(hits.iter().map(|h| h.row));
                 rows.truncate(*limit);
-                let turns = self.turns(memory, arena, &mut names, &rows, &excluded)?;
+                let turns = self.turns(memory, arena, &mut read, &rows, &excluded)?;
                 self.items(SEARCH_TOOL, &turns)
             }
             Call::Reopen => {
                 let rows = self.unseen(self.retrieved.iter().copied());
-                let turns = self.turns(memory, arena, &mut names, &rows, &excluded)?;
+                let turns = self.turns(memory, arena, &mut read, &rows, &excluded)?;
                 self.items(REOPEN_TOOL, &turns)
             }
             Call::Chain { item } => {
@@ -313,7 +313,7 @@ impl TurnState {
                     .position(|&r| r == last)
                     .map_or(around.len(), |p| (p + CHAIN_REACH + 1).min(around.len()));
                 let rows = self.unseen(around[from..to].iter().copied());
-                let turns = self.turns(memory, arena, &mut names, &rows, &excluded)?;
+                let turns = self.turns(memory, arena, &mut read, &rows, &excluded)?;
                 self.items(CHAIN_TOOL, &turns)
             }
             Call::Count { query, by } => {
@@ -333,7 +333,7 @@ impl TurnState {
                     .filter(|h| best > 0.0 && h.score >= best * COUNT_MATCH_SHARE)
                     .map(|h| h.row)
                     .collect();
-                let turns = self.turns(memory, arena, &mut names, &rows, &excluded)?;
+                let turns = self.turns(memory, arena, &mut read, &rows, &excluded)?;
                 return Ok(Outcome {
                     text: render_count(query, *by, &count(&turns, *by)),
                     rows,
@@ -350,7 +350,7 @@ impl TurnState {
         &self,
         memory: &Memory,
         arena: &Arena,
-        names: &mut Names,
+        read: &mut Turns,
         rows: &[RowId],
         excluded: &HashSet<RowId>,
     ) -> Result<Vec<Turn>, StoreError> {
@@ -359,7 +359,7 @@ impl TurnState {
             let Some(owner) = arena.owner_in(row, &self.scope) else {
                 continue;
             };
-            if let Some(turn) = names.turn(memory, owner, row)? {
+            if let Some(turn) = read.turn(memory, owner, row)? {
                 turns.push(turn);
             }
         }

@@ -345,6 +345,11 @@ pub type WarmIndex = Arc<BTreeMap<RowId, Activation>>;
 /// that has one. Shared with readers as a snapshot, like [`WarmIndex`].
 pub type BoundNames = Arc<HashMap<(ConversationId, Role), Arc<str>>>;
 
+/// A `bindings` value as the name it binds (UTF-8; damaged bytes replaced, never refused).
+fn bound_name_of(value: &[u8]) -> Arc<str> {
+    Arc::from(String::from_utf8_lossy(value).as_ref())
+}
+
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store").field("path", &self.path).finish()
@@ -876,10 +881,7 @@ impl Store {
                         },
                     })?;
                 // Keys ascend by row within a slot: the last one read is the latest.
-                names.insert(
-                    (conversation, role),
-                    Arc::from(String::from_utf8_lossy(&value).as_ref()),
-                );
+                names.insert((conversation, role), bound_name_of(&value));
             }
             Ok(Arc::new(names))
         })
@@ -1148,10 +1150,7 @@ impl Store {
         let mut cached = self.bound.lock().expect("cache lock");
         for ((user, conversation, role), name) in bindings {
             if let (Some(names), Some(name)) = (cached.get_mut(&user), name) {
-                Arc::make_mut(names).insert(
-                    (conversation, role),
-                    Arc::from(String::from_utf8_lossy(&name).as_ref()),
-                );
+                Arc::make_mut(names).insert((conversation, role), bound_name_of(&name));
             }
         }
         Ok(ids)
