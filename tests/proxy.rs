@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use common::upstream::{
-    Answer, Harness, body_of, chat_reply, chat_request, fixture, header, jsonl_as_sse,
+    Answer, Harness, body_of, chat_reply, chat_request, fixture, gemini_jsonl_as_sse, header,
+    jsonl_as_sse,
 };
 use perpetuity::dictionary::DEFAULT_VERSION;
 use perpetuity::types::{Role, RowId, UserId};
@@ -636,12 +637,8 @@ async fn a_gemini_stream_passes_through_and_its_text_is_captured() {
     let Some(lines) = fixture("gemini/vercel_text.jsonl") else {
         return;
     };
+    let stream = gemini_jsonl_as_sse(&lines);
     let text = String::from_utf8(lines).unwrap();
-    let stream: Vec<u8> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .flat_map(|l| format!("data: {l}\r\n\r\n").into_bytes())
-        .collect();
     let expected: String = text
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -701,7 +698,8 @@ async fn a_gemini_stream_passes_through_and_its_text_is_captured() {
     assert_eq!(rows[1].text, expected);
     assert_eq!(rows[1].name.as_deref(), Some("gemini-3-pro-preview"));
 
-    // The key may come in the query instead; without any, the error is Gemini's.
+    // The key may come in the query instead, and the stable version's path (`/v1/`, which
+    // google-genai calls by default) is the same pipeline; without a key, the error is Gemini's.
     let response = h
         .send(
             "POST",
@@ -720,7 +718,7 @@ async fn a_gemini_stream_passes_through_and_its_text_is_captured() {
     let response = h
         .send(
             "POST",
-            "/v1beta/models/gemini-3-pro-preview:generateContent?key=g-carol",
+            "/v1/models/gemini-3-pro-preview:generateContent?key=g-carol",
             &[],
             body.to_string().as_bytes(),
         )

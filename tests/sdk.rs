@@ -1,13 +1,15 @@
-//! Wire compatibility with the official clients: the `openai` and `anthropic` Python SDKs
-//! (pinned in `tools/install-deps.sh`, which makes their virtual environment) call the proxy
-//! (Chat Completions, Responses, Messages), streaming and not, with tools, and get the
-//! providers' errors as their own exception types. The client-side checks are in
-//! `tests/sdk/clients.py`.
+//! Wire compatibility with the official clients: the `openai`, `anthropic` and `google-genai`
+//! Python SDKs (pinned in `tools/install-deps.sh`, which makes their virtual environment, with
+//! the older `anthropic` 1.17.0 beside it) call the proxy (Chat Completions, Responses,
+//! Messages, Gemini), streaming and not, with tools, and get the providers' errors as their
+//! own exception types. The client-side checks are in `tests/sdk/clients.py`.
 
 mod common;
 
+use std::ffi::OsStr;
+
 use common::sdk_python;
-use common::upstream::{Answer, Harness, fixture, jsonl_as_sse};
+use common::upstream::{Answer, Harness, fixture, gemini_jsonl_as_sse, jsonl_as_sse};
 
 fn error(status: u16, body: serde_json::Value) -> Answer {
     Answer::Whole(status, "application/json", body.to_string().into_bytes())
@@ -57,6 +59,7 @@ async fn the_official_sdks_see_valid_answers_through_the_proxy() {
         "clients.py",
         proxy,
         fixtures,
+        &[("SDKS", OsStr::new("openai,responses,anthropic"))],
         "all SDK checks passed",
     )
     .await;
@@ -82,4 +85,133 @@ async fn the_official_sdks_see_valid_answers_through_the_proxy() {
     let system = &received[0].json()["messages"][0];
     assert_eq!(system["role"], "system");
     assert_eq!(system["content"], "Be brief.");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gemini_sdk_sees_valid_answers_through_the_proxy() {
+    let (Some(python), Some(shared)) = (sdk_python(), common::shared_dir()) else {
+        return;
+    };
+    let (Some(whole), Some(text), Some(call), Some(quota)) = (
+        fixture("gemini/vercel_text.response.json"),
+        fixture("gemini/vercel_text.jsonl"),
+        fixture("gemini/vercel_function_call.jsonl"),
+        fixture("gemini/vercel_error_429.json"),
+    ) else {
+        return;
+    };
+    let h = Harness::start(|_| {}).await;
+    let sse = |lines: &[u8]| Answer::Whole(200, "text/event-stream", gemini_jsonl_as_sse(lines));
+    h.answer(Answer::Whole(200, "application/json", whole));
+    h.answer(sse(&text));
+    h.answer(sse(&call));
+    h.answer(Answer::Whole(429, "application/json", quota));
+    h.answer(error(
+        500,
+        serde_json::json!({"error": {"code": 500, "message": "scripted", "status": "INTERNAL"}}),
+    ));
+
+    common::run_sdk_script(
+        python,
+        "clients.py",
+        format!("http://{}", h.proxy),
+        shared.join("fixtures/providers"),
+        &[("SDKS", OsStr::new("gemini"))],
+        "all SDK checks passed",
+    )
+    .await;
+
+    let received = h.received();
+    assert_eq!(received.len(), 5, "one upstream call per SDK call");
+    // The SDK calls the stable version, `/v1/`, by default.
+    let model = "/v1/models/gemini-3-pro-preview";
+    assert_eq!(received[0].path, format!("{model}:generateContent"));
+    for r in &received[1..3] {
+        assert_eq!(r.path, format!("{model}:streamGenerateContent?alt=sse"));
+    }
+    for r in &received {
+        assert_eq!(r.headers["x-goog-api-key"], "g-sdk", "the key is forwarded");
+        assert_eq!(
+            r.json()["systemInstruction"]["parts"][0]["text"],
+            "Be brief.",
+            "the system instruction is kept"
+        );
+    }
+    assert_eq!(
+        received[2].json()["tools"][0]["functionDeclarations"][0]["name"],
+        "weather",
+        "the harness's tools are kept"
+    );
+    assert!(
+        received[1].text().contains("r's in strawberry?")
+            && received[3].text().contains("San Francisco"),
+        "later calls of the same key recall the earlier ones' turns: {}",
+        received[3].text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_older_anthropic_sdk_sends_x_api_key_and_shares_the_newer_ones_memory() {
+    let (Some(python), Some(shared)) = (sdk_python(), common::shared_dir()) else {
+        return;
+    };
+    let Some(legacy) = common::legacy_anthropic(&python) else {
+        return;
+    };
+    let Some(whole) = fixture("anthropic-messages/vercel_text.response.json") else {
+        return;
+    };
+    let h = Harness::start(|_| {}).await;
+    let anthropic_error = |kind: &str| serde_json::json!({"type": "error", "error": {"type": kind, "message": "scripted"}});
+    let sse = |path: &str| Answer::Whole(200, "text/event-stream", fixture(path).unwrap());
+    for _ in 0..2 {
+        h.answer(Answer::Whole(200, "application/json", whole.clone()));
+        h.answer(sse("anthropic-messages/ant-py_text_basic.sse"));
+        h.answer(sse("anthropic-messages/ant-py_tool_use.sse"));
+        h.answer(error(429, anthropic_error("rate_limit_error")));
+        h.answer(error(401, anthropic_error("authentication_error")));
+    }
+    let proxy = format!("http://{}", h.proxy);
+    let fixtures = shared.join("fixtures/providers");
+    let only = ("SDKS", OsStr::new("anthropic"));
+    common::run_sdk_script(
+        python.clone(),
+        "clients.py",
+        proxy.clone(),
+        fixtures.clone(),
+        &[only, ("PYTHONPATH", legacy.as_os_str())],
+        "all SDK checks passed",
+    )
+    .await;
+    common::run_sdk_script(
+        python,
+        "clients.py",
+        proxy,
+        fixtures,
+        &[only],
+        "all SDK checks passed",
+    )
+    .await;
+
+    let received = h.received();
+    assert_eq!(received.len(), 10, "one upstream call per SDK call");
+    let (older, newer) = received.split_at(5);
+    for r in older {
+        assert_eq!(r.headers["user-agent"], "Anthropic/Python 1.17.0");
+        assert_eq!(r.headers["x-api-key"], "ak-sdk", "the key is forwarded");
+        assert_eq!(r.headers["anthropic-version"], "2023-06-01");
+        assert!(!r.headers.contains_key("authorization"));
+    }
+    for r in newer {
+        assert_eq!(r.headers["user-agent"], "Anthropic/Python 2.14.0");
+        assert_eq!(r.headers["authorization"], "Bearer ak-sdk");
+        assert_eq!(r.headers["anthropic-version"], "2026-10-21");
+        assert!(!r.headers.contains_key("x-api-key"));
+    }
+    assert!(
+        newer[0].text().matches("How are you?").count() >= 2,
+        "the key is one memory by either header: the newer SDK's first call recalls the older \
+         one's question besides its own: {}",
+        newer[0].text()
+    );
 }

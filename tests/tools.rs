@@ -8,7 +8,7 @@ mod common;
 
 use serde_json::{Value, json};
 
-use common::upstream::{Answer, Harness, body_of, fixture, header};
+use common::upstream::{Answer, Harness, body_of, fixture, gemini_jsonl_as_sse, header};
 use perpetuity::capture::{Capturer, Message};
 use perpetuity::tools::{Call, TurnState};
 use perpetuity::types::{Role, UserId};
@@ -1000,6 +1000,7 @@ async fn the_official_sdk_stream_helpers_see_one_valid_message_across_rounds() {
         "tool_rounds.py",
         proxy,
         fixtures,
+        &[],
         "all tool round checks passed",
     )
     .await;
@@ -1015,15 +1016,12 @@ async fn a_gemini_stream_runs_our_call_and_keeps_its_thought_signature_for_the_n
     let Some(lines) = fixture("gemini/vercel_text.jsonl") else {
         return;
     };
+    let answer = gemini_jsonl_as_sse(&lines);
     let recorded: Vec<Value> = String::from_utf8(lines)
         .unwrap()
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let answer: Vec<u8> = recorded
-        .iter()
-        .flat_map(|chunk| format!("data: {chunk}\r\n\r\n").into_bytes())
         .collect();
     let call = json!({"candidates": [{"content": {"role": "model", "parts": [
             {"functionCall": {"name": "memory_search", "args": {"query": "strawberry"}}, "thoughtSignature": "sig-1"}

@@ -392,9 +392,17 @@ fn healthz(state: &State) -> Response<Body> {
     }
 }
 
-/// The model of a Gemini `generateContent` / `streamGenerateContent` path.
+/// The Gemini API's versions: the stable `v1` (the path `google-genai` 3.x calls by default)
+/// and the previews, which only Gemini serves.
+const GEMINI_VERSIONS: [&str; 3] = ["/v1/", "/v1beta/", "/v1alpha/"];
+
+/// The model of a Gemini `generateContent` / `streamGenerateContent` path, in any of
+/// [`GEMINI_VERSIONS`].
 fn gemini_model(path: &str) -> Option<&str> {
-    let (model, method) = path.strip_prefix("/v1beta/models/")?.split_once(':')?;
+    let rest = GEMINI_VERSIONS
+        .iter()
+        .find_map(|version| path.strip_prefix(version))?;
+    let (model, method) = rest.strip_prefix("models/")?.split_once(':')?;
     (matches!(method, "generateContent" | "streamGenerateContent") && !model.is_empty())
         .then_some(model)
 }
@@ -1189,10 +1197,13 @@ async fn relay(
 }
 
 /// Any other route: forwarded untouched to the provider the credential names (Gemini also by
-/// its path), and its answer streamed back.
+/// a preview version's path), and its answer streamed back.
 async fn pass_through(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
     let (parts, body) = req.into_parts();
-    let provider = if parts.uri.path().starts_with("/v1beta/") {
+    let preview = GEMINI_VERSIONS[1..]
+        .iter()
+        .any(|version| parts.uri.path().starts_with(version));
+    let provider = if preview {
         Some(Provider::Gemini)
     } else {
         Provider::from_headers(&parts.headers)

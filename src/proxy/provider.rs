@@ -11,7 +11,8 @@ pub enum Provider {
     OpenAi,
     /// Anthropic Messages (`POST /v1/messages`).
     Anthropic,
-    /// Google Gemini (`/v1beta/models/...`), passed through.
+    /// Google Gemini (`/v1/models/{model}:generateContent`, and the same under `/v1beta/` and
+    /// `/v1alpha/`).
     Gemini,
 }
 

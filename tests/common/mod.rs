@@ -5,6 +5,7 @@
 pub mod server;
 pub mod upstream;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -89,29 +90,45 @@ pub fn sdk_python() -> Option<PathBuf> {
     }
 }
 
+/// The older Anthropic SDK (1.17.0, which sends `x-api-key` where 2.x sends a Bearer token),
+/// installed by `tools/install-deps.sh` as a package folder beside the environment of
+/// `python`, to put first on `PYTHONPATH`; `None` with a SKIP line when it is absent.
+pub fn legacy_anthropic(python: &Path) -> Option<PathBuf> {
+    let dir = python.parent()?.parent()?.join("anthropic-1.17.0");
+    if dir.join("anthropic").is_dir() {
+        Some(dir)
+    } else {
+        eprintln!(
+            "SKIP older Anthropic SDK test: {} is absent (tools/install-deps.sh makes it)",
+            dir.display()
+        );
+        None
+    }
+}
+
 /// Run `tests/sdk/<script>` with the SDKs' `python` against the proxy at `proxy` (base URL),
-/// the recorded provider streams under `fixtures`; panics with its output unless it exits 0
-/// and prints `done_line`.
+/// the recorded provider streams under `fixtures`, and `env` besides; panics with its output
+/// unless it exits 0 and prints `done_line`.
 pub async fn run_sdk_script(
     python: PathBuf,
     script: &str,
     proxy: String,
     fixtures: PathBuf,
+    env: &[(&str, &OsStr)],
     done_line: &str,
 ) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/sdk")
         .join(script);
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .arg(script)
-            .env("PROXY", proxy)
-            .env("FIXTURES", fixtures)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let mut command = std::process::Command::new(python);
+    command
+        .arg(script)
+        .env("PROXY", proxy)
+        .env("FIXTURES", fixtures)
+        .envs(env.iter().copied());
+    let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

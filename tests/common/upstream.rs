@@ -286,6 +286,16 @@ pub fn jsonl_as_sse(lines: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A Gemini recording stored one chunk per line, framed as its `alt=sse` stream: `data: LINE`
+/// and a blank line, CRLF-terminated as Google sends them.
+pub fn gemini_jsonl_as_sse(lines: &[u8]) -> Vec<u8> {
+    String::from_utf8_lossy(lines)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .flat_map(|l| format!("data: {l}\r\n\r\n").into_bytes())
+        .collect()
+}
+
 pub fn fixture(path: &str) -> Option<Vec<u8>> {
     let file: PathBuf = super::shared_dir()?.join("fixtures/providers").join(path);
     match std::fs::read(&file) {

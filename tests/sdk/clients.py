@@ -1,9 +1,10 @@
-"""The official openai and anthropic SDKs against the proxy (driven by tests/sdk.rs).
+"""The official openai, anthropic and google-genai SDKs against the proxy (driven by tests/sdk.rs).
 
 The proxy's upstream replays recorded provider answers in the order the calls below are made;
 each call checks what the SDK made of the answer against the recording itself. Any failed check
 raises, and the exit status says so. Environment: PROXY (http://127.0.0.1:PORT), FIXTURES (the
-providers' fixture folder).
+providers' fixture folder), SDKS (which of `openai`, `responses`, `anthropic`, `gemini` to
+call, comma-separated; all when absent).
 """
 
 import json
@@ -12,6 +13,9 @@ import sys
 
 import anthropic
 import openai
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types as genai_types
 
 PROXY = os.environ["PROXY"]
 FIXTURES = os.environ["FIXTURES"]
@@ -129,10 +133,60 @@ def anthropic_calls():
     raises("anthropic 401", anthropic.AuthenticationError, ask)
 
 
+def jsonl(path):
+    return [json.loads(line) for line in fixture(path).decode("utf-8").splitlines() if line.strip()]
+
+
+def gemini_calls():
+    client = genai.Client(
+        api_key="g-sdk",
+        http_options=genai_types.HttpOptions(
+            base_url=PROXY,
+            timeout=30_000,
+            retry_options=genai_types.HttpRetryOptions(attempts=1),
+        ),
+    )
+    config = genai_types.GenerateContentConfig(system_instruction="Be brief.")
+
+    whole = json.loads(fixture("gemini/vercel_text.response.json"))
+    reply = client.models.generate_content(model="gemini-3-pro-preview", contents="How many r's in strawberry?", config=config)
+    check("gemini non-stream id", reply.response_id, whole["responseId"])
+    check("gemini non-stream text", reply.text, whole["candidates"][0]["content"]["parts"][0]["text"])
+    check("gemini non-stream usage", reply.usage_metadata.total_token_count, whole["usageMetadata"]["totalTokenCount"])
+
+    recorded = jsonl("gemini/vercel_text.jsonl")
+    expected = "".join(p.get("text", "") for c in recorded for p in c["candidates"][0]["content"]["parts"])
+    chunks = list(client.models.generate_content_stream(model="gemini-3-pro-preview", contents="How many r's in strawberry?", config=config))
+    check("gemini stream chunks", len(chunks), len(recorded))
+    check("gemini stream text", "".join(c.text or "" for c in chunks), expected)
+    check("gemini stream finish", chunks[-1].candidates[0].finish_reason, genai_types.FinishReason.STOP)
+
+    weather = genai_types.Tool(function_declarations=[genai_types.FunctionDeclaration(
+        name="weather",
+        description="The weather in a place",
+        parameters=genai_types.Schema(type="OBJECT", properties={"location": genai_types.Schema(type="STRING")}),
+    )])
+    tooled = genai_types.GenerateContentConfig(
+        system_instruction="Be brief.",
+        tools=[weather],
+        automatic_function_calling=genai_types.AutomaticFunctionCallingConfig(disable=True),
+    )
+    recorded = jsonl("gemini/vercel_function_call.jsonl")
+    expected = [p["functionCall"] for c in recorded for p in c["candidates"][0]["content"]["parts"] if "functionCall" in p]
+    chunks = list(client.models.generate_content_stream(model="gemini-3-pro-preview", contents="Weather in San Francisco?", config=tooled))
+    calls = [call for c in chunks for call in (c.function_calls or [])]
+    check("gemini function call names", [c.name for c in calls], [e["name"] for e in expected])
+    check("gemini function call args", [c.args for c in calls], [e["args"] for e in expected])
+
+    ask = lambda: client.models.generate_content(model="gemini-3-pro-preview", contents="Again?", config=config)
+    raises("gemini 429", genai_errors.ClientError, ask)
+    raises("gemini 500", genai_errors.ServerError, ask)
+
+
 if __name__ == "__main__":
-    print(f"openai {openai.__version__}, anthropic {anthropic.__version__}")
-    openai_calls()
-    responses_calls()
-    anthropic_calls()
+    print(f"openai {openai.__version__}, anthropic {anthropic.__version__}, google-genai {genai.__version__}")
+    calls = {"openai": openai_calls, "responses": responses_calls, "anthropic": anthropic_calls, "gemini": gemini_calls}
+    for name in os.environ.get("SDKS", ",".join(calls)).split(","):
+        calls[name]()
     print("all SDK checks passed")
     sys.exit(0)
