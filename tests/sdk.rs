@@ -15,6 +15,41 @@ fn error(status: u16, body: serde_json::Value) -> Answer {
     Answer::Whole(status, "application/json", body.to_string().into_bytes())
 }
 
+fn sse(stream: Vec<u8>) -> Answer {
+    Answer::Whole(200, "text/event-stream", stream)
+}
+
+fn recorded_sse(path: &str) -> Answer {
+    sse(fixture(path).unwrap())
+}
+
+fn anthropic_error(kind: &str) -> serde_json::Value {
+    serde_json::json!({"type": "error", "error": {"type": kind, "message": "scripted"}})
+}
+
+/// The answers to `clients.py`'s Messages calls, in order (7 upstream calls).
+fn script_anthropic(h: &Harness) {
+    h.answer(Answer::Whole(
+        200,
+        "application/json",
+        fixture("anthropic-messages/vercel_text.response.json").unwrap(),
+    ));
+    h.answer(recorded_sse("anthropic-messages/ant-py_text_basic.sse"));
+    h.answer(recorded_sse("anthropic-messages/ant-py_tool_use.sse"));
+    h.answer(error(429, anthropic_error("rate_limit_error")));
+    h.answer(error(401, anthropic_error("authentication_error")));
+    h.answer(error(529, anthropic_error("overloaded_error")));
+    let started = r#"{"type":"message_start","message":{"id":"msg_cut","type":"message","role":"assistant","model":"claude-haiku-4-5","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":1}}}"#;
+    let error = anthropic_error("overloaded_error");
+    h.answer(sse(format!(
+        "event: message_start\ndata: {started}\n\n\
+         event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{{\"type\":\"text\",\"text\":\"\"}}}}\n\n\
+         event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"Half an\"}}}}\n\n\
+         event: error\ndata: {error}\n\n"
+    )
+    .into_bytes()));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_sdks_see_valid_answers_through_the_proxy() {
     let (Some(python), Some(fixtures)) = (sdk_python(), common::shared_dir()) else {
@@ -25,33 +60,27 @@ async fn the_official_sdks_see_valid_answers_through_the_proxy() {
         return;
     };
     let h = Harness::start(|_| {}).await;
-    let sse = |path: &str| Answer::Whole(200, "text/event-stream", fixture(path).unwrap());
     let openai_error = |kind: &str| serde_json::json!({"error": {"message": "scripted", "type": kind, "param": null, "code": null}});
-    let anthropic_error = |kind: &str| serde_json::json!({"type": "error", "error": {"type": kind, "message": "scripted"}});
     h.answer(Answer::Whole(200, "application/json", openai_text));
-    h.answer(sse("openai-chat/oai-py_text_usage.sse"));
-    h.answer(sse("openai-chat/oai-py_text_usage.sse"));
-    h.answer(sse("openai-chat/oai-py_tool_calls_parallel_usage.sse"));
+    h.answer(recorded_sse("openai-chat/oai-py_text_usage.sse"));
+    h.answer(recorded_sse("openai-chat/oai-py_text_usage.sse"));
+    h.answer(recorded_sse(
+        "openai-chat/oai-py_tool_calls_parallel_usage.sse",
+    ));
     h.answer(error(401, openai_error("invalid_request_error")));
     h.answer(error(429, openai_error("rate_limit_exceeded")));
     h.answer(error(500, openai_error("server_error")));
-    for _ in 0..2 {
-        let lines = fixture("openai-responses/vercel_text_two_messages.jsonl").unwrap();
-        h.answer(Answer::Whole(
-            200,
-            "text/event-stream",
-            jsonl_as_sse(&lines),
-        ));
+    let chunk = r#"{"id":"chatcmpl-cut","object":"chat.completion.chunk","created":1,"model":"gpt-4o","choices":[{"index":0,"delta":{"role":"assistant","content":"Half an"},"finish_reason":null}]}"#;
+    let cut = openai_error("server_error");
+    h.answer(sse(format!("data: {chunk}\n\ndata: {cut}\n\n").into_bytes()));
+    for path in [
+        "openai-responses/vercel_text_two_messages.jsonl",
+        "openai-responses/vercel_text_two_messages.jsonl",
+        "openai-responses/vercel_stream_error_insufficient_quota.jsonl",
+    ] {
+        h.answer(sse(jsonl_as_sse(&fixture(path).unwrap())));
     }
-    h.answer(Answer::Whole(
-        200,
-        "application/json",
-        fixture("anthropic-messages/vercel_text.response.json").unwrap(),
-    ));
-    h.answer(sse("anthropic-messages/ant-py_text_basic.sse"));
-    h.answer(sse("anthropic-messages/ant-py_tool_use.sse"));
-    h.answer(error(429, anthropic_error("rate_limit_error")));
-    h.answer(error(401, anthropic_error("authentication_error")));
+    script_anthropic(&h);
 
     let proxy = format!("http://{}", h.proxy);
     common::run_sdk_script(
@@ -65,18 +94,22 @@ async fn the_official_sdks_see_valid_answers_through_the_proxy() {
     .await;
 
     let received = h.received();
-    assert_eq!(received.len(), 14, "one upstream call per SDK call");
-    for r in &received[..7] {
+    assert_eq!(received.len(), 18, "one upstream call per SDK call");
+    for r in &received[..8] {
         assert_eq!(r.path, "/v1/chat/completions");
         assert_eq!(r.headers["authorization"], "Bearer sk-sdk");
     }
-    for r in &received[7..9] {
+    for r in &received[8..11] {
         assert_eq!(r.path, "/v1/responses");
         assert_eq!(r.json()["instructions"], "Be brief.");
     }
-    for r in &received[9..] {
+    for r in &received[11..] {
         assert!(r.path.starts_with("/v1/messages"), "{}", r.path);
     }
+    assert_eq!(
+        received[17].headers["anthropic-beta"], "scripted-beta-1",
+        "anthropic-beta reaches the upstream unchanged"
+    );
     let tools = &received[3].json()["tools"];
     assert_eq!(
         tools[0]["function"]["name"], "get_stock_price",
@@ -85,6 +118,12 @@ async fn the_official_sdks_see_valid_answers_through_the_proxy() {
     let system = &received[0].json()["messages"][0];
     assert_eq!(system["role"], "system");
     assert_eq!(system["content"], "Be brief.");
+    let cut = h
+        .rows_of("sk-sdk", 1)
+        .into_iter()
+        .find(|row| row.text.starts_with("Half an"))
+        .expect("the reply cut short by an error is captured as far as it came");
+    assert!(cut.text.contains("truncated"), "{}", cut.text);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,10 +140,9 @@ async fn the_gemini_sdk_sees_valid_answers_through_the_proxy() {
         return;
     };
     let h = Harness::start(|_| {}).await;
-    let sse = |lines: &[u8]| Answer::Whole(200, "text/event-stream", gemini_jsonl_as_sse(lines));
     h.answer(Answer::Whole(200, "application/json", whole));
-    h.answer(sse(&text));
-    h.answer(sse(&call));
+    h.answer(sse(gemini_jsonl_as_sse(&text)));
+    h.answer(sse(gemini_jsonl_as_sse(&call)));
     h.answer(Answer::Whole(429, "application/json", quota));
     h.answer(error(
         500,
@@ -158,19 +196,9 @@ async fn the_older_anthropic_sdk_sends_x_api_key_and_shares_the_newer_ones_memor
     let Some(legacy) = common::legacy_anthropic(&python) else {
         return;
     };
-    let Some(whole) = fixture("anthropic-messages/vercel_text.response.json") else {
-        return;
-    };
     let h = Harness::start(|_| {}).await;
-    let anthropic_error = |kind: &str| serde_json::json!({"type": "error", "error": {"type": kind, "message": "scripted"}});
-    let sse = |path: &str| Answer::Whole(200, "text/event-stream", fixture(path).unwrap());
-    for _ in 0..2 {
-        h.answer(Answer::Whole(200, "application/json", whole.clone()));
-        h.answer(sse("anthropic-messages/ant-py_text_basic.sse"));
-        h.answer(sse("anthropic-messages/ant-py_tool_use.sse"));
-        h.answer(error(429, anthropic_error("rate_limit_error")));
-        h.answer(error(401, anthropic_error("authentication_error")));
-    }
+    script_anthropic(&h);
+    script_anthropic(&h);
     let proxy = format!("http://{}", h.proxy);
     let fixtures = shared.join("fixtures/providers");
     let only = ("SDKS", OsStr::new("anthropic"));
@@ -194,8 +222,8 @@ async fn the_older_anthropic_sdk_sends_x_api_key_and_shares_the_newer_ones_memor
     .await;
 
     let received = h.received();
-    assert_eq!(received.len(), 10, "one upstream call per SDK call");
-    let (older, newer) = received.split_at(5);
+    assert_eq!(received.len(), 14, "one upstream call per SDK call");
+    let (older, newer) = received.split_at(7);
     for r in older {
         assert_eq!(r.headers["user-agent"], "Anthropic/Python 1.17.0");
         assert_eq!(r.headers["x-api-key"], "ak-sdk", "the key is forwarded");

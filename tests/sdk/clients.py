@@ -92,6 +92,12 @@ def openai_calls():
     raises("openai 429", openai.RateLimitError, ask)
     raises("openai 500", openai.InternalServerError, ask)
 
+    def cut_short():
+        for _ in client.chat.completions.create(model="gpt-4o", messages=messages, stream=True):
+            pass
+
+    raises("openai mid-stream error", openai.APIError, cut_short)
+
 
 def responses_calls():
     client = openai.OpenAI(base_url=f"{PROXY}/v1", api_key="sk-sdk", max_retries=0, timeout=30)
@@ -105,6 +111,9 @@ def responses_calls():
         final = stream.get_final_response()
     check("responses stream helper id", final.id, recorded[0]["response"]["id"])
     check("responses stream helper status", final.status, "completed")
+
+    failing = lambda: list(client.responses.create(model="gpt-5.3-codex", instructions="Be brief.", input="Suggest names.", stream=True))
+    raises("responses mid-stream error", openai.APIError, failing)
 
 
 def anthropic_calls():
@@ -131,6 +140,13 @@ def anthropic_calls():
     ask = lambda: client.messages.create(model="claude-haiku-4-5", max_tokens=64, messages=messages)
     raises("anthropic 429", anthropic.RateLimitError, ask)
     raises("anthropic 401", anthropic.AuthenticationError, ask)
+    raises("anthropic 529", anthropic.OverloadedError, ask)
+
+    def cut_short():
+        with client.messages.stream(model="claude-haiku-4-5", max_tokens=64, messages=messages, extra_headers={"anthropic-beta": "scripted-beta-1"}) as stream:
+            stream.get_final_message()
+
+    raises("anthropic mid-stream error", anthropic.APIStatusError, cut_short)
 
 
 def jsonl(path):
