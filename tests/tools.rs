@@ -6,6 +6,7 @@
 
 mod common;
 
+use hyper::StatusCode;
 use serde_json::{Value, json};
 
 use common::upstream::{Answer, Harness, body_of, fixture, gemini_jsonl_as_sse, header};
@@ -1096,6 +1097,168 @@ async fn a_gemini_stream_runs_our_call_and_keeps_its_thought_signature_for_the_n
             .starts_with("memory_search: "),
         "{answered}"
     );
+}
+
+/// A Gemini stream whose memory call comes in a chunk of its own, before the chunk that
+/// finishes the round, as the API may split them: the proxy takes the call out and drops the
+/// chunk it leaves without parts (Gemini's chat history refuses a turn holding one), usage
+/// and all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gemini_chunk_emptied_of_our_call_never_reaches_the_client() {
+    let Some(lines) = fixture("gemini/vercel_text.jsonl") else {
+        return;
+    };
+    let usage = json!({"promptTokenCount": 40, "candidatesTokenCount": 5, "totalTokenCount": 45});
+    let call = json!({"candidates": [{"content": {"role": "model", "parts": [
+            {"functionCall": {"name": "memory_search", "args": {"query": "strawberry"}}}
+        ]}, "index": 0}], "usageMetadata": usage, "responseId": "g-first"});
+    let finish = json!({"candidates": [{"content": {"role": "model", "parts": [{"text": ""}]},
+        "finishReason": "STOP", "index": 0}], "usageMetadata": usage, "responseId": "g-first"});
+    let h = Harness::start(|_| {}).await;
+    h.answer(sse(
+        format!("data: {call}\r\n\r\ndata: {finish}\r\n\r\n").into_bytes()
+    ));
+    h.answer(sse(gemini_jsonl_as_sse(&lines)));
+    let request = json!({"contents": [{"role": "user", "parts": [{"text": "How many r's are in strawberry?"}]}]});
+    let response = h
+        .send(
+            "POST",
+            "/v1/models/gemini-3-pro-preview:streamGenerateContent?alt=sse",
+            &[("x-goog-api-key", "g-tools")],
+            request.to_string().as_bytes(),
+        )
+        .await;
+    let body = body_of(response).await;
+    let chunks: Vec<Value> = events(&body)
+        .0
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(h.received().len(), 2, "our call ran, then the answer came");
+    assert!(!chunks.is_empty());
+    for chunk in &chunks {
+        let parts = chunk["candidates"][0]["content"]["parts"].as_array();
+        assert!(
+            parts.is_some_and(|parts| !parts.is_empty()),
+            "a chunk without parts reached the client: {chunk}"
+        );
+    }
+}
+
+/// A later round the upstream refuses ends the reply with the upstream's own error, as the
+/// client would have had it without the memory tools: streamed, as an error event in the
+/// format's shape (Responses: `error`, then the response closed as `response.failed`,
+/// numbered on); whole, with the upstream's status and body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_later_round_ends_the_reply_with_the_upstreams_own_error() {
+    let h = Harness::start(|_| {}).await;
+    let limited = json!({"error": {"message": "slow down", "type": "requests", "param": null,
+        "code": "rate_limit_exceeded"}});
+    let overloaded =
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}});
+    let refuse = |status: u16, body: &Value| {
+        Answer::Whole(status, "application/json", body.to_string().into_bytes())
+    };
+    let search = r#"{"query": "weather"}"#;
+    let parsed = |body: &[u8]| -> Vec<(Option<String>, Value)> {
+        events(body)
+            .0
+            .into_iter()
+            .filter(|(_, data)| data != "[DONE]")
+            .map(|(name, data)| (name, serde_json::from_str(&data).unwrap()))
+            .collect()
+    };
+
+    // Chat, streamed: the upstream's error as the last chunk.
+    h.answer(sse(chat_calls(&[("memory_search", search)])));
+    h.answer(refuse(429, &limited));
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &OPENAI,
+            &chat_request("What about the weather?", true),
+        )
+        .await;
+    let got = parsed(&body_of(response).await);
+    assert_eq!(got.last().unwrap().1, limited);
+
+    // Chat, whole: the upstream's status and body.
+    let first = json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-4o",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+            "tool_calls": [{"id": "call_9", "type": "function",
+                "function": {"name": "memory_search", "arguments": search}}]}}]});
+    h.answer(refuse(200, &first));
+    h.answer(refuse(429, &limited));
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &OPENAI,
+            &chat_request("What about the weather?", false),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&response, "x-perpetuity-memory"), "ok");
+    let got: Value = serde_json::from_slice(&body_of(response).await).unwrap();
+    assert_eq!(got, limited);
+
+    // Messages, streamed: one message, closed by the upstream's own `error` event.
+    h.answer(sse(anthropic_calls(
+        "Let me look.",
+        &[("memory_search", "toolu_1", search)],
+    )));
+    h.answer(refuse(529, &overloaded));
+    let response = h
+        .send(
+            "POST",
+            "/v1/messages",
+            &ANTHROPIC,
+            &anthropic_request("What about the weather?"),
+        )
+        .await;
+    let got = parsed(&body_of(response).await);
+    let (name, last) = got.last().unwrap();
+    assert_eq!((name.as_deref(), last), (Some("error"), &overloaded));
+    let starts = got
+        .iter()
+        .filter(|(n, _)| n.as_deref() == Some("message_start"));
+    assert_eq!(starts.count(), 1);
+
+    // Responses, streamed: `error`, then `response.failed` for the first round's response.
+    h.answer(sse(responses_call("memory_search", search)));
+    h.answer(refuse(429, &limited));
+    let request =
+        json!({"model": "gpt-5.3-codex", "input": "What about the weather?", "stream": true});
+    let response = h
+        .send(
+            "POST",
+            "/v1/responses",
+            &OPENAI,
+            request.to_string().as_bytes(),
+        )
+        .await;
+    let got = parsed(&body_of(response).await);
+    let [.., (before, b), (error, e), (failed, f)] = got.as_slice() else {
+        panic!("too few events: {got:?}");
+    };
+    assert_eq!(before.as_deref(), Some("response.in_progress"));
+    assert_eq!(error.as_deref(), Some("error"));
+    assert_eq!(failed.as_deref(), Some("response.failed"));
+    let number = |event: &Value| event["sequence_number"].as_u64().unwrap();
+    assert_eq!(
+        (number(e), number(f)),
+        (number(b) + 1, number(b) + 2),
+        "numbered on from the last event the client got"
+    );
+    assert_eq!(e["error"], limited["error"]);
+    assert_eq!(f["response"]["id"], "resp_first");
+    assert_eq!(f["response"]["status"], "failed");
+    assert_eq!(
+        f["response"]["error"],
+        json!({"code": "rate_limit_exceeded", "message": "slow down"})
+    );
+    assert_eq!(h.received().len(), 8, "two rounds a reply");
 }
 
 /// A Responses stream that calls one of our tools (`name`, `arguments`), framed as the API does.

@@ -374,6 +374,9 @@ pub struct Splice {
     /// Every output item the client has seen, all rounds (Responses: the closing response
     /// lists them).
     output: Vec<Value>,
+    /// The response the first round's `response.created` announced (Responses: a refused
+    /// later round closes it as failed).
+    created: Option<Value>,
 }
 
 impl Splice {
@@ -400,6 +403,7 @@ impl Splice {
             last_sequence: None,
             sequenced: false,
             output: Vec::new(),
+            created: None,
         }
     }
 
@@ -692,7 +696,10 @@ impl Splice {
         if !changed {
             return Some(None);
         }
-        if !left && finish.is_none() && !usage {
+        // A chunk left without parts by taking ours out is dropped, usage or not (the usage is
+        // counted, and later chunks carry it): Gemini's chat history refuses a turn in which a
+        // chunk has no parts.
+        if !left && finish.is_none() && (taken || !usage) {
             return None;
         }
         Some(Some(wire::encode_event(self.format, &chunk)))
@@ -737,6 +744,9 @@ impl Splice {
             "response.created" | "response.in_progress" => {
                 if self.id.is_none() {
                     self.id = field(event, "response").get("id").cloned();
+                }
+                if self.created.is_none() {
+                    self.created = Some(field(event, "response").clone());
                 }
                 if self.finished > 0 {
                     return None;
@@ -803,6 +813,59 @@ impl Splice {
             }
         }
         Some(changed)
+    }
+
+    /// The events that end a streamed reply whose later round the upstream `refused`: its
+    /// own error where it answered with one (Chat, Gemini: `{"error": …}`; Messages: an
+    /// `error` event), else ours; Responses gets an `error` event and then the first round's
+    /// response closed as `response.failed`, numbered on from the last event the client got.
+    fn refusal(&mut self, refused: &Refused) -> Vec<Vec<u8>> {
+        let theirs = refused
+            .answer
+            .as_ref()
+            .and_then(|(_, body)| serde_json::from_slice::<Map<String, Value>>(body).ok())
+            .filter(|body| body.get("error").is_some_and(Value::is_object));
+        let mut body = theirs.unwrap_or_else(|| {
+            let ours = self
+                .format
+                .provider()
+                .error_body(Failure::Upstream, &refused.message);
+            ours.as_object()
+                .cloned()
+                .expect("an error body is a JSON object")
+        });
+        match self.format {
+            Format::Chat | Format::Gemini => vec![wire::encode_event(self.format, &body)],
+            Format::Messages => {
+                body.insert("type".into(), json!("error"));
+                vec![wire::encode_event(self.format, &body)]
+            }
+            Format::Responses => {
+                let error = body.remove("error").unwrap_or_default();
+                let mut sequence = || {
+                    let next = self.last_sequence.map_or(0, |last| last + 1);
+                    self.last_sequence = Some(next);
+                    next
+                };
+                let event = json!({"type": "error", "sequence_number": sequence(), "error": error});
+                let failed_at = sequence();
+                let mut response = self.created.clone().unwrap_or_else(|| json!({}));
+                if let Some(id) = &self.id {
+                    response["id"] = id.clone();
+                }
+                let code = error["code"].as_str().or(error["type"].as_str());
+                response["status"] = json!("failed");
+                response["error"] = json!({"code": code, "message": error["message"]});
+                response["output"] = Value::Array(self.output.clone());
+                response["usage"] = self.total_usage();
+                let failed = json!({"type": "response.failed", "sequence_number": failed_at, "response": response});
+                [event, failed]
+                    .iter()
+                    .filter_map(Value::as_object)
+                    .map(|event| wire::encode_event(self.format, event))
+                    .collect()
+            }
+        }
     }
 
     /// An Anthropic Messages event, answered as [`Splice::chat_event`] answers.
@@ -1199,30 +1262,46 @@ async fn kept_alive<T>(
     }
 }
 
+/// A later round the upstream did not answer with a reply.
+struct Refused {
+    /// The upstream's own error answer (status, headers, body), when one came.
+    answer: Option<(hyper::http::response::Parts, Bytes)>,
+    /// What happened, for the log and for an error of our own when no answer came.
+    message: String,
+}
+
 /// Call the upstream for the next round.
-async fn next_round(lp: &Loop, rounds: &[Round]) -> Result<Response<Incoming>, String> {
+async fn next_round(lp: &Loop, rounds: &[Round]) -> Result<Response<Incoming>, Refused> {
     let last = rounds.len() + 1 >= lp.rounds();
     let body = body_for(lp.format, &lp.base, rounds, last);
+    let unanswered = |(_, message)| Refused {
+        answer: None,
+        message,
+    };
     let response = forward(&lp.state, lp.format.provider(), &lp.parts, body)
         .await
-        .map_err(|(_, message)| message)?;
+        .map_err(unanswered)?;
     if response.status().is_success() {
         return Ok(response);
     }
-    let status = response.status();
+    let (parts, body) = response.into_parts();
     let config = &lp.state.config;
     let body = read_body(
-        response.into_body(),
+        body,
         config.body_limit,
         config.stream_idle_timeout,
         Failure::Timeout,
     )
     .await
-    .map_err(|(_, message)| message)?;
-    Err(format!(
-        "the upstream refused a memory tool round with {status}: {}",
-        String::from_utf8_lossy(&body)
-    ))
+    .map_err(unanswered)?;
+    Err(Refused {
+        message: format!(
+            "the upstream refused a memory tool round with {}: {}",
+            parts.status,
+            String::from_utf8_lossy(&body)
+        ),
+        answer: Some((parts, body)),
+    })
 }
 
 /// The upstream's first answer to a request that carries the memory tools, passed to the client
@@ -1332,11 +1411,13 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
         }
         match next {
             Ok(next) => body = next.into_body(),
-            Err(message) => {
-                tracing::warn!(%message, "a memory tool round failed");
-                let error = lp.format.provider().error_body(Failure::Upstream, &message);
-                let error = error.as_object().expect("an error body is a JSON object");
-                let _ = send(wire::encode_event(format, error), &mut reader).await;
+            Err(refused) => {
+                tracing::warn!(message = %refused.message, "a memory tool round failed");
+                for event in splice.refusal(&refused) {
+                    if send(event, &mut reader).await.is_err() {
+                        break;
+                    }
+                }
                 break;
             }
         }
@@ -1350,6 +1431,24 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
         let _ = tokio::task::spawn_blocking(move || reply.capture(text, complete)).await;
     }
     drop(permit);
+}
+
+/// A later round's answer `next` (status and headers) as the client gets it: the upstream's
+/// own `x-perpetuity-*` headers dropped, the pipeline's report in the first answer `parts`
+/// kept.
+fn later_round(
+    parts: &hyper::http::response::Parts,
+    mut next: hyper::http::response::Parts,
+) -> hyper::http::response::Parts {
+    strip_upstream_headers(&mut next.headers);
+    for (name, value) in parts
+        .headers
+        .iter()
+        .filter(|(n, _)| n.as_str().starts_with("x-perpetuity-"))
+    {
+        next.headers.insert(name.clone(), value.clone());
+    }
+    next
 }
 
 /// The whole (non-streamed) loop: one body per round, the client gets the last, merged.
@@ -1388,21 +1487,20 @@ async fn whole(
                 match next_round(&lp, &rounds).await {
                     Ok(next) => {
                         let (next_parts, next_body) = next.into_parts();
-                        let report = std::mem::take(&mut parts.headers);
-                        parts = next_parts;
-                        strip_upstream_headers(&mut parts.headers);
-                        for name in report
-                            .keys()
-                            .filter(|n| n.as_str().starts_with("x-perpetuity-"))
-                        {
-                            if let Some(value) = report.get(name) {
-                                parts.headers.insert(name.clone(), value.clone());
-                            }
-                        }
+                        parts = later_round(&parts, next_parts);
                         body = next_body;
                         continue;
                     }
-                    Err(message) => return failure(provider, Failure::Upstream, &message),
+                    Err(refused) => {
+                        tracing::warn!(message = %refused.message, "a memory tool round failed");
+                        let Some((refusal, body)) = refused.answer else {
+                            return failure(provider, Failure::Upstream, &refused.message);
+                        };
+                        // The upstream's own error, as it would have reached the client
+                        // without the memory tools (its status, `retry-after` and all).
+                        let refusal = later_round(&parts, refusal);
+                        return Response::from_parts(refusal, Full::new(body).boxed());
+                    }
                 }
             }
         }
