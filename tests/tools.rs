@@ -1386,6 +1386,31 @@ async fn a_responses_stream_continues_one_response_with_increasing_sequence_numb
             .starts_with("memory_search: ")
     );
     assert_eq!(sent[1].json()["instructions"], "Be brief.");
+
+    // The id the client got is the first round's, which ends in our call; continuing from it
+    // reaches the last round's response, which holds the whole reply. Another credential's
+    // request naming it goes as it came.
+    let latest = recorded[0]["response"]["id"].as_str().unwrap();
+    assert_ne!(latest, "resp_first");
+    let follow_up = json!({"model": "gpt-5.3-codex", "input": "And more?", "previous_response_id": "resp_first", "stream": true});
+    for (credential, expected) in [
+        ("Bearer sk-tools", latest),
+        ("Bearer sk-other", "resp_first"),
+    ] {
+        h.answer(sse(common::upstream::jsonl_as_sse(&lines)));
+        let response = h
+            .send(
+                "POST",
+                "/v1/responses",
+                &[("authorization", credential), OPENAI[1]],
+                follow_up.to_string().as_bytes(),
+            )
+            .await;
+        body_of(response).await;
+        let sent = h.received().pop().unwrap().json();
+        assert_eq!(sent["previous_response_id"], expected, "{credential}");
+        assert_eq!(sent["input"], "And more?");
+    }
 }
 
 #[test]

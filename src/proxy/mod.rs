@@ -224,6 +224,8 @@ pub struct State {
     /// Chat requests in flight, streams until their last byte.
     permits: Arc<tokio::sync::Semaphore>,
     client: HttpsClient,
+    /// Responses replies a memory round continued, for their `previous_response_id`.
+    continued: rounds::Continued,
 }
 
 impl std::fmt::Debug for State {
@@ -269,6 +271,7 @@ impl State {
             health: health::Health::default(),
             writes: RwLock::new(()),
             client,
+            continued: rounds::Continued::default(),
         }
     }
 }
@@ -694,6 +697,26 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         conversation: conversation
             .map(str::to_owned)
             .unwrap_or_else(|| identity::conversation_key(request.first.as_deref().unwrap_or(""))),
+    };
+    // Continuing a reply that a memory round continued names the response holding all of it.
+    let bytes = match request
+        .body
+        .get("previous_response_id")
+        .and_then(serde_json::Value::as_str)
+        .and_then(|id| {
+            state
+                .continued
+                .resolve(UserId::from_key(&identity.user_key), id)
+        }) {
+        Some(latest) => {
+            let mut body = request.body.clone();
+            body.insert(
+                "previous_response_id".into(),
+                serde_json::Value::String(latest),
+            );
+            Bytes::from(serde_json::to_vec(&body).expect("a JSON map serialises"))
+        }
+        None => bytes,
     };
 
     // Not ready: the storage failed and its probe has not yet written again. Nothing is

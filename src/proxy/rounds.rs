@@ -19,9 +19,9 @@
 //! Every chat format carries the tools (Chat Completions, Responses, Messages, Gemini), streamed
 //! and whole.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::{BodyExt as _, Full};
@@ -34,7 +34,7 @@ use tokio::sync::mpsc;
 use crate::capture::{Capturer, Message};
 use crate::recall::reheat_returned;
 use crate::tools::{self, Call, TurnState};
-use crate::types::Role;
+use crate::types::{Role, UserId};
 
 use super::provider::Failure;
 use super::wire::{self, Format};
@@ -375,8 +375,9 @@ pub struct Splice {
     /// lists them).
     output: Vec<Value>,
     /// The response the first round's `response.created` announced (Responses: a refused
-    /// later round closes it as failed).
+    /// later round closes it as failed), and the id of the latest round's.
     created: Option<Value>,
+    latest_id: Option<String>,
 }
 
 impl Splice {
@@ -404,7 +405,16 @@ impl Splice {
             sequenced: false,
             output: Vec::new(),
             created: None,
+            latest_id: None,
         }
+    }
+
+    /// A Responses reply that a memory round continued as another response: the id the
+    /// client got (the first round's) and the last round's.
+    fn continued(&self) -> Option<(String, String)> {
+        let shown = self.id.as_ref()?.as_str()?;
+        let latest = self.latest_id.as_deref()?;
+        (shown != latest).then(|| (shown.to_owned(), latest.to_owned()))
     }
 
     /// Close the round: what it asked of us; the state moves on to the next round.
@@ -747,6 +757,9 @@ impl Splice {
                 }
                 if self.created.is_none() {
                     self.created = Some(field(event, "response").clone());
+                }
+                if let Some(id) = field(event, "response")["id"].as_str() {
+                    self.latest_id = Some(id.to_owned());
                 }
                 if self.finished > 0 {
                     return None;
@@ -1141,6 +1154,44 @@ impl Splice {
     }
 }
 
+/// How many continued Responses replies the proxy remembers: the newest, a few MiB at most.
+const CONTINUED_KEPT: usize = 65_536;
+
+/// Responses replies that a memory round continued as another response, per user: the id the
+/// client got (the first round's response, which ends in our call and so cannot be
+/// continued) → the last round's, which holds the whole reply. A later request naming the
+/// first as its `previous_response_id` is sent on naming the last. Held in memory, the newest
+/// [`CONTINUED_KEPT`]; after a restart such a request reaches the provider as it came.
+#[derive(Debug, Default)]
+pub struct Continued(Mutex<ContinuedIds>);
+
+type ContinuedIds = (
+    HashMap<(UserId, String), String>,
+    VecDeque<(UserId, String)>,
+);
+
+impl Continued {
+    fn record(&self, user: UserId, shown: String, latest: String) {
+        let mut ids = self.0.lock().expect("continued lock");
+        let (map, order) = &mut *ids;
+        let key = (user, shown);
+        if map.insert(key.clone(), latest).is_none() {
+            order.push_back(key);
+            if order.len() > CONTINUED_KEPT
+                && let Some(oldest) = order.pop_front()
+            {
+                map.remove(&oldest);
+            }
+        }
+    }
+
+    /// The response that holds the reply `user` got as `id`, when a memory round continued it.
+    pub(super) fn resolve(&self, user: UserId, id: &str) -> Option<String> {
+        let ids = self.0.lock().expect("continued lock");
+        ids.0.get(&(user, id.to_owned())).cloned()
+    }
+}
+
 /// What the loop needs besides the first upstream answer.
 pub(super) struct Loop {
     pub(super) state: Arc<State>,
@@ -1424,6 +1475,9 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
     }
     drop(body);
     drop(tx);
+    if let Some((shown, latest)) = splice.continued() {
+        lp.state.continued.record(lp.turn.user, shown, latest);
+    }
     let Loop { reply, permit, .. } = lp;
     if let Some(reply) = reply {
         let (text, complete) = reader.finish();
