@@ -24,8 +24,9 @@ use crate::arena::codebook::Codebook;
 use crate::arena::signature::term_bits;
 use crate::arena::{Arena, DIMS, PAGE_ROWS, Side, Sketch, Slot, embed_row};
 use crate::dictionary::Dictionary;
-use crate::dictionary::derive::Quantized;
+use crate::dictionary::derive::{PREFETCH_INDEX_AHEAD, PREFETCH_TOKENS_AHEAD, Quantized};
 use crate::dictionary::derive::{RetrievalRow, derive};
+use crate::dictionary::stats::FrequencyStats as _;
 use crate::relevance::{CONTEXT_AFTER, CONTEXT_BEFORE, HybridScorer, in_context, signature_share};
 use crate::scan::kernels::{
     BLOCK_ROWS, Kernels, LUT_ENTRY_MAX, Lookahead, PAIR_ENTRIES, SignatureTerm, TwoBitQuery,
@@ -486,6 +487,58 @@ fn exact_scores<'q>(
         .map(move |query| query.scorer.score(entries.terms, entries.len, &vector.unit))
 }
 
+/// Rows ahead of the one being scored whose page columns (entry offset and counts)
+/// [`exact_many`] starts loading, then whose entries, then where the table holds their first
+/// tokens' vectors; the next row's first token vectors start loading last.
+const EXACT_PAGE_AHEAD: usize = 5;
+const EXACT_ENTRIES_AHEAD: usize = 3;
+const EXACT_INDEX_AHEAD: usize = 2;
+/// Rows an [`exact_many`] task scores, one after the other.
+const EXACT_CHUNK_ROWS: usize = 16;
+
+/// The exact score of each row in `slots` for `query` ([`exact_scores`]), in order, in tasks
+/// of [`EXACT_CHUNK_ROWS`] on the rayon pool. The rows are scattered in the arena and their
+/// token vectors in the dictionary, and a row's first tokens are summed as soon as it starts:
+/// so while a row is scored, what the rows after it read is loaded in steps, each once the
+/// step before has brought in its address (the page columns, then the entries, then the first
+/// token vectors). Only loads are added: the scores are those of [`exact_scores`].
+fn exact_many(
+    dictionary: &Dictionary,
+    arena: &Arena,
+    query: &PreparedQuery,
+    slots: &[Slot],
+) -> Vec<f32> {
+    slots
+        .par_chunks(EXACT_CHUNK_ROWS)
+        .flat_map_iter(|chunk| {
+            (0..chunk.len()).map(move |n| {
+                if let Some(&ahead) = chunk.get(n + EXACT_PAGE_AHEAD) {
+                    arena.prefetch_lexical(ahead);
+                }
+                if let Some(&ahead) = chunk.get(n + EXACT_ENTRIES_AHEAD) {
+                    arena.prefetch_entries(ahead);
+                }
+                if let Some(&ahead) = chunk.get(n + EXACT_INDEX_AHEAD) {
+                    let entries = arena.row_entries(ahead);
+                    for (token, _) in entries.token_counts().take(PREFETCH_INDEX_AHEAD) {
+                        dictionary.prefetch_row_index(token);
+                    }
+                }
+                if let Some(&next) = chunk.get(n + 1) {
+                    let entries = arena.row_entries(next);
+                    for (token, _) in entries.token_counts().take(PREFETCH_TOKENS_AHEAD) {
+                        dictionary.prefetch_vector(token);
+                        arena.stats().prefetch_token_count(token);
+                    }
+                }
+                exact_scores(dictionary, arena, chunk[n], [query])
+                    .next()
+                    .expect("one query, one score")
+            })
+        })
+        .collect()
+}
+
 /// The row in `slot` as a result with `score`.
 fn retrieved(arena: &Arena, slot: Slot, score: f32) -> Retrieved {
     let page = arena.page(slot.page);
@@ -643,16 +696,20 @@ pub fn search_from(
     k: usize,
 ) -> Vec<Retrieved> {
     let candidates = refine(arena, kernels, query, wide, RESCORE_K.max(k));
-    let exact = |slot: Slot| {
-        exact_scores(dictionary, arena, slot, [query])
-            .next()
-            .expect("one query, one score")
+    let scored = |rows: Vec<(RowId, Slot)>| {
+        let slots: Vec<Slot> = rows.iter().map(|&(_, slot)| slot).collect();
+        let scores = exact_many(dictionary, arena, query, &slots);
+        rows.into_iter()
+            .zip(scores)
+            .map(|((row, slot), score)| (row, slot, score))
     };
-    let mut own: Vec<(RowId, Slot, f32)> = candidates
-        .par_iter()
-        .filter_map(|hit| Some((hit.row, arena.slot(hit.row)?)))
-        .map(|(row, slot)| (row, slot, exact(slot)))
-        .collect();
+    let mut own: Vec<(RowId, Slot, f32)> = scored(
+        candidates
+            .iter()
+            .filter_map(|hit| Some((hit.row, arena.slot(hit.row)?)))
+            .collect(),
+    )
+    .collect();
     // The k-th best own score is a floor of the k-th best score in context; only rows reaching
     // it can lift a row into the top k.
     let mut best: Vec<f32> = own.iter().map(|&(_, _, score)| score).collect();
@@ -681,11 +738,7 @@ pub fn search_from(
     .into_iter()
     .filter(|&(row, _)| own.binary_search_by_key(&row, |&(id, _, _)| id).is_err())
     .collect();
-    own.par_extend(
-        unscored
-            .par_iter()
-            .map(|&(row, slot)| (row, slot, exact(slot))),
-    );
+    own.extend(scored(unscored));
     own.sort_unstable_by_key(|&(row, _, _)| row);
     let own_of = |slot: Slot| {
         let row = RowId(arena.page(slot.page).row_ids[slot.index as usize]);

@@ -978,10 +978,20 @@ impl Arena {
     /// Start loading the lexical terms of the row in `slot` (reads its entry offset).
     pub fn prefetch_terms(&self, slot: Slot) {
         let page = self.page(slot.page);
-        let i = slot.index as usize;
-        let start = page.term_offsets[i] as usize;
-        let entries = &self.entries()[start..start + page.term_counts[i] as usize];
-        let bytes: &[u8] = bytemuck::cast_slice(entries);
+        self.prefetch_entries_of(slot, page.term_counts[slot.index as usize] as usize);
+    }
+
+    /// Start loading every entry of the row in `slot`, its terms and its tokens (reads its
+    /// entry offset and counts).
+    pub fn prefetch_entries(&self, slot: Slot) {
+        let page = self.page(slot.page);
+        self.prefetch_entries_of(slot, page.entries_of(slot.index as usize));
+    }
+
+    /// Start loading the first `count` entries of the row in `slot`.
+    fn prefetch_entries_of(&self, slot: Slot, count: usize) {
+        let start = self.page(slot.page).term_offsets[slot.index as usize] as usize;
+        let bytes: &[u8] = bytemuck::cast_slice(&self.entries()[start..start + count]);
         for line in (0..bytes.len()).step_by(64) {
             prefetch(&bytes[line]);
         }

@@ -98,13 +98,16 @@ pub fn embed(dict: &Dictionary, stats: &impl FrequencyStats, row: &RetrievalRow)
     embed_tokens(dict, stats, row.tokens.iter().copied())
 }
 
-/// Tokens ahead of the one being summed whose vectors [`embed_tokens`] starts loading.
-const PREFETCH_TOKENS_AHEAD: usize = 4;
+/// Tokens ahead of the one being summed whose vectors [`embed_tokens`] starts loading, and
+/// further ahead, where in the table those vectors are (their row index).
+pub const PREFETCH_TOKENS_AHEAD: usize = 4;
+pub const PREFETCH_INDEX_AHEAD: usize = 8;
 
 /// The dense embedding of a row's distinct tokens with their counts under `stats`. The tokens
-/// are read twice, the second time [`PREFETCH_TOKENS_AHEAD`] places ahead to load their vectors
-/// early ([`Dictionary::prefetch_vector`]): the exact rescore embeds hundreds of rows a query,
-/// and their vectors were most of its time.
+/// are read three times: [`PREFETCH_TOKENS_AHEAD`] places ahead to load their vectors early
+/// ([`Dictionary::prefetch_vector`]), and [`PREFETCH_INDEX_AHEAD`] places ahead to load where
+/// those vectors are ([`Dictionary::prefetch_row_index`]): the exact rescore embeds hundreds
+/// of rows a query, and waiting on the table was most of its time.
 pub fn embed_tokens<I>(dict: &Dictionary, stats: &impl FrequencyStats, tokens: I) -> Embedding
 where
     I: IntoIterator<Item = (TokenId, u32)>,
@@ -114,9 +117,14 @@ where
     let mut acc = vec![0f32; dims];
     let tokens = tokens.into_iter();
     let mut ahead = tokens.clone().skip(PREFETCH_TOKENS_AHEAD);
+    let mut further = tokens.clone().skip(PREFETCH_INDEX_AHEAD);
     for (token, count) in tokens {
+        if let Some((later, _)) = further.next() {
+            dict.prefetch_row_index(later);
+        }
         if let Some((next, _)) = ahead.next() {
             dict.prefetch_vector(next);
+            stats.prefetch_token_count(next);
         }
         let Some((scale, values)) = dict.vector(token) else {
             continue;

@@ -342,7 +342,8 @@ impl Dictionary {
         ))
     }
 
-    /// Start loading the vector of `token` (a cache hint; nothing if it has none). The table is
+    /// Start loading the vector of `token` and its scale (a cache hint; nothing if it has
+    /// none). The table is
     /// tens of megabytes and a row's tokens lie anywhere in it, so an embedding that loads the
     /// vectors of the tokens a few places ahead overlaps those misses with its sums.
     pub fn prefetch_vector(&self, token: TokenId) {
@@ -350,6 +351,20 @@ impl Dictionary {
             for line in values.chunks(64) {
                 crate::scan::kernels::prefetch(line.as_ptr());
             }
+        }
+        if let Some(&row) = self.row_of.get(token.0 as usize)
+            && let Some(scale) = self.table.scales.get(row as usize)
+        {
+            crate::scan::kernels::prefetch(scale);
+        }
+    }
+
+    /// Start loading where the table row of `token` is recorded (what
+    /// [`Dictionary::prefetch_vector`] reads first): a cache hint, so that the vector's own
+    /// load, a few tokens later, does not wait on it.
+    pub fn prefetch_row_index(&self, token: TokenId) {
+        if let Some(row) = self.row_of.get(token.0 as usize) {
+            crate::scan::kernels::prefetch(row);
         }
     }
 

@@ -22,6 +22,8 @@ pub trait FrequencyStats {
     fn rows(&self) -> u64;
     /// Sum of all rows' term lengths (for the mean row length of BM25).
     fn total_terms(&self) -> u64;
+    /// Start loading the count of `token` (a cache hint for the embedding's next tokens).
+    fn prefetch_token_count(&self, token: TokenId);
 }
 
 /// One counted quantity.
@@ -163,6 +165,11 @@ impl FrequencyStats for FrequencyTable {
     }
     fn total_tokens(&self) -> u64 {
         self.total_tokens
+    }
+    fn prefetch_token_count(&self, token: TokenId) {
+        if let Some(count) = self.tokens.get(token.0 as usize) {
+            crate::scan::kernels::prefetch(count);
+        }
     }
     fn term_rows(&self, term: TermId) -> u64 {
         self.terms.get(&term).copied().unwrap_or(0)
