@@ -144,6 +144,32 @@ fn chat_request(question: &str, stream: bool) -> Vec<u8> {
     .into_bytes()
 }
 
+/// `request` sent to the Gemini route `path` (a model and method) with the key `g-tools`.
+async fn ask_gemini(
+    h: &Harness,
+    path: &str,
+    request: &Value,
+) -> hyper::Response<hyper::body::Incoming> {
+    h.send(
+        "POST",
+        path,
+        &[("x-goog-api-key", "g-tools")],
+        request.to_string().as_bytes(),
+    )
+    .await
+}
+
+/// `request` sent to OpenAI's Responses route with the key `sk-tools`.
+async fn ask_responses(h: &Harness, request: &Value) -> hyper::Response<hyper::body::Incoming> {
+    h.send(
+        "POST",
+        "/v1/responses",
+        &OPENAI,
+        request.to_string().as_bytes(),
+    )
+    .await
+}
+
 fn sse(bytes: Vec<u8>) -> Answer {
     Answer::Whole(200, "text/event-stream", bytes)
 }
@@ -809,14 +835,12 @@ async fn a_whole_gemini_reply_loops_and_comes_back_as_one_answer() {
     ));
     h.answer(Answer::Whole(200, "application/json", answer.clone()));
     let request = json!({"contents": [{"role": "user", "parts": [{"text": "How many r's are in strawberry?"}]}]});
-    let response = h
-        .send(
-            "POST",
-            "/v1beta/models/gemini-3-pro-preview:generateContent",
-            &[("x-goog-api-key", "g-tools")],
-            request.to_string().as_bytes(),
-        )
-        .await;
+    let response = ask_gemini(
+        &h,
+        "/v1beta/models/gemini-3-pro-preview:generateContent",
+        &request,
+    )
+    .await;
     let got: Value = serde_json::from_slice(&body_of(response).await).unwrap();
     let expected: Value = serde_json::from_slice(&answer).unwrap();
     assert_eq!(
@@ -865,14 +889,7 @@ async fn a_whole_responses_reply_loops_and_comes_back_as_one_response() {
         answer.to_string().into_bytes(),
     ));
     let request = json!({"model": "gpt-4o", "input": "What did we say about the weather?"});
-    let response = h
-        .send(
-            "POST",
-            "/v1/responses",
-            &OPENAI,
-            request.to_string().as_bytes(),
-        )
-        .await;
+    let response = ask_responses(&h, &request).await;
     let got: Value = serde_json::from_slice(&body_of(response).await).unwrap();
     assert_eq!(got["output"], answer["output"], "only the answer's items");
     assert_eq!(got["usage"]["input_tokens"], 80);
@@ -1034,14 +1051,12 @@ async fn a_gemini_stream_runs_our_call_and_keeps_its_thought_signature_for_the_n
     h.answer(sse(answer));
     let request = json!({"contents": [{"role": "user", "parts": [{"text": "How many r's are in strawberry?"}]}],
         "tools": [{"functionDeclarations": [{"name": "lookup", "parameters": {"type": "object"}}]}]});
-    let response = h
-        .send(
-            "POST",
-            "/v1beta/models/gemini-3-pro-preview:streamGenerateContent?alt=sse",
-            &[("x-goog-api-key", "g-tools")],
-            request.to_string().as_bytes(),
-        )
-        .await;
+    let response = ask_gemini(
+        &h,
+        "/v1beta/models/gemini-3-pro-preview:streamGenerateContent?alt=sse",
+        &request,
+    )
+    .await;
     let body = body_of(response).await;
     assert!(!String::from_utf8_lossy(&body).contains("memory_search"));
     let chunks: Vec<Value> = events(&body)
@@ -1120,14 +1135,12 @@ async fn a_gemini_chunk_emptied_of_our_call_never_reaches_the_client() {
     ));
     h.answer(sse(gemini_jsonl_as_sse(&lines)));
     let request = json!({"contents": [{"role": "user", "parts": [{"text": "How many r's are in strawberry?"}]}]});
-    let response = h
-        .send(
-            "POST",
-            "/v1/models/gemini-3-pro-preview:streamGenerateContent?alt=sse",
-            &[("x-goog-api-key", "g-tools")],
-            request.to_string().as_bytes(),
-        )
-        .await;
+    let response = ask_gemini(
+        &h,
+        "/v1/models/gemini-3-pro-preview:streamGenerateContent?alt=sse",
+        &request,
+    )
+    .await;
     let body = body_of(response).await;
     let chunks: Vec<Value> = events(&body)
         .0
@@ -1230,14 +1243,7 @@ async fn a_refused_later_round_ends_the_reply_with_the_upstreams_own_error() {
     h.answer(refuse(429, &limited));
     let request =
         json!({"model": "gpt-5.3-codex", "input": "What about the weather?", "stream": true});
-    let response = h
-        .send(
-            "POST",
-            "/v1/responses",
-            &OPENAI,
-            request.to_string().as_bytes(),
-        )
-        .await;
+    let response = ask_responses(&h, &request).await;
     let got = parsed(&body_of(response).await);
     let [.., (before, b), (error, e), (failed, f)] = got.as_slice() else {
         panic!("too few events: {got:?}");
@@ -1297,14 +1303,7 @@ async fn a_responses_stream_continues_one_response_with_increasing_sequence_numb
     )));
     h.answer(sse(common::upstream::jsonl_as_sse(&lines)));
     let request = json!({"model": "gpt-5.3-codex", "instructions": "Be brief.", "input": "Suggest names.", "stream": true});
-    let response = h
-        .send(
-            "POST",
-            "/v1/responses",
-            &OPENAI,
-            request.to_string().as_bytes(),
-        )
-        .await;
+    let response = ask_responses(&h, &request).await;
     let body = body_of(response).await;
     assert!(!String::from_utf8_lossy(&body).contains("memory_search"));
     let got: Vec<Value> = events(&body)
