@@ -702,6 +702,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     let bytes = match request
         .body
         .get("previous_response_id")
+        .filter(|_| request.server_history)
         .and_then(serde_json::Value::as_str)
         .and_then(|id| {
             state
