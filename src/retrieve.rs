@@ -24,9 +24,10 @@ use crate::arena::codebook::Codebook;
 use crate::arena::signature::term_bits;
 use crate::arena::{Arena, DIMS, PAGE_ROWS, Side, Sketch, Slot, embed_row};
 use crate::dictionary::Dictionary;
-use crate::dictionary::derive::{PREFETCH_INDEX_AHEAD, PREFETCH_TOKENS_AHEAD, Quantized};
+use crate::dictionary::derive::{
+    PREFETCH_INDEX_AHEAD, PREFETCH_TOKENS_AHEAD, Quantized, prefetch_token,
+};
 use crate::dictionary::derive::{RetrievalRow, derive};
-use crate::dictionary::stats::FrequencyStats as _;
 use crate::relevance::{CONTEXT_AFTER, CONTEXT_BEFORE, HybridScorer, in_context, signature_share};
 use crate::scan::kernels::{
     BLOCK_ROWS, Kernels, LUT_ENTRY_MAX, Lookahead, PAIR_ENTRIES, SignatureTerm, TwoBitQuery,
@@ -527,8 +528,7 @@ fn exact_many(
                 if let Some(&next) = chunk.get(n + 1) {
                     let entries = arena.row_entries(next);
                     for (token, _) in entries.token_counts().take(PREFETCH_TOKENS_AHEAD) {
-                        dictionary.prefetch_vector(token);
-                        arena.stats().prefetch_token_count(token);
+                        prefetch_token(dictionary, arena.stats(), token);
                     }
                 }
                 exact_scores(dictionary, arena, chunk[n], [query])

@@ -103,6 +103,13 @@ pub fn embed(dict: &Dictionary, stats: &impl FrequencyStats, row: &RetrievalRow)
 pub const PREFETCH_TOKENS_AHEAD: usize = 4;
 pub const PREFETCH_INDEX_AHEAD: usize = 8;
 
+/// Start loading what [`embed_tokens`] reads to add `token`: its vector and scale, and its
+/// count in `stats` (a cache hint).
+pub fn prefetch_token(dict: &Dictionary, stats: &impl FrequencyStats, token: TokenId) {
+    dict.prefetch_vector(token);
+    stats.prefetch_token_count(token);
+}
+
 /// The dense embedding of a row's distinct tokens with their counts under `stats`. The tokens
 /// are read three times: [`PREFETCH_TOKENS_AHEAD`] places ahead to load their vectors early
 /// ([`Dictionary::prefetch_vector`]), and [`PREFETCH_INDEX_AHEAD`] places ahead to load where
@@ -123,8 +130,7 @@ where
             dict.prefetch_row_index(later);
         }
         if let Some((next, _)) = ahead.next() {
-            dict.prefetch_vector(next);
-            stats.prefetch_token_count(next);
+            prefetch_token(dict, stats, next);
         }
         let Some((scale, values)) = dict.vector(token) else {
             continue;

@@ -328,35 +328,36 @@ impl Dictionary {
         &self.manifest.weighting
     }
 
+    /// The table row of `token`, `None` for a zero row.
+    fn row(&self, token: TokenId) -> Option<usize> {
+        let row = *self.row_of.get(token.0 as usize)?;
+        (row != u32::MAX).then_some(row as usize)
+    }
+
+    /// The int8 values of table row `row`.
+    fn values(&self, row: usize) -> &[i8] {
+        let dims = self.dims();
+        &self.table.values[row * dims..(row + 1) * dims]
+    }
+
     /// The table vector of `token` as `(scale, int8 values)`, or `None` for a zero row.
     pub fn vector(&self, token: TokenId) -> Option<(f32, &[i8])> {
-        let row = *self.row_of.get(token.0 as usize)?;
-        if row == u32::MAX {
-            return None;
-        }
-        let dims = self.dims();
-        let start = row as usize * dims;
-        Some((
-            self.table.scales[row as usize],
-            &self.table.values[start..start + dims],
-        ))
+        let row = self.row(token)?;
+        Some((self.table.scales[row], self.values(row)))
     }
 
     /// Start loading the vector of `token` and its scale (a cache hint; nothing if it has
-    /// none). The table is
-    /// tens of megabytes and a row's tokens lie anywhere in it, so an embedding that loads the
-    /// vectors of the tokens a few places ahead overlaps those misses with its sums.
+    /// none). The table is tens of megabytes and a row's tokens lie anywhere in it, so an
+    /// embedding that loads the vectors of the tokens a few places ahead overlaps those misses
+    /// with its sums.
     pub fn prefetch_vector(&self, token: TokenId) {
-        if let Some((_, values)) = self.vector(token) {
-            for line in values.chunks(64) {
-                crate::scan::kernels::prefetch(line.as_ptr());
-            }
+        let Some(row) = self.row(token) else {
+            return;
+        };
+        for line in self.values(row).chunks(64) {
+            crate::scan::kernels::prefetch(line.as_ptr());
         }
-        if let Some(&row) = self.row_of.get(token.0 as usize)
-            && let Some(scale) = self.table.scales.get(row as usize)
-        {
-            crate::scan::kernels::prefetch(scale);
-        }
+        crate::scan::kernels::prefetch(&self.table.scales[row]);
     }
 
     /// Start loading where the table row of `token` is recorded (what

@@ -874,8 +874,10 @@ impl Splice {
                 let failed = json!({"type": "response.failed", "sequence_number": failed_at, "response": response});
                 [event, failed]
                     .iter()
-                    .filter_map(Value::as_object)
-                    .map(|event| wire::encode_event(self.format, event))
+                    .map(|event| {
+                        let event = event.as_object().expect("an event is a JSON object");
+                        wire::encode_event(self.format, event)
+                    })
                     .collect()
             }
         }
