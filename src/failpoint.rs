@@ -8,7 +8,9 @@
 //!
 //! Points: `store.after_commit` (a capture batch is in the store, its caller not yet told),
 //! `arena.mid_append` (a row appended to the arena's mapping, the batch not committed),
-//! `arena.mid_commit` (page checksums and codebook written, the header not), `purge.after_batch`
+//! `arena.mid_recode` (a recomputed codebook has coded a page's first row, not its others),
+//! `arena.mid_seal` (a page's sketch sum sealed, its checksum not), `arena.mid_commit` (page
+//! checksums and codebook written, the header not), `purge.after_batch`
 //! (a purge's deletions committed, nothing compacted), `purge.mid_compaction` (flushed, not
 //! compacted), `dict.mid_derive` (a re-derivation batch of a dark dictionary version
 //! committed, the next not), `dict.before_flip` (the dark version derived and its arena caught

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use perpetuity::arena::codebook::Codebook;
 use perpetuity::arena::file::{
     Entry, PAGES_HEADER_BYTES, PAGES_OFFSET, PagesHeader, SKETCHES_OFFSET, TERMS_HEADER_BYTES,
+    codebook_range, header_range, read_header, write_header,
 };
 use perpetuity::arena::{
     Arena, CODE_BYTES, Opened, PAGE_ROWS, Page, Sketch, Unusable, arena_dir, code_byte,
@@ -100,7 +101,7 @@ fn sketches_file(store: &Store) -> PathBuf {
 }
 
 fn header(pages: &[u8]) -> PagesHeader {
-    bytemuck::pod_read_unaligned(&pages[..PAGES_HEADER_BYTES])
+    read_header(pages).unwrap()
 }
 
 #[test]
@@ -215,6 +216,114 @@ fn a_codebook_recomputation_killed_before_its_commit_is_undone() {
     );
 }
 
+/// The bytes of the arena's three files, in [`ArenaFiles::NAMES`] order.
+fn read_files(store: &Store) -> [Vec<u8>; 3] {
+    let (pages, terms) = files(store);
+    [pages, sketches_file(store), terms].map(|path| std::fs::read(path).unwrap())
+}
+
+fn write_files(store: &Store, bytes: &[Vec<u8>; 3]) {
+    let (pages, terms) = files(store);
+    for (path, bytes) in [pages, sketches_file(store), terms].iter().zip(bytes) {
+        std::fs::write(path, bytes).unwrap();
+    }
+}
+
+/// Byte range of page `p`'s field at `offset` (of `len` bytes) in `pages.bin`.
+fn page_field(p: usize, offset: usize, len: usize) -> std::ops::Range<usize> {
+    let start = PAGES_OFFSET + p * std::mem::size_of::<Page>() + offset;
+    start..start + len
+}
+
+/// What a kill left in the bytes of the three files, done to them.
+type Kill<'a> = dyn Fn(&mut [Vec<u8>; 3]) + 'a;
+
+/// What a process killed inside a commit that recomputed the codebook leaves, at the points
+/// after the new codebook went to its slot: the header not written, or torn; a page's sketch
+/// sum sealed but not its checksum; a page's codes half made again. Each opens the commit
+/// before, undamaged, and catch-up brings it up to the store.
+#[test]
+fn a_commit_killed_after_its_codebook_opens_the_commit_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_rows(dir.path(), 40);
+    let dict = common::dictionary();
+    write_arena(&store);
+    let before = read_files(&store);
+    ingest(&store, dict, &synthetic_messages(130, USERS, 9), |_, _| {}).unwrap();
+    write_arena(&store);
+    let after = read_files(&store);
+    let expected = reference(&store);
+    let (old, new) = (header(&before[0]), header(&after[0]));
+    assert_eq!((old.rows, new.rows), (40, 170));
+    assert_eq!(new.commits, old.commits + 1);
+    assert_ne!(
+        new.codebook_slot, old.codebook_slot,
+        "the recomputed codebook is written beside the committed one"
+    );
+    let slot = header_range((new.commits % 2) as usize);
+    let old_book: Codebook =
+        bytemuck::pod_read_unaligned(&before[0][codebook_range(old.codebook_slot as usize)]);
+    // Killed before the header: its slot holds what it held before this commit.
+    let unwritten = |files: &mut [Vec<u8>; 3]| {
+        files[0][slot.clone()].copy_from_slice(&before[0][slot.clone()]);
+    };
+    let seal = std::mem::offset_of!(Page, checksum);
+    let cases: Vec<(&str, Box<Kill>)> = vec![
+        ("the header not written", Box::new(unwritten)),
+        (
+            "the header torn after its first 64 bytes",
+            Box::new(|files| {
+                let torn = slot.start + 64..slot.end;
+                files[0][torn.clone()].copy_from_slice(&before[0][torn]);
+            }),
+        ),
+        (
+            "page 0 sealed with its sketch sum, its checksum not written",
+            Box::new(|files| {
+                unwritten(files);
+                let field = page_field(0, seal, 4);
+                files[0][field.clone()].copy_from_slice(&before[0][field]);
+            }),
+        ),
+        (
+            "page 1 marked with the new codebook and only its first row coded under it",
+            Box::new(|files| {
+                unwritten(files);
+                // Neither seal written: the checksum and the sketch sum are the last commit's.
+                for field in [seal, std::mem::offset_of!(Page, sketch)] {
+                    let field = page_field(1, field, 4);
+                    files[0][field.clone()].copy_from_slice(&before[0][field]);
+                }
+                let page: Page = bytemuck::pod_read_unaligned(
+                    &files[0][page_field(1, 0, std::mem::size_of::<Page>())],
+                );
+                let at = SKETCHES_OFFSET + std::mem::size_of::<Sketch>();
+                let range = at..at + std::mem::size_of::<Sketch>();
+                let mut sketch: Sketch = bytemuck::pod_read_unaligned(&files[1][range.clone()]);
+                for i in 1..page.rows as usize {
+                    sketch.set_code(i, &old_book.encode(page.vector(i), page.scales[i]));
+                }
+                files[1][range].copy_from_slice(bytemuck::bytes_of(&sketch));
+            }),
+        ),
+    ];
+    for (what, kill) in &cases {
+        let mut files = after.clone();
+        kill(&mut files);
+        write_files(&store, &files);
+        assert_eq!(
+            open_and_check(&store, &expected),
+            Opened::Mapped { rows: 40 },
+            "{what}"
+        );
+        assert_eq!(
+            open_and_check(&store, &expected),
+            Opened::Mapped { rows: 170 },
+            "{what}"
+        );
+    }
+}
+
 #[test]
 fn an_append_killed_before_its_commit_is_cut_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -318,18 +427,26 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
     let sketch_id0 = SKETCHES_OFFSET + std::mem::offset_of!(Sketch, row_ids);
     let id0 = PAGES_OFFSET + std::mem::offset_of!(Page, row_ids);
     let last_row0 = row0 + (head.pages as usize - 1) * size;
-    // The codebook: its mean, a bucket mean, its row count, its checksum.
+    // The committed codebook: its mean, a bucket mean, its row count, its checksum.
+    let book = codebook_range(head.codebook_slot as usize);
     let codebook = [
-        PAGES_HEADER_BYTES + 1,
-        PAGES_HEADER_BYTES + std::mem::offset_of!(Codebook, hi) + 17,
-        PAGES_HEADER_BYTES + std::mem::offset_of!(Codebook, rows),
-        PAGES_OFFSET - 1,
+        book.start + 1,
+        book.start + std::mem::offset_of!(Codebook, hi) + 17,
+        book.start + std::mem::offset_of!(Codebook, rows),
+        book.end - 1,
     ];
-    for at in [0, 40, id0, row0 + 5, last_row0 + 3]
-        .into_iter()
-        .chain(codebook)
-    {
+    for at in [id0, row0 + 5, last_row0 + 3].into_iter().chain(codebook) {
         flip(&pages_path, &good_pages, at);
+        damage(open_and_check(&store, &expected));
+        restore();
+    }
+    // Both header slots: the magic, the row count. One slot alone reads as a commit cut short
+    // (the other slot's counts, `a_commit_killed_after_its_codebook_opens_the_commit_before`).
+    for at in [0, 40] {
+        let mut bytes = good_pages.clone();
+        bytes[at] ^= 0x5A;
+        bytes[PAGES_HEADER_BYTES + at] ^= 0x5A;
+        std::fs::write(&pages_path, bytes).unwrap();
         damage(open_and_check(&store, &expected));
         restore();
     }
@@ -468,7 +585,7 @@ fn a_header_claiming_more_than_any_file_holds_is_rebuilt() {
         }
         head.checksum = head.compute_checksum();
         let mut bytes = good.clone();
-        bytes[..PAGES_HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&head));
+        write_header(&mut bytes, &head);
         std::fs::write(&pages_path, bytes).unwrap();
         let opened = open_and_check(&store, &expected);
         assert!(

@@ -109,11 +109,20 @@ fn a_crash_at_each_point_of_a_capture_recovers_clean() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let upstream = runtime.block_on(Upstream::start());
     // `arena.mid_append:2`: the first append of the second request's catch-up (the first
-    // reply), before the question after it and before the commit.
+    // reply), before the question after it and before the commit. Each request's catch-up
+    // commits once: the first (1 row) computes the codebook, the second (3 rows) does not, the
+    // third (5 rows, 4 × 1 reached) computes it again and re-encodes the page that the first two
+    // sealed. `arena.mid_recode:2` stops inside that re-encoding, `arena.mid_seal:2` inside the
+    // second commit's seal of the page, `arena.mid_seal:3` and `arena.mid_commit:3` inside the
+    // third commit's, after the re-encoding (the second with the new codebook written).
     for point in [
         "store.after_commit:3",
         "arena.mid_append:2",
         "arena.mid_commit:2",
+        "arena.mid_recode:2",
+        "arena.mid_seal:2",
+        "arena.mid_seal:3",
+        "arena.mid_commit:3",
     ] {
         let dir = tempfile::tempdir().unwrap();
         let (data, log) = (dir.path().join("data"), dir.path().join("serve.log"));

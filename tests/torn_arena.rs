@@ -12,8 +12,7 @@ use std::path::{Path, PathBuf};
 use common::server::Server;
 use common::upstream::{Upstream, chat_reply, chat_request};
 use perpetuity::arena::file::{
-    Entry, PAGES_HEADER_BYTES, PAGES_OFFSET, PagesHeader, SKETCH_BYTES, SKETCHES_OFFSET,
-    TERMS_HEADER_BYTES,
+    Entry, PAGES_OFFSET, SKETCH_BYTES, SKETCHES_OFFSET, TERMS_HEADER_BYTES, read_header,
 };
 use perpetuity::arena::{ArenaFiles, Page, arena_dir};
 use perpetuity::dictionary::DEFAULT_VERSION;
@@ -75,7 +74,7 @@ fn last_frame(upstream: &Upstream) -> String {
 /// Bytes of each file the pages header commits (the rest is room to grow, ignored when read).
 fn committed(files: &[PathBuf; 3]) -> [u64; 3] {
     let pages = std::fs::read(&files[0]).unwrap();
-    let header: PagesHeader = bytemuck::pod_read_unaligned(&pages[..PAGES_HEADER_BYTES]);
+    let header = read_header(&pages).unwrap();
     [
         (PAGES_OFFSET + header.pages as usize * std::mem::size_of::<Page>()) as u64,
         (SKETCHES_OFFSET + header.pages as usize * SKETCH_BYTES) as u64,
@@ -111,7 +110,7 @@ fn damage(files: &[PathBuf; 3], next: &mut impl FnMut(u64) -> u64) -> String {
             format!("{name}: {span} bytes at {at} overwritten")
         }
         _ => {
-            // A torn header: the first bytes of the file zeroed.
+            // A torn header: the first bytes of the file zeroed (the first header slot's).
             let span = 1 + next(128) as usize;
             bytes[..span].fill(0);
             format!("{name}: the first {span} bytes zeroed")

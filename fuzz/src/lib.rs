@@ -7,7 +7,9 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use perpetuity::arena::codebook::Codebook;
-use perpetuity::arena::file::{MappedFile, PAGES_HEADER_BYTES, PAGES_OFFSET, PagesHeader};
+use perpetuity::arena::file::{
+    MappedFile, PagesHeader, SLOTS, codebook_range, header_range, read_header,
+};
 use perpetuity::arena::{Arena, ArenaFiles, Side, arena_dir};
 use perpetuity::bench::synthetic_messages;
 use perpetuity::config::default_dictionaries_root;
@@ -233,7 +235,7 @@ fn base() -> &'static Base {
             ArenaFiles::NAMES.map(read)
         };
         std::fs::remove_dir_all(&dir).expect("the scratch store is removed");
-        let header = bytemuck::pod_read_unaligned(&files[0].1[..PAGES_HEADER_BYTES]);
+        let header = read_header(&files[0].1).expect("the written arena has a header");
         Base {
             dictionary,
             kernels: Kernels::detect(false),
@@ -274,14 +276,15 @@ pub fn arena(data: &[u8]) {
     }
     if flags & 1 != 0 {
         let bytes = files[0].bytes_mut();
-        let mut codebook: Codebook =
-            bytemuck::pod_read_unaligned(&bytes[PAGES_HEADER_BYTES..PAGES_OFFSET]);
+        let slot = header_range((base.header.commits % SLOTS as u64) as usize);
+        let mut header: PagesHeader = bytemuck::pod_read_unaligned(&bytes[slot.clone()]);
+        let book = codebook_range(header.codebook_slot as usize % SLOTS);
+        let mut codebook: Codebook = bytemuck::pod_read_unaligned(&bytes[book.clone()]);
         codebook.checksum = codebook.compute_checksum();
-        let mut header: PagesHeader = bytemuck::pod_read_unaligned(&bytes[..PAGES_HEADER_BYTES]);
         header.codebook_checksum = codebook.checksum;
         header.checksum = header.compute_checksum();
-        bytes[..PAGES_HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&header));
-        bytes[PAGES_HEADER_BYTES..PAGES_OFFSET].copy_from_slice(bytemuck::bytes_of(&codebook));
+        bytes[slot].copy_from_slice(bytemuck::bytes_of(&header));
+        bytes[book].copy_from_slice(bytemuck::bytes_of(&codebook));
     }
     let [pages, sketches, terms] = files;
     let header = &base.header;

@@ -220,11 +220,17 @@ impl Codebook {
             .par_iter_mut()
             .zip(sketches.par_iter_mut())
             .for_each(|(page, sketch)| {
+                // Marked first: a process killed among the page's codes leaves it named as
+                // coded under this codebook, which the next open undoes.
+                page.codebook = self.checksum;
+                super::in_order();
                 for i in 0..page.rows as usize {
                     let code = self.encode(page.vector(i), page.scales[i]);
                     sketch.set_code(i, &code);
+                    if i == 0 {
+                        crate::failpoint::hit("arena.mid_recode");
+                    }
                 }
-                page.codebook = self.checksum;
             });
     }
 }

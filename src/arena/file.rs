@@ -1,31 +1,37 @@
-//! The arena's three files, memory-mapped: `pages.bin` (a header, the codebook, then pages),
+//! The arena's three files, memory-mapped: `pages.bin` (two header slots, two codebook slots,
+//! then pages),
 //! `sketches.bin` (a header, then each page's sketch) and `terms.bin` (a header, then every
 //! row's term and token entries). All grow in place; what counts is what the pages header
 //! commits (see `docs/format.md`).
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use bytemuck::{Pod, Zeroable};
 use memmap2::{MmapMut, MmapOptions};
 
+use super::Unusable;
 use super::codebook::Codebook;
 use super::page::{DIMS, PAGE_ROWS, Page, Sketch};
 use crate::relevance::TermCount;
 use crate::types::{TermId, TokenId};
 
 /// Layout version of the three files; any other version is rebuilt from the store.
-pub const FORMAT_VERSION: u32 = 9;
+pub const FORMAT_VERSION: u32 = 10;
 pub const PAGES_MAGIC: [u8; 8] = *b"PPTYPAGE";
 pub const TERMS_MAGIC: [u8; 8] = *b"PPTYTERM";
 pub const SKETCHES_MAGIC: [u8; 8] = *b"PPTYSKCH";
-/// Bytes of the header at the start of `pages.bin`.
+/// Bytes of one header slot; `pages.bin` starts with two ([`header_range`]).
 pub const PAGES_HEADER_BYTES: usize = std::mem::size_of::<PagesHeader>();
-/// Bytes of the codebook, right after the header.
+/// Bytes of one codebook slot; two follow the header slots ([`codebook_range`]).
 pub const CODEBOOK_BYTES: usize = std::mem::size_of::<Codebook>();
-/// Bytes before the first page of `pages.bin`: the header and the codebook.
-pub const PAGES_OFFSET: usize = PAGES_HEADER_BYTES + CODEBOOK_BYTES;
+/// Header slots, and codebook slots: a commit writes the slot the last commit did not, so a
+/// process killed while it writes one leaves the other whole.
+pub const SLOTS: usize = 2;
+/// Bytes before the first page of `pages.bin`: the header slots and the codebook slots.
+pub const PAGES_OFFSET: usize = SLOTS * (PAGES_HEADER_BYTES + CODEBOOK_BYTES);
 /// Bytes before the first entry of `terms.bin`.
 pub const TERMS_HEADER_BYTES: usize = std::mem::size_of::<FileHeader>();
 /// Bytes before the first sketch of `sketches.bin`.
@@ -37,7 +43,8 @@ const MIN_MAP_BYTES: usize = 1 << 20;
 
 /// The head of `pages.bin`: the commit record of the whole arena. Everything it does not count
 /// (pages past `pages`, rows at or past `watermark`, term entries past `terms`) is ignored
-/// when the files are opened again.
+/// when the files are opened again. Commits alternate between two slots ([`header_range`]):
+/// the one that counts is the valid one with the most `commits` ([`read_header`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 pub struct PagesHeader {
@@ -62,7 +69,13 @@ pub struct PagesHeader {
     /// The committed codebook's checksum: a codebook written without its header is not
     /// taken.
     pub codebook_checksum: u32,
-    pub reserved: [u8; 24],
+    /// The slot of the committed codebook (0 or 1): a recomputed codebook is written to the
+    /// other one.
+    pub codebook_slot: u32,
+    /// Commits written to these files since they were created: this header is in slot
+    /// `commits mod 2`.
+    pub commits: u64,
+    pub reserved: [u8; 12],
     /// CRC-32 of the header with this field zero.
     pub checksum: u32,
 }
@@ -91,6 +104,55 @@ impl PagesHeader {
         copy.checksum = 0;
         crc32fast::hash(bytemuck::bytes_of(&copy))
     }
+
+    /// The checks one header slot must pass to count: magic, layout version, checksum.
+    fn check(&self) -> Result<(), Unusable> {
+        if self.magic != PAGES_MAGIC {
+            return Err(Unusable::Magic { file: "pages.bin" });
+        }
+        if self.format_version != FORMAT_VERSION {
+            return Err(Unusable::Version {
+                file: "pages.bin",
+                found: self.format_version,
+            });
+        }
+        if self.checksum != self.compute_checksum() {
+            return Err(Unusable::HeaderChecksum);
+        }
+        Ok(())
+    }
+}
+
+/// Where header slot `slot` lies in `pages.bin`.
+pub fn header_range(slot: usize) -> Range<usize> {
+    slot * PAGES_HEADER_BYTES..(slot + 1) * PAGES_HEADER_BYTES
+}
+
+/// Where codebook slot `slot` lies in `pages.bin`.
+pub fn codebook_range(slot: usize) -> Range<usize> {
+    let start = SLOTS * PAGES_HEADER_BYTES + slot * CODEBOOK_BYTES;
+    start..start + CODEBOOK_BYTES
+}
+
+/// The header that counts in the bytes of `pages.bin`: of the slots that pass their checks,
+/// the one with the most commits. When neither does, the first slot's reason (the second
+/// slot's when the first is not a header at all, as in a file from before the slots).
+pub fn read_header(pages: &[u8]) -> Result<PagesHeader, Unusable> {
+    let [first, second] = [0, 1].map(|slot| {
+        let header: PagesHeader = bytemuck::pod_read_unaligned(&pages[header_range(slot)]);
+        header.check().map(|()| header)
+    });
+    match (first, second) {
+        (Ok(a), Ok(b)) => Ok(if b.commits > a.commits { b } else { a }),
+        (Ok(header), Err(_)) | (Err(_), Ok(header)) => Ok(header),
+        (Err(Unusable::Magic { .. }), Err(reason)) | (Err(reason), Err(_)) => Err(reason),
+    }
+}
+
+/// Write `header` into its slot of the bytes of `pages.bin`.
+pub fn write_header(pages: &mut [u8], header: &PagesHeader) {
+    pages[header_range((header.commits % SLOTS as u64) as usize)]
+        .copy_from_slice(bytemuck::bytes_of(header));
 }
 
 /// The head of `terms.bin` and of `sketches.bin`: the file's magic and the layout version.

@@ -54,8 +54,9 @@ use crate::store::{Cf, Row, Store, StoreError};
 use crate::types::{ConversationId, RowId, TokenId, UserId};
 use codebook::Codebook;
 use file::{
-    Entry, FORMAT_VERSION, FileHeader, MappedFile, PAGES_HEADER_BYTES, PAGES_MAGIC, PAGES_OFFSET,
-    PagesHeader, SKETCH_BYTES, SKETCHES_MAGIC, SKETCHES_OFFSET, TERMS_HEADER_BYTES, TERMS_MAGIC,
+    Entry, FORMAT_VERSION, FileHeader, MappedFile, PAGES_OFFSET, PagesHeader, SKETCH_BYTES,
+    SKETCHES_MAGIC, SKETCHES_OFFSET, SLOTS, TERMS_HEADER_BYTES, TERMS_MAGIC, codebook_range,
+    read_header, write_header,
 };
 pub use page::{CODE_BYTES, DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, Sketch, blocked, code_byte};
 
@@ -409,20 +410,7 @@ impl Arena {
             mut sketches,
             terms,
         } = files;
-        let header: PagesHeader =
-            bytemuck::pod_read_unaligned(&pages.bytes()[..PAGES_HEADER_BYTES]);
-        if header.magic != PAGES_MAGIC {
-            return Err(Unusable::Magic { file: "pages.bin" });
-        }
-        if header.format_version != FORMAT_VERSION {
-            return Err(Unusable::Version {
-                file: "pages.bin",
-                found: header.format_version,
-            });
-        }
-        if header.checksum != header.compute_checksum() {
-            return Err(Unusable::HeaderChecksum);
-        }
+        let header = read_header(pages.bytes())?;
         if header.page_bytes as usize != PAGE_BYTES
             || header.dims as usize != DIMS
             || header.page_rows as usize != PAGE_ROWS
@@ -476,8 +464,11 @@ impl Arena {
                 });
             }
         }
-        let codebook: Codebook =
-            bytemuck::pod_read_unaligned(&pages.bytes()[PAGES_HEADER_BYTES..PAGES_OFFSET]);
+        let slot = header.codebook_slot as usize;
+        if slot >= SLOTS {
+            return Err(Unusable::CodebookChecksum);
+        }
+        let codebook: Codebook = bytemuck::pod_read_unaligned(&pages.bytes()[codebook_range(slot)]);
         if codebook.checksum != codebook.compute_checksum()
             || codebook.checksum != header.codebook_checksum
         {
@@ -524,8 +515,8 @@ impl Arena {
                 // A sealed page vouches for the sketch it was sealed with; one that does not
                 // match it was torn, and is not sealed again below.
                 let found = sketch.checksum();
-                let sketch_sealed = found == page.sketch;
-                let torn_commit = kept < held && sealed;
+                let newer_seal = sealed && found == page.sketch;
+                let cut = kept < held;
                 page.truncate(kept);
                 sketch.truncate(kept);
                 // A commit stopped while the codebook was recomputed leaves the page coded
@@ -538,13 +529,16 @@ impl Arena {
                 }
                 // The sketch changed only where rows were cut or codes made again (a slot past
                 // its rows that is not zero is then damage, reported below).
-                let sketch_sum = if kept == held && !recoded {
-                    found
-                } else {
+                let sketch_sum = if cut || recoded {
                     sketch.checksum()
+                } else {
+                    found
                 };
-                if (torn_commit || (recoded && sealed)) && sketch_sealed {
-                    page.sketch = sketch_sum;
+                // The page is now as committed but for its seal: a commit stopped between a
+                // page's sketch sum and its checksum leaves the sum newer than the checksum,
+                // so the committed checksum is checked against the sum of the sketch as it is.
+                let sealed_sketch = std::mem::replace(&mut page.sketch, sketch_sum);
+                if newer_seal && (cut || recoded) {
                     page.checksum = page_checksum(page, entries);
                 }
                 for i in 0..kept {
@@ -554,10 +548,11 @@ impl Arena {
                     }
                 }
                 if page.checksum != page_checksum(page, entries) {
-                    return Err(bad("checksum mismatch"));
-                }
-                if sketch_sum != page.sketch {
-                    return Err(bad("sketch checksum mismatch"));
+                    return Err(bad(if sealed_sketch == sketch_sum {
+                        "checksum mismatch"
+                    } else {
+                        "sketch checksum mismatch"
+                    }));
                 }
                 rows += kept as u64;
             }
@@ -786,6 +781,8 @@ impl Arena {
         page.token_counts[i] = retrieval.tokens.len() as u32;
         page.codebook = codebook.checksum;
         page.vectors[i * DIMS..(i + 1) * DIMS].copy_from_slice(&quantized.values);
+        // A killed process leaves the row's columns written wherever it counts them.
+        in_order();
         page.rows += 1;
         sketch.set_row(
             i,
@@ -840,16 +837,22 @@ impl Arena {
             let sketch = self.sketch(p).checksum();
             self.slices_mut().0[p as usize].sketch = sketch;
             let checksum = page_checksum(self.page(p), self.entries());
+            crate::failpoint::hit("arena.mid_seal");
             self.slices_mut().0[p as usize].checksum = checksum;
         }
         let codebook = self.codebook;
-        self.pages.bytes_mut()[PAGES_HEADER_BYTES..PAGES_OFFSET]
-            .copy_from_slice(bytemuck::bytes_of(&codebook));
-        self.header.codebook_checksum = codebook.checksum;
+        if codebook.checksum != self.header.codebook_checksum {
+            let slot = 1 - self.header.codebook_slot;
+            self.pages.bytes_mut()[codebook_range(slot as usize)]
+                .copy_from_slice(bytemuck::bytes_of(&codebook));
+            self.header.codebook_slot = slot;
+            self.header.codebook_checksum = codebook.checksum;
+        }
+        self.header.commits += 1;
         self.header.checksum = self.header.compute_checksum();
         crate::failpoint::hit("arena.mid_commit");
-        let header = self.header;
-        self.pages.bytes_mut()[..PAGES_HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&header));
+        in_order();
+        write_header(self.pages.bytes_mut(), &self.header);
         self.terms
             .flush_async()
             .map_err(|e| io_error(&self.terms, e))?;
@@ -1081,13 +1084,22 @@ impl ArenaFiles {
     /// terms headers.
     fn write_heads(&mut self, header: &PagesHeader, codebook: &Codebook) {
         let pages = self.pages.bytes_mut();
-        pages[..PAGES_HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(header));
-        pages[PAGES_HEADER_BYTES..PAGES_OFFSET].copy_from_slice(bytemuck::bytes_of(codebook));
+        write_header(pages, header);
+        pages[codebook_range(header.codebook_slot as usize)]
+            .copy_from_slice(bytemuck::bytes_of(codebook));
         self.sketches.bytes_mut()[..SKETCHES_OFFSET]
             .copy_from_slice(bytemuck::bytes_of(&FileHeader::new(SKETCHES_MAGIC)));
         self.terms.bytes_mut()[..TERMS_HEADER_BYTES]
             .copy_from_slice(bytemuck::bytes_of(&FileHeader::new(TERMS_MAGIC)));
     }
+}
+
+/// Keep the writes to the mappings before this point ahead of those after it: a process
+/// killed between two instructions leaves in the page cache every write it made before the
+/// instruction it was stopped at, so what a commit protocol writes first must come first in
+/// the code the compiler emits too.
+pub fn in_order() {
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
 }
 
 /// End of the committed pages' sketches in `sketches.bin`.
