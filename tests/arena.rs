@@ -229,12 +229,6 @@ fn write_files(store: &Store, bytes: &[Vec<u8>; 3]) {
     }
 }
 
-/// Byte range of page `p`'s field at `offset` (of `len` bytes) in `pages.bin`.
-fn page_field(p: usize, offset: usize, len: usize) -> std::ops::Range<usize> {
-    let start = PAGES_OFFSET + p * std::mem::size_of::<Page>() + offset;
-    start..start + len
-}
-
 /// What a kill left in the bytes of the three files, done to them.
 type Kill<'a> = dyn Fn(&mut [Vec<u8>; 3]) + 'a;
 
@@ -267,7 +261,8 @@ fn a_commit_killed_after_its_codebook_opens_the_commit_before() {
     let unwritten = |files: &mut [Vec<u8>; 3]| {
         files[0][slot.clone()].copy_from_slice(&before[0][slot.clone()]);
     };
-    let seal = std::mem::offset_of!(Page, checksum);
+    // The pages as the last commit sealed them.
+    let sealed = committed_pages(&mut before[0].clone(), &old).to_vec();
     let cases: Vec<(&str, Box<Kill>)> = vec![
         ("the header not written", Box::new(unwritten)),
         (
@@ -281,8 +276,7 @@ fn a_commit_killed_after_its_codebook_opens_the_commit_before() {
             "page 0 sealed with its sketch sum, its checksum not written",
             Box::new(|files| {
                 unwritten(files);
-                let field = page_field(0, seal, 4);
-                files[0][field.clone()].copy_from_slice(&before[0][field]);
+                committed_pages(&mut files[0], &new)[0].checksum = sealed[0].checksum;
             }),
         ),
         (
@@ -290,20 +284,13 @@ fn a_commit_killed_after_its_codebook_opens_the_commit_before() {
             Box::new(|files| {
                 unwritten(files);
                 // Neither seal written: the checksum and the sketch sum are the last commit's.
-                for field in [seal, std::mem::offset_of!(Page, sketch)] {
-                    let field = page_field(1, field, 4);
-                    files[0][field.clone()].copy_from_slice(&before[0][field]);
-                }
-                let page: Page = bytemuck::pod_read_unaligned(
-                    &files[0][page_field(1, 0, std::mem::size_of::<Page>())],
-                );
-                let at = SKETCHES_OFFSET + std::mem::size_of::<Sketch>();
-                let range = at..at + std::mem::size_of::<Sketch>();
-                let mut sketch: Sketch = bytemuck::pod_read_unaligned(&files[1][range.clone()]);
+                let [pages, sketches, _] = files;
+                let page = &mut committed_pages(pages, &new)[1];
+                (page.checksum, page.sketch) = (sealed[1].checksum, sealed[1].sketch);
+                let sketch = &mut committed_sketches(sketches, &new)[1];
                 for i in 1..page.rows as usize {
                     sketch.set_code(i, &old_book.encode(page.vector(i), page.scales[i]));
                 }
-                files[1][range].copy_from_slice(bytemuck::bytes_of(&sketch));
             }),
         ),
     ];
@@ -388,12 +375,9 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
     let expected = reference(&store);
     let (pages_path, terms_path) = files(&store);
     let sketches_path = sketches_file(&store);
-    let (good_pages, good_terms, good_sketches) = (
-        std::fs::read(&pages_path).unwrap(),
-        std::fs::read(&terms_path).unwrap(),
-        std::fs::read(&sketches_path).unwrap(),
-    );
-    let head = header(&good_pages);
+    let good = read_files(&store);
+    let [good_pages, good_sketches, good_terms] = &good;
+    let head = header(good_pages);
     let size = std::mem::size_of::<Page>();
     let pages_end = PAGES_OFFSET + head.pages as usize * size;
     assert_eq!(
@@ -403,11 +387,7 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
     );
     let terms_end = TERMS_HEADER_BYTES + head.terms as usize * 12;
     let sketches_end = SKETCHES_OFFSET + head.pages as usize * std::mem::size_of::<Sketch>();
-    let restore = || {
-        std::fs::write(&pages_path, &good_pages).unwrap();
-        std::fs::write(&terms_path, &good_terms).unwrap();
-        std::fs::write(&sketches_path, &good_sketches).unwrap();
-    };
+    let restore = || write_files(&store, &good);
     let flip = |path: &Path, good: &[u8], at: usize| {
         let mut bytes = good.to_vec();
         bytes[at] ^= 0x5A;
@@ -436,7 +416,7 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
         book.end - 1,
     ];
     for at in [id0, row0 + 5, last_row0 + 3].into_iter().chain(codebook) {
-        flip(&pages_path, &good_pages, at);
+        flip(&pages_path, good_pages, at);
         damage(open_and_check(&store, &expected));
         restore();
     }
@@ -454,12 +434,12 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
     // the first code byte of the last sketch.
     let last_code0 = code0 + (head.pages as usize - 1) * std::mem::size_of::<Sketch>();
     for at in [code0, code_last, alpha0, signature0, sketch_id0, last_code0] {
-        flip(&sketches_path, &good_sketches, at);
+        flip(&sketches_path, good_sketches, at);
         damage(open_and_check(&store, &expected));
         restore();
     }
     for at in [0, TERMS_HEADER_BYTES, terms_end - 1] {
-        flip(&terms_path, &good_terms, at);
+        flip(&terms_path, good_terms, at);
         let opened = open_and_check(&store, &expected);
         // The terms header's magic is checked by name; a term entry by its page's checksum.
         assert!(matches!(opened, Opened::Rebuilt { .. }), "{opened:?}");
@@ -478,9 +458,9 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
     let mut detected = 0;
     for round in 0..24 {
         let (path, good, committed) = match round % 3 {
-            0 => (&terms_path, &good_terms, terms_end),
-            1 => (&sketches_path, &good_sketches, sketches_end),
-            _ => (&pages_path, &good_pages, pages_end),
+            0 => (&terms_path, good_terms, terms_end),
+            1 => (&sketches_path, good_sketches, sketches_end),
+            _ => (&pages_path, good_pages, pages_end),
         };
         flip(path, good, next(committed));
         if let Opened::Rebuilt { reason } = open_and_check(&store, &expected) {
@@ -500,7 +480,7 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
     damage(open_and_check(&store, &expected));
 
     // Integrity reports damage it finds.
-    flip(&pages_path, &good_pages, row0);
+    flip(&pages_path, good_pages, row0);
     let mut report = Report::default();
     integrity::check_arena_files(&store, dict, &mut report).unwrap();
     let checks: Vec<&str> = report.violations.iter().map(|v| v.check).collect();
