@@ -617,6 +617,7 @@ impl Probe<'_> {
                     conversation: None,
                     question: &question.question,
                     probe: true,
+                    hidden: &[],
                     now_ms: self.corpus.latest.get(&user).copied(),
                 };
                 let recall = recall(memory, self.arena, self.kernels, config, &ask)?;

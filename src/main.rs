@@ -325,6 +325,22 @@ enum BenchCommand {
         #[command(flatten)]
         dictionary: DictionaryArgs,
     },
+    /// The share of each forwarded request that is a common prefix with the conversation's
+    /// previous one (what a provider's prompt cache can serve), over a scripted agent session
+    /// in Claude Code's shape: as the client sent it (a direct call) and through the proxy.
+    Prefix {
+        /// Turns of the session.
+        #[arg(long, default_value_t = 6)]
+        turns: usize,
+        /// Tool steps per turn (each one more request).
+        #[arg(long, default_value_t = 5)]
+        steps: usize,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+    },
 }
 
 #[derive(clap::Args)]
@@ -782,7 +798,72 @@ fn main() -> anyhow::Result<()> {
             json,
             &dictionary,
         ),
+        Command::Bench {
+            command:
+                BenchCommand::Prefix {
+                    turns,
+                    steps,
+                    json,
+                    dictionary,
+                },
+        } => bench_prefix(turns, steps, json, &dictionary),
     }
+}
+
+/// `perpetuity bench prefix`: the session through a proxy over a fresh store
+/// (`proxy::prefix`).
+fn bench_prefix(
+    turns: usize,
+    steps: usize,
+    json: bool,
+    dictionary: &DictionaryArgs,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        turns >= 2 && steps >= 1,
+        "--turns must be at least 2 and --steps at least 1"
+    );
+    let place = BenchDir::new(None, "prefix", Existing::Refuse)?;
+    let memory = dictionary.open(&DataArgs {
+        dir: place.dir.clone(),
+        sync_writes: false,
+        uncompressed: false,
+    })?;
+    let secret = proxy::identity::Secret::load_or_create(&place.dir)?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let report = runtime.block_on(async {
+        let (upstream, received) = proxy::prefix::recording_upstream().await?;
+        let config = proxy::ProxyConfig {
+            anthropic: format!("http://{upstream}"),
+            ..proxy::ProxyConfig::default()
+        };
+        let state = Arc::new(proxy::State::new(
+            memory,
+            Arena::new(),
+            Kernels::detect(false),
+            secret,
+            config,
+        ));
+        proxy::prefix::measure(state, received, turns, steps).await
+    })?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "bench prefix: {} turns of {} tool steps, {} requests",
+            report.turns, report.steps, report.requests
+        );
+        for (label, shares) in [("direct", &report.direct), ("proxy", &report.proxy)] {
+            println!(
+                "  {label:<7} prefix share in tool loops {:.3}, across turns {:.3}; mean input {:.0} bytes",
+                shares.in_loop, shares.across_turns, shares.mean_input_bytes
+            );
+        }
+        println!(
+            "  in tool loops, proxy / direct: {:.3}",
+            report.in_loop_ratio
+        );
+    }
+    Ok(())
 }
 
 /// `NAME=URL` of `--upstream`.
@@ -892,6 +973,7 @@ fn print_frame(
         conversation,
         question,
         probe: true,
+        hidden: &[],
         now_ms: Some(now_ms),
     };
     let recall = perpetuity::recall::recall(memory, &arena, &kernels, config, &ask)?;

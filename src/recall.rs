@@ -80,6 +80,9 @@ pub struct Ask<'a> {
     /// Probe mode: the question is not a stored turn (it is appended after the frame) and the
     /// reheat is computed for the frame but not written, so probing changes nothing.
     pub probe: bool,
+    /// Rows passed over this time as if excluded: a tool round continued after a restart hides
+    /// its own question and what followed it, which it forwards itself.
+    pub hidden: &'a [RowId],
     /// Render time (Unix ms) for the labels' ages.
     pub now_ms: Option<i64>,
 }
@@ -118,7 +121,8 @@ pub fn recall(
     let store = &memory.store;
     let started = std::time::Instant::now();
     let query = PreparedQuery::new(&memory.dictionary, arena, ask.question);
-    let excluded = store.exclusions(ask.user)?;
+    let mut excluded = store.exclusions(ask.user)?;
+    excluded.extend(ask.hidden.iter().copied());
     let found = search_without(
         &memory.dictionary,
         arena,

@@ -108,6 +108,7 @@ fn ask<'a>(conversation: &'a str, question: &'a str, probe: bool) -> Ask<'a> {
         conversation: Some(conversation),
         question,
         probe,
+        hidden: &[],
         now_ms: Some(MARCH_1 + 60 * HOUR),
     }
 }

@@ -150,6 +150,7 @@ async fn no_user_ever_sees_another_users_canary_and_identical_texts_stay_apart()
                 conversation: None,
                 question: QUESTION,
                 probe: true,
+                hidden: &[],
                 now_ms: None,
             },
         )

@@ -601,8 +601,14 @@ async fn a_responses_stream_passes_through_and_a_chained_response_keeps_its_inpu
         .last()
         .unwrap()
         .clone();
+    assert_eq!(
+        last["content"].as_array().unwrap().len(),
+        1,
+        "the live turn keeps its shape: {last}"
+    );
+    assert_eq!(last["content"][0]["type"], "input_text");
     assert!(
-        last["content"]
+        last["content"][0]["text"]
             .as_str()
             .unwrap()
             .ends_with("Suggest names for an AI.")

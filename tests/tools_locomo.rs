@@ -72,6 +72,7 @@ fn reopen_or_one_search_recovers_evidence_the_frame_left_out() {
             conversation: None,
             question: &question.question,
             probe: true,
+            hidden: &[],
             now_ms,
         };
         let recalled = recall(&memory, &arena, &kernels, &config, &ask).unwrap();

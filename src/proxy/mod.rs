@@ -8,11 +8,14 @@
 //! headers; `docs/security.md` the trust model.
 
 pub mod bench;
+pub mod harness;
 pub mod health;
 pub mod identity;
 pub mod ops;
+pub mod prefix;
 pub mod provider;
 pub mod rounds;
+pub mod turns;
 pub mod wire;
 
 use std::convert::Infallible;
@@ -40,12 +43,13 @@ use crate::capture::{Capturer, Message};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::memory::Memory;
-use crate::recall::{Ask, Recall, RecallConfig, recall};
+use crate::recall::{Ask, RecallConfig, recall};
 use crate::scan::kernels::Kernels;
 use crate::types::{Role, RowId, UserId};
 
 use identity::{CONVERSATION_HEADER, Groups, Secret, USER_HEADER};
 use provider::{Failure, Provider};
+use turns::{TurnFrame, Turns};
 
 /// Marks an error the proxy answered itself: `refused` (the request) or `upstream`.
 pub const PROXY_ERROR: &str = "x-perpetuity-error";
@@ -226,6 +230,8 @@ pub struct State {
     client: HttpsClient,
     /// Responses replies a memory round continued, for their `previous_response_id`.
     continued: rounds::Continued,
+    /// The frames of recent turns, reused by their tool-round continuations.
+    turns: Turns,
 }
 
 impl std::fmt::Debug for State {
@@ -272,6 +278,7 @@ impl State {
             writes: RwLock::new(()),
             client,
             continued: rounds::Continued::default(),
+            turns: Turns::default(),
         }
     }
 }
@@ -595,6 +602,16 @@ impl Switches {
         }
     }
 
+    /// A harness's side call: nothing captured, no frame, no tools.
+    fn side_call(self) -> Self {
+        Self {
+            capture: false,
+            recall: false,
+            tools: false,
+            ..self
+        }
+    }
+
     /// Whether anything of this request is written (capture, reheat, the reply).
     fn writes(self) -> bool {
         self.capture && !self.probe
@@ -676,6 +693,11 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
     };
     let switches = Switches::from(&parts.headers);
+    let switches = if harness::is_side_call(&request.body, &parts.headers) {
+        switches.side_call()
+    } else {
+        switches
+    };
     let (narrow, conversation) = match (
         utf8_header(&parts.headers, USER_HEADER),
         utf8_header(&parts.headers, CONVERSATION_HEADER),
@@ -696,6 +718,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             .collect(),
         conversation: conversation
             .map(str::to_owned)
+            .or_else(|| harness::session(format, &request.body, &parts.headers))
             .unwrap_or_else(|| identity::conversation_key(request.first.as_deref().unwrap_or(""))),
     };
     // Continuing a reply that a memory round continued names the response holding all of it.
@@ -715,7 +738,12 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
                 "previous_response_id".into(),
                 serde_json::Value::String(latest),
             );
-            Bytes::from(serde_json::to_vec(&body).expect("a JSON map serialises"))
+            Bytes::from(wire::encode(
+                &request,
+                &body,
+                None,
+                &["previous_response_id"],
+            ))
         }
         None => bytes,
     };
@@ -746,26 +774,25 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     let question_stored = matches!(&remembered, Some(Ok(r)) if r.question_stored);
     let tools = switches.tools(&state.config, format);
     let mut tool_base = None;
-    let (outbound, memory_status, recall) = match remembered.map(|r| r.map(|r| r.recall)) {
-        Some(Ok(Ok(Some(recall)))) if tools => {
-            state
-                .metrics
-                .scanned(recall.scanned_rows, Duration::from_micros(recall.scan_us));
-            let mut body = wire::framed(&request, &recall.frame);
-            rounds::offer(format, &mut body);
-            let bytes = serde_json::to_vec(&body).expect("a JSON value serialises");
-            tool_base = Some(body);
-            (bytes, "ok", Some(recall))
-        }
-        Some(Ok(Ok(Some(recall)))) => {
-            state
-                .metrics
-                .scanned(recall.scanned_rows, Duration::from_micros(recall.scan_us));
-            (
-                wire::with_frame(&request, &recall.frame),
-                "ok",
-                Some(recall),
-            )
+    let (outbound, memory_status, turn) = match remembered.map(|r| r.map(|r| r.recall)) {
+        Some(Ok(Ok(Some(recalled)))) => {
+            if let Some((rows, us)) = recalled.scanned {
+                state.metrics.scanned(rows, Duration::from_micros(us));
+            }
+            let wire::Framed { mut body, verbatim } = wire::framed(&request, &recalled.turn.items);
+            if tools {
+                rounds::offer(format, &mut body);
+            }
+            let owned: &[&str] = if tools {
+                &[format.list(), "tools"]
+            } else {
+                &[format.list()]
+            };
+            let bytes = wire::encode(&request, &body, Some(&verbatim), owned);
+            if tools {
+                tool_base = Some(body);
+            }
+            (bytes, "ok", Some(recalled.turn))
         }
         Some(Ok(Ok(None))) => (bytes.to_vec(), "off", None),
         Some(Ok(Err(err))) => {
@@ -801,11 +828,11 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     if question_stored {
         acknowledge(&mut report, "question");
     }
-    if let Some(recall) = &recall {
+    if let Some(turn) = &turn {
         for (name, value) in [
-            ("x-perpetuity-retrieved", recall.retrieved.len()),
-            ("x-perpetuity-frame-tokens", recall.frame.tokens),
-            ("x-perpetuity-trimmed", recall.frame.omitted.turns),
+            ("x-perpetuity-retrieved", turn.retrieved.len()),
+            ("x-perpetuity-frame-tokens", turn.tokens),
+            ("x-perpetuity-trimmed", turn.trimmed),
         ] {
             report.insert(name, HeaderValue::from(value));
         }
@@ -816,13 +843,13 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         identity: identity.clone(),
         model: request.model.clone(),
     });
-    if let (Some(base), Some(recall)) = (tool_base, &recall) {
+    if let (Some(base), Some(recalled)) = (tool_base, &turn) {
         let turn = crate::tools::TurnState::new(
             UserId::from_key(&identity.user_key),
             &identity.scope,
             Some(now_ms()),
-            recall.retrieved.iter().map(|r| RowId(r.row)).collect(),
-            &recall.frame.rows,
+            recalled.retrieved.clone(),
+            &recalled.shown,
         );
         let tool_loop = rounds::Loop {
             state: Arc::clone(&state),
@@ -955,11 +982,19 @@ fn utf8_header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>
         .transpose()
 }
 
-/// What [`remember`] did: whether the question was committed, and the recall (`Ok(None)` when
-/// recall is off or there is no question to recall for).
+/// What [`remember`] did: whether the question was committed, and the turn's frame (`Ok(None)`
+/// when recall is off or there is no question to recall for).
 struct Remembered {
     question_stored: bool,
-    recall: Result<Option<Recall>, Error>,
+    recall: Result<Option<Recalled>, Error>,
+}
+
+/// The frame a request is forwarded with.
+struct Recalled {
+    turn: Arc<TurnFrame>,
+    /// Rows scanned and the scan's time (µs), when this request scanned (a continuation that
+    /// reuses its turn's frame does not).
+    scanned: Option<(usize, u64)>,
 }
 
 /// Capture the new user turn and recall for the live question, as the switches allow, under
@@ -979,6 +1014,9 @@ fn remember(
     )
 }
 
+/// A new turn is captured and its frame recalled and kept for the turn; a continuation of a
+/// tool round reuses its turn's frame (recalled again, its own question and round hidden, when
+/// the turn is not remembered) and captures what the agent did since the last request.
 fn remember_in(
     state: &State,
     generation: &Generation,
@@ -987,39 +1025,137 @@ fn remember_in(
     switches: Switches,
 ) -> Remembered {
     let memory = &generation.memory;
+    let user = UserId::from_key(&identity.user_key);
+    let key = Turns::key(&identity.user_key, &identity.conversation, request);
+    let new = request.question_is_new();
     let mut stored = false;
-    if switches.writes() && request.question_is_new() {
+    if switches.writes() && new {
         let text = request.question.clone().unwrap_or_default();
-        let captured = Capturer::new(&memory.dictionary).capture(
-            &memory.store,
-            &[Message {
-                user_key: identity.user_key.clone(),
-                conversation: identity.conversation.clone(),
-                role: Role::User,
-                name: None,
-                timestamp_ms: Some(now_ms()),
-                source_turn: None,
-                text,
-            }],
-        );
-        match captured {
+        match capture(memory, identity, Role::User, text) {
             Ok(ids) => stored = ids.first().is_some_and(|ids| !ids.is_empty()),
             Err(err) => {
                 return Remembered {
                     question_stored: false,
-                    recall: Err(err.into()),
+                    recall: Err(err),
                 };
             }
         }
     }
+    let known = key.filter(|_| !new).and_then(|key| state.turns.get(&key));
+    let recalled = match known {
+        Some(turn) => Ok(Some(Recalled {
+            turn,
+            scanned: None,
+        })),
+        None => {
+            let hidden = if new || !switches.recall {
+                Ok(Vec::new())
+            } else {
+                own_turn(memory, user, &identity.conversation)
+            };
+            hidden.and_then(|hidden| {
+                let recalled = recall_for(
+                    state, generation, request, identity, switches, stored, &hidden,
+                )?;
+                Ok(recalled.inspect(|recalled| {
+                    if !new {
+                        // What came before the round's last step was stored before the turn
+                        // was forgotten.
+                        *recalled.turn.captured.lock().expect("captured lock") =
+                            wire::last_step(request);
+                    }
+                    if let Some(key) = key {
+                        state.turns.insert(key, Arc::clone(&recalled.turn));
+                    }
+                }))
+            })
+        }
+    };
+    if let (true, false, Ok(Some(recalled))) = (switches.writes(), new, &recalled)
+        && let Err(err) = capture_round(memory, identity, request, &recalled.turn)
+    {
+        return Remembered {
+            question_stored: stored,
+            recall: Err(err),
+        };
+    }
     Remembered {
         question_stored: stored,
-        recall: recall_for(state, generation, request, identity, switches, stored),
+        recall: recalled,
     }
 }
 
+/// Store `text` as one message of `role` in the asker's conversation, unnamed, now.
+fn capture(
+    memory: &crate::memory::Memory,
+    identity: &Identity,
+    role: Role,
+    text: String,
+) -> Result<Vec<Vec<RowId>>, Error> {
+    Ok(Capturer::new(&memory.dictionary).capture(
+        &memory.store,
+        &[Message {
+            user_key: identity.user_key.clone(),
+            conversation: identity.conversation.clone(),
+            role,
+            name: None,
+            timestamp_ms: Some(now_ms()),
+            source_turn: None,
+            text,
+        }],
+    )?)
+}
+
+/// Rows a continuation's recall hides: the conversation's newest rows back to its newest user
+/// message (the turn's question, then its tool rows), which the request forwards itself.
+fn own_turn(
+    memory: &crate::memory::Memory,
+    user: UserId,
+    conversation: &str,
+) -> Result<Vec<RowId>, Error> {
+    let mut hidden = Vec::new();
+    for id in memory
+        .store
+        .conversation_rows_newest_first(user, conversation)
+        .take(OWN_TURN_ROWS)
+    {
+        let id = id?;
+        hidden.push(id);
+        if memory
+            .store
+            .row(user, id)?
+            .is_some_and(|row| row.role == Role::User && row.chunk == 0)
+        {
+            return Ok(hidden);
+        }
+    }
+    Ok(Vec::new())
+}
+
+/// How far back [`own_turn`] looks for the question (rows); a turn whose tool rows run longer
+/// hides nothing.
+const OWN_TURN_ROWS: usize = 4096;
+
+/// Store what the agent did since the turn's last request (its calls and their results after
+/// the question) as tool rows of the turn, each once.
+fn capture_round(
+    memory: &crate::memory::Memory,
+    identity: &Identity,
+    request: &wire::Request,
+    turn: &TurnFrame,
+) -> Result<(), Error> {
+    let mut captured = turn.captured.lock().expect("captured lock");
+    let (texts, seen) = wire::round_rows(request, *captured);
+    for text in texts {
+        capture(memory, identity, Role::Tool, text)?;
+    }
+    *captured = seen.max(*captured);
+    Ok(())
+}
+
 /// Catch the arena up and recall for the live question (`Ok(None)` when recall is off or
-/// there is none); `stored`: the question was just captured (otherwise recall is a probe).
+/// there is none); `stored`: the question was just captured (otherwise recall is a probe);
+/// `hidden`: rows passed over this time.
 fn recall_for(
     state: &State,
     generation: &Generation,
@@ -1027,7 +1163,8 @@ fn recall_for(
     identity: &Identity,
     switches: Switches,
     stored: bool,
-) -> Result<Option<Recall>, Error> {
+    hidden: &[RowId],
+) -> Result<Option<Recalled>, Error> {
     let memory = &generation.memory;
     let (true, false, Some(question)) = (
         switches.recall,
@@ -1052,9 +1189,22 @@ fn recall_for(
         conversation: Some(&identity.conversation),
         question,
         probe: !stored || !switches.writes(),
+        hidden,
         now_ms: Some(now_ms()),
     };
-    Ok(Some(recall(memory, &arena, &state.kernels, &config, &ask)?))
+    let recall = recall(memory, &arena, &state.kernels, &config, &ask)?;
+    Ok(Some(Recalled {
+        scanned: Some((recall.scanned_rows, recall.scan_us)),
+        turn: Arc::new(TurnFrame {
+            user: ask.user,
+            items: wire::frame_items(request.format, &recall.frame),
+            retrieved: recall.retrieved.iter().map(|r| RowId(r.row)).collect(),
+            shown: recall.frame.rows.clone(),
+            tokens: recall.frame.tokens,
+            trimmed: recall.frame.omitted.turns,
+            captured: std::sync::Mutex::new(0),
+        }),
+    }))
 }
 
 /// Where a finished reply is captured.
@@ -1200,12 +1350,14 @@ async fn relay(
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        if let Some(reader) = &mut reader {
-            reader.feed(&data);
-        }
-        if tx.send(data).await.is_err() {
+        // Read only what reached the client: the reply is complete once its closing event
+        // was relayed.
+        if tx.send(data.clone()).await.is_err() {
             client_gone = true;
             break;
+        }
+        if let Some(reader) = &mut reader {
+            reader.feed(&data);
         }
     }
     drop(body);
@@ -1215,7 +1367,6 @@ async fn relay(
     drop(tx);
     if let (Some(reply), Some(reader)) = (reply, reader) {
         let (text, complete) = reader.finish();
-        let complete = complete && !client_gone;
         let _ = tokio::task::spawn_blocking(move || reply.capture(text, complete)).await;
     }
 }

@@ -324,6 +324,7 @@ pub fn purge(state: &State, user_key: &str) -> Result<u64, crate::error::Error> 
     let generation = state.generation();
     let memory = &generation.memory;
     let removed = memory.store.purge_user(UserId::from_key(user_key))?;
+    state.turns.forget(UserId::from_key(user_key));
     // A dark generation built before the purge holds the user's rows: drop it now where it is
     // not being built; one being built records the purge count it started at, and the flip
     // rebuilds it when that count has moved.

@@ -13,8 +13,8 @@
 //! The loop is bounded: at most `ProxyConfig::tool_rounds` upstream calls per reply, and on the
 //! last one our tools are withdrawn (the earlier calls and results stay in the context as plain
 //! text), so the model must answer. A reply that calls the harness's tools as well as ours
-//! returns the harness's calls as usual; ours still run and are captured with the turn, so the
-//! conversation's recent stretch carries their results into the frame of the next request.
+//! returns the harness's calls as usual; ours still run (their results are reheated) but are
+//! never stored as rows: they only quote stored rows.
 //!
 //! Every chat format carries the tools (Chat Completions, Responses, Messages, Gemini), streamed
 //! and whole.
@@ -31,16 +31,14 @@ use hyper::{Response, StatusCode};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
-use crate::capture::{Capturer, Message};
 use crate::recall::reheat_returned;
 use crate::tools::{self, Call, TurnState};
-use crate::types::{Role, UserId};
+use crate::types::UserId;
 
 use super::provider::Failure;
 use super::wire::{self, Format};
 use super::{
-    Body, Channel, ProxyConfig, Reply, State, failure, forward, now_ms, read_body,
-    strip_upstream_headers,
+    Body, Channel, ProxyConfig, Reply, State, failure, forward, read_body, strip_upstream_headers,
 };
 
 /// Upstream calls per reply when not configured: up to three rounds of tool calls, then the
@@ -1252,24 +1250,6 @@ impl Loop {
                     }
                 }
             };
-            if let Some(reply) = &self.reply {
-                let captured = Capturer::new(&generation.memory.dictionary).capture(
-                    &generation.memory.store,
-                    &[Message {
-                        user_key: reply.identity.user_key.clone(),
-                        conversation: reply.identity.conversation.clone(),
-                        role: Role::Tool,
-                        name: Some(call.name.clone()),
-                        timestamp_ms: Some(now_ms()),
-                        source_turn: None,
-                        text: format!("{} {}\n{result}", call.name, call.arguments),
-                    }],
-                );
-                if let Err(err) = captured {
-                    tracing::error!(%err, "capturing a tool call failed");
-                    state.health.report("capturing a tool call", &err.into());
-                }
-            }
             results.push(result);
         }
         results
@@ -1404,20 +1384,12 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
     let mut splice = Splice::new(format);
     let mut reader = wire::StreamReader::new(format);
     let mut rounds: Vec<Round> = Vec::new();
-    let mut client_gone = false;
-    let send = |bytes: Vec<u8>, reader: &mut wire::StreamReader| {
-        reader.feed(&bytes);
-        tx.send(Bytes::from(bytes))
-    };
     'rounds: loop {
         splice.intercept = rounds.len() + 1 < lp.rounds();
         loop {
             let next = tokio::select! {
                 next = tokio::time::timeout(idle, body.frame()) => next,
-                () = tx.closed() => {
-                    client_gone = true;
-                    break 'rounds;
-                }
+                () = tx.closed() => break 'rounds,
             };
             let Ok(Some(Ok(frame))) = next else {
                 if next.is_err() {
@@ -1429,16 +1401,14 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
                 continue;
             };
             for out in splice.feed(&data) {
-                if send(out, &mut reader).await.is_err() {
-                    client_gone = true;
+                if relay_to(&tx, &mut reader, out).await.is_err() {
                     break 'rounds;
                 }
             }
         }
         if let Some(out) = splice.flush()
-            && send(out, &mut reader).await.is_err()
+            && relay_to(&tx, &mut reader, out).await.is_err()
         {
-            client_gone = true;
             break;
         }
         let (ended, mut round) = splice.end_round();
@@ -1451,7 +1421,6 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
         round.calls = ended.ours.into_iter().zip(results).collect();
         rounds.push(round);
         if gone {
-            client_gone = true;
             break;
         }
         if !ended.again {
@@ -1459,7 +1428,6 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
         }
         let (next, gone) = kept_alive(next_round(&lp, &rounds), &tx, format).await;
         if gone {
-            client_gone = true;
             break;
         }
         match next {
@@ -1467,7 +1435,7 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
             Err(refused) => {
                 tracing::warn!(message = %refused.message, "a memory tool round failed");
                 for event in splice.refusal(&refused) {
-                    if send(event, &mut reader).await.is_err() {
+                    if relay_to(&tx, &mut reader, event).await.is_err() {
                         break;
                     }
                 }
@@ -1483,10 +1451,23 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
     let Loop { reply, permit, .. } = lp;
     if let Some(reply) = reply {
         let (text, complete) = reader.finish();
-        let complete = complete && !client_gone;
         let _ = tokio::task::spawn_blocking(move || reply.capture(text, complete)).await;
     }
     drop(permit);
+}
+
+/// Send `bytes` to the client, then read them for the reply: the reader sees only what was
+/// relayed, so a reply counts as complete once its closing event reached the client, whatever
+/// the client does afterwards.
+async fn relay_to(
+    tx: &mpsc::Sender<Bytes>,
+    reader: &mut wire::StreamReader,
+    bytes: Vec<u8>,
+) -> Result<(), mpsc::error::SendError<Bytes>> {
+    let bytes = Bytes::from(bytes);
+    tx.send(bytes.clone()).await?;
+    reader.feed(&bytes);
+    Ok(())
 }
 
 /// A later round's answer `next` (status and headers) as the client gets it: the upstream's

@@ -3,10 +3,16 @@
 //! replacing its messages with the frame, and reading the reply's text out of a JSON body or an
 //! SSE stream.
 
+use std::collections::HashMap;
+
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
 
 use crate::frame::{Frame, Side};
 
+use super::harness::{self, Kind};
 use super::provider::Provider;
 
 /// A chat API's wire format.
@@ -43,32 +49,80 @@ impl Format {
     }
 }
 
-/// A parsed chat request.
+/// A parsed chat request, read as a harness sends it (`harness`): its instructions and injected
+/// context, the live turn, and the tool round after it.
 #[derive(Debug, Clone)]
 pub struct Request {
     pub format: Format,
     pub body: Map<String, Value>,
     pub model: String,
-    /// The conversation's messages (a Responses string input is one user message).
+    /// The conversation's items (a Responses string input is one user message).
     pub messages: Vec<Value>,
-    /// Index in `messages` of the live question: the last user message with text.
+    /// What each of `messages` is.
+    pub kinds: Vec<Kind>,
+    /// Index in `messages` of the live turn: the last user turn with words or attachments.
     pub question_at: Option<usize>,
-    /// The live question's text.
+    /// The live turn as stored: the user's words (harness context taken out), then one
+    /// placeholder line per attachment.
     pub question: Option<String>,
-    /// The text of the first non-system message (the conversation's default key).
+    /// The words of the first user turn (the conversation's default key).
     pub first: Option<String>,
     /// The provider keeps this conversation's history itself (Responses
     /// `previous_response_id`): the frame cannot replace it, so the request is forwarded as is.
     pub server_history: bool,
+    /// The body's fields as the client wrote them, in its order ([`encode`]).
+    raw: Vec<(String, Box<RawValue>)>,
+    /// The conversation's items as the client wrote them (none when it was a string).
+    raw_items: Vec<Box<RawValue>>,
+    /// The body's size in bytes.
+    size: usize,
 }
 
 impl Request {
-    /// Whether the live question is the request's last message: a new user turn to capture
-    /// (otherwise the request continues a tool round of an earlier question).
+    /// Whether the live turn is new: nothing but instructions or context follows it (otherwise
+    /// the request continues the tool round of an earlier question).
     pub fn question_is_new(&self) -> bool {
-        self.question_at
-            .is_some_and(|i| i + 1 == self.messages.len())
+        self.question_at.is_some_and(|at| {
+            self.kinds[at + 1..]
+                .iter()
+                .all(|k| matches!(k, Kind::Instructions | Kind::Context))
+        })
     }
+
+    /// The items of the ongoing tool round: everything after the live turn that the agent did
+    /// or got back (its calls, their results), with their indices.
+    pub fn round(&self) -> impl Iterator<Item = (usize, &Value)> {
+        let from = self.question_at.map_or(self.messages.len(), |at| at + 1);
+        (from..self.messages.len())
+            .filter(|&i| matches!(self.kinds[i], Kind::Agent | Kind::Result))
+            .map(|i| (i, &self.messages[i]))
+    }
+}
+
+/// Whether a content block is text the model reads as words (`text`, `input_text`,
+/// `output_text`; Gemini's untyped `{"text"}` parts, thoughts aside).
+fn is_text_block(block: &Value) -> bool {
+    match block.get("type").and_then(Value::as_str) {
+        Some(kind) => matches!(kind, "text" | "input_text" | "output_text"),
+        None => block.get("text").is_some() && block.get("thought").is_none_or(|t| t != true),
+    }
+}
+
+/// Whether a content block is a tool's result (Anthropic `tool_result`, Gemini
+/// `functionResponse`).
+fn is_result_block(block: &Value) -> bool {
+    block.get("type").and_then(Value::as_str) == Some("tool_result")
+        || block.get("functionResponse").is_some()
+}
+
+/// Whether a content block is a call the agent made (Anthropic `tool_use`, Gemini
+/// `functionCall`), or its thinking.
+fn is_agent_block(block: &Value) -> bool {
+    matches!(
+        block.get("type").and_then(Value::as_str),
+        Some("tool_use" | "server_tool_use" | "thinking" | "redacted_thinking")
+    ) || block.get("functionCall").is_some()
+        || block.get("thought").is_some_and(|t| t == true)
 }
 
 /// The text of a message's `content`: a string, or the text parts of an array (`text`,
@@ -80,11 +134,7 @@ pub fn text_of(content: &Value) -> Option<String> {
         Value::Array(parts) => {
             let texts: Vec<&str> = parts
                 .iter()
-                .filter(|p| match p.get("type").and_then(Value::as_str) {
-                    Some(kind) => matches!(kind, "text" | "input_text" | "output_text"),
-                    // Gemini parts carry no type: a text part is `{"text": ...}` (thoughts aside).
-                    None => p.get("thought").is_none_or(|t| t != true),
-                })
+                .filter(|p| is_text_block(p))
                 .filter_map(|p| p.get("text").and_then(Value::as_str))
                 .filter(|t| !t.is_empty())
                 .collect();
@@ -94,20 +144,158 @@ pub fn text_of(content: &Value) -> Option<String> {
     }
 }
 
-/// The text of a message in any format: its `content`, or Gemini's `parts`.
-fn message_text(message: &Value) -> Option<String> {
-    message
-        .get("content")
-        .or_else(|| message.get("parts"))
-        .and_then(text_of)
+/// A message's content in any format: its `content`, or Gemini's `parts`.
+fn content_of(message: &Value) -> Option<&Value> {
+    message.get("content").or_else(|| message.get("parts"))
 }
 
-/// Whether an OpenAI message is part of the system prompt (kept in front of the frame).
-fn is_system(message: &Value) -> bool {
-    matches!(
-        message.get("role").and_then(Value::as_str),
-        Some("system" | "developer")
+/// A user message's words: its text blocks that are not harness context, reminders taken out,
+/// joined by blank lines.
+fn words_of(content: &Value) -> Option<String> {
+    let words: Vec<String> = match content {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter(|b| is_text_block(b))
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .filter(|t| !harness::is_context(t) && !harness::is_markup(t))
+            .map(str::to_owned)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let words: Vec<String> = words
+        .iter()
+        .map(|w| harness::without_reminders(w).into_owned())
+        .filter(|w| !w.trim().is_empty() && !harness::is_context(w))
+        .collect();
+    (!words.is_empty()).then(|| words.join("\n\n"))
+}
+
+/// A user message's attachments: its blocks that are neither text nor tool traffic.
+fn attachments_of(content: &Value) -> Vec<&Value> {
+    match content {
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter(|b| !is_text_block(b) && !is_result_block(b) && !is_agent_block(b))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// What an item of `format`'s conversation list is.
+fn kind_of(format: Format, item: &Value) -> Kind {
+    if format == Format::Responses
+        && let Some(kind) = item.get("type").and_then(Value::as_str)
+        && kind != "message"
+    {
+        return if kind.ends_with("_output") {
+            Kind::Result
+        } else {
+            Kind::Agent
+        };
+    }
+    let role = item.get("role").and_then(Value::as_str);
+    match role {
+        Some("system" | "developer") => Kind::Instructions,
+        Some("tool" | "function") => Kind::Result,
+        Some("user") => user_kind(item),
+        None if format == Format::Gemini => user_kind(item),
+        _ => Kind::Agent,
+    }
+}
+
+/// What a user-role message is: tool results, a turn (words or attachments), or context.
+fn user_kind(message: &Value) -> Kind {
+    let Some(content) = content_of(message) else {
+        return Kind::Context;
+    };
+    if content
+        .as_array()
+        .is_some_and(|b| b.iter().any(is_result_block))
+    {
+        return Kind::Result;
+    }
+    if words_of(content).is_some() || !attachments_of(content).is_empty() {
+        Kind::Turn
+    } else {
+        Kind::Context
+    }
+}
+
+/// One line standing for an attachment in the stored turn: its kind, media type, size and a
+/// content hash; never its bytes.
+fn placeholder(block: &Value) -> String {
+    let kind = block
+        .get("type")
+        .and_then(Value::as_str)
+        .map(|k| k.trim_start_matches("input_").trim_end_matches("_url"))
+        .or_else(|| {
+            block
+                .get("inlineData")
+                .or_else(|| block.get("fileData"))
+                .map(|_| "file")
+        })
+        .unwrap_or("attachment");
+    let (mut media, mut bytes) = (None, 0usize);
+    let mut visit = vec![block];
+    while let Some(value) = visit.pop() {
+        match value {
+            Value::Object(fields) => {
+                for (key, field) in fields {
+                    match (key.as_str(), field) {
+                        ("media_type" | "mimeType" | "mime_type" | "format", Value::String(m)) => {
+                            media.get_or_insert_with(|| m.clone());
+                        }
+                        (
+                            "data" | "file_data" | "url" | "image_url" | "fileUri",
+                            Value::String(d),
+                        ) => {
+                            let (head, payload) = match d.strip_prefix("data:") {
+                                Some(rest) => rest.split_once(',').unwrap_or(("", rest)),
+                                None => ("", d.as_str()),
+                            };
+                            if let Some(m) = head.split(';').next().filter(|m| !m.is_empty()) {
+                                media.get_or_insert_with(|| m.to_owned());
+                            }
+                            bytes += if head.ends_with("base64") || key == "data" {
+                                payload.len() / 4 * 3
+                            } else {
+                                payload.len()
+                            };
+                        }
+                        _ => visit.push(field),
+                    }
+                }
+            }
+            Value::Array(items) => visit.extend(items),
+            _ => {}
+        }
+    }
+    let digest = Sha256::digest(block.to_string().as_bytes());
+    let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let kind = if kind == "file" {
+        media
+            .as_deref()
+            .and_then(|m| m.split('/').next())
+            .filter(|m| *m == "image")
+            .unwrap_or("file")
+    } else {
+        kind
+    };
+    format!(
+        "[{kind} attached: {}, {bytes} bytes, sha256 {hash}]",
+        media.as_deref().unwrap_or("unknown type")
     )
+}
+
+/// The live turn as stored: its words, then a placeholder line per attachment.
+fn stored_turn(message: &Value) -> Option<String> {
+    let content = content_of(message)?;
+    let lines: Vec<String> = words_of(content)
+        .into_iter()
+        .chain(attachments_of(content).into_iter().map(placeholder))
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("\n"))
 }
 
 /// Parse a chat request body in `format` (`path_model`: the model named by the path, Gemini's
@@ -118,6 +306,8 @@ pub fn parse(format: Format, bytes: &[u8], path_model: Option<&str>) -> Result<R
     let Value::Object(body) = value else {
         return Err("the body must be a JSON object".into());
     };
+    let RawFields(raw) =
+        serde_json::from_slice(bytes).map_err(|e| format!("the body is not valid JSON: {e}"))?;
     let model = match path_model {
         Some(model) => model.to_owned(),
         None => body
@@ -153,17 +343,19 @@ pub fn parse(format: Format, bytes: &[u8], path_model: Option<&str>) -> Result<R
             return Err(format!("{list}[{i}] has no `role` string"));
         }
     }
-    let is_user_text = |m: &Value| {
-        let role = m.get("role").and_then(Value::as_str);
-        let user = role == Some("user") || (format == Format::Gemini && role.is_none());
-        user && message_text(m).is_some()
-    };
-    let question_at = messages.iter().rposition(is_user_text);
-    let question = question_at.and_then(|i| message_text(&messages[i]));
-    let first = messages
+    let raw_items = raw
         .iter()
-        .find(|m| !is_system(m))
-        .and_then(message_text);
+        .rev()
+        .find(|(key, _)| key == list)
+        .and_then(|(_, items)| serde_json::from_str::<Vec<Box<RawValue>>>(items.get()).ok())
+        .unwrap_or_default();
+    let kinds: Vec<Kind> = messages.iter().map(|m| kind_of(format, m)).collect();
+    let question_at = kinds.iter().rposition(|k| *k == Kind::Turn);
+    let question = question_at.and_then(|i| stored_turn(&messages[i]));
+    let first = kinds
+        .iter()
+        .position(|k| *k == Kind::Turn)
+        .and_then(|i| stored_turn(&messages[i]));
     let server_history = format == Format::Responses
         && body
             .get("previous_response_id")
@@ -173,55 +365,509 @@ pub fn parse(format: Format, bytes: &[u8], path_model: Option<&str>) -> Result<R
         body,
         model,
         messages,
+        kinds,
         question_at,
         question,
         first,
         server_history,
+        raw,
+        raw_items,
+        size: bytes.len(),
     })
 }
 
-/// The request body with its messages replaced: OpenAI keeps its leading system and developer
-/// messages, Anthropic its top-level `system`, Responses its `instructions`; then the frame
-/// (which ends with the live question); then whatever followed the live question (an ongoing
-/// tool round), verbatim.
-pub fn with_frame(request: &Request, frame: &Frame) -> Vec<u8> {
-    serde_json::to_vec(&Value::Object(framed(request, frame))).expect("a JSON value serialises")
+/// The frame's messages as `format`'s conversation items.
+pub fn frame_items(format: Format, frame: &Frame) -> Vec<Value> {
+    frame
+        .messages
+        .iter()
+        .map(|m| match format {
+            Format::Gemini => json!({
+                "role": match m.role {
+                    Side::User => "user",
+                    Side::Assistant => "model",
+                },
+                "parts": [{"text": m.content}],
+            }),
+            Format::Chat | Format::Responses | Format::Messages => json!({
+                "role": match m.role {
+                    Side::User => "user",
+                    Side::Assistant => "assistant",
+                },
+                "content": m.content,
+            }),
+        })
+        .collect()
 }
 
-/// The body [`with_frame`] sends, before it is serialised.
-pub fn framed(request: &Request, frame: &Frame) -> Map<String, Value> {
+/// The request body with the frame's items ([`frame_items`]) in place of the conversation: the harness's instructions and context that came before the live turn, in
+/// their order; the frame, whose last message (ending with the live question) takes the live
+/// turn's place with the turn's other blocks (attachments, context, cache markers) kept where
+/// they were; then everything after the live turn (the tool round, trailing instructions),
+/// verbatim. Where the client marked its history for the prompt cache (Anthropic), the frame's
+/// end carries the last such marker, within the provider's limit of four.
+pub fn framed(request: &Request, frame: &[Value]) -> Framed {
+    let at = request.question_at.unwrap_or(request.messages.len());
     let mut out: Vec<Value> = Vec::new();
-    if request.format != Format::Messages {
-        out.extend(
-            request
-                .messages
-                .iter()
-                .take_while(|m| is_system(m))
-                .cloned(),
-        );
+    let mut verbatim: Vec<Option<usize>> = Vec::new();
+    for (i, (message, kind)) in request.messages[..at]
+        .iter()
+        .zip(&request.kinds)
+        .enumerate()
+    {
+        if matches!(kind, Kind::Instructions | Kind::Context) {
+            out.push(message.clone());
+            verbatim.push(Some(i));
+        }
     }
-    out.extend(frame.messages.iter().map(|m| match request.format {
-        Format::Gemini => json!({
-            "role": match m.role {
-                Side::User => "user",
-                Side::Assistant => "model",
-            },
-            "parts": [{"text": m.content}],
-        }),
-        Format::Chat | Format::Responses | Format::Messages => json!({
-            "role": match m.role {
-                Side::User => "user",
-                Side::Assistant => "assistant",
-            },
-            "content": m.content,
-        }),
-    }));
-    if let Some(at) = request.question_at {
-        out.extend(request.messages.iter().skip(at + 1).cloned());
+    let (last, earlier) = match frame.split_last() {
+        Some((last, earlier)) if last.get("role").and_then(Value::as_str) == Some("user") => {
+            (Some(last), earlier)
+        }
+        _ => (None, frame),
+    };
+    out.extend(earlier.iter().cloned());
+    verbatim.resize(out.len(), None);
+    let live = request.question_at.map(|i| &request.messages[i]);
+    let mut live = match (live, last) {
+        (Some(live), Some(last)) => Some(in_place(live, last)),
+        (None, Some(last)) => Some(last.clone()),
+        (Some(live), None) => Some(live.clone()),
+        (None, None) => None,
+    };
+    if request.format == Format::Messages
+        && let Some(live) = &mut live
+    {
+        mark_frame_end(request, &out, live);
+    }
+    out.extend(live);
+    verbatim.resize(out.len(), None);
+    for i in at + 1..request.messages.len() {
+        out.push(request.messages[i].clone());
+        verbatim.push(Some(i));
     }
     let mut body = request.body.clone();
     body.insert(request.format.list().into(), Value::Array(out));
-    body
+    Framed { body, verbatim }
+}
+
+/// A request body with the frame in it ([`framed`]), and where each item of its conversation
+/// came from: `Some(i)` for the client's item `i` as it came, `None` for one the proxy made.
+#[derive(Debug, Clone)]
+pub struct Framed {
+    pub body: Map<String, Value>,
+    pub verbatim: Vec<Option<usize>>,
+}
+
+/// The bytes of `body` (the request's own body with what the proxy `owned` changed, or
+/// [`Framed::body`] with `verbatim`) as the client wrote them wherever the proxy changed
+/// nothing: every field it does not own is copied byte for byte from the request, in the
+/// client's order; in the conversation, the client's items kept as they came are copied too;
+/// an owned list the proxy only appended to (the memory tools after the harness's) keeps the
+/// client's items' bytes before the appended ones. Fields the proxy added come last.
+pub fn encode(
+    request: &Request,
+    body: &Map<String, Value>,
+    verbatim: Option<&[Option<usize>]>,
+    owned: &[&str],
+) -> Vec<u8> {
+    let list = request.format.list();
+    let mut out = Vec::with_capacity(request.size + 4096);
+    out.push(b'{');
+    let mut written: Vec<&str> = Vec::with_capacity(request.raw.len());
+    for (key, raw) in &request.raw {
+        let Some(value) = body.get(key) else {
+            continue;
+        };
+        if !written.is_empty() {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut out, key).expect("a key serialises");
+        out.push(b':');
+        if key == list
+            && let Some(verbatim) = verbatim
+        {
+            let items = value.as_array().map_or(&[][..], Vec::as_slice);
+            write_items(&mut out, items, |j| {
+                verbatim
+                    .get(j)
+                    .copied()
+                    .flatten()
+                    .and_then(|i| request.raw_items.get(i))
+            });
+        } else if owned.contains(&key.as_str()) {
+            let kept: Vec<Box<RawValue>> = serde_json::from_str(raw.get()).unwrap_or_default();
+            match value.as_array() {
+                Some(items) if kept.len() <= items.len() => {
+                    write_items(&mut out, items, |j| kept.get(j));
+                }
+                _ => serde_json::to_writer(&mut out, value).expect("a JSON value serialises"),
+            }
+        } else {
+            out.extend_from_slice(raw.get().as_bytes());
+        }
+        written.push(key);
+    }
+    for (key, value) in body.iter().filter(|(k, _)| !written.contains(&k.as_str())) {
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut out, key).expect("a key serialises");
+        out.push(b':');
+        serde_json::to_writer(&mut out, value).expect("a JSON value serialises");
+    }
+    out.push(b'}');
+    out
+}
+
+/// A JSON array of `items`, each written as the raw bytes `raw(j)` gives for it, or serialised.
+fn write_items<'a>(
+    out: &mut Vec<u8>,
+    items: &[Value],
+    raw: impl Fn(usize) -> Option<&'a Box<RawValue>>,
+) {
+    out.push(b'[');
+    for (j, item) in items.iter().enumerate() {
+        if j > 0 {
+            out.push(b',');
+        }
+        match raw(j) {
+            Some(raw) => out.extend_from_slice(raw.get().as_bytes()),
+            None => serde_json::to_writer(&mut *out, item).expect("a JSON value serialises"),
+        }
+    }
+    out.push(b']');
+}
+
+/// A JSON object's fields as the bytes the client wrote, in its order.
+struct RawFields(Vec<(String, Box<RawValue>)>);
+
+impl<'de> Deserialize<'de> for RawFields {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = RawFields;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawFields, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(field) = map.next_entry::<String, Box<RawValue>>()? {
+                    fields.push(field);
+                }
+                Ok(RawFields(fields))
+            }
+        }
+        deserializer.deserialize_map(Fields)
+    }
+}
+
+/// The live turn `live` with its words replaced by the frame's last message `last`: a string
+/// content becomes the frame's text; in a list, the first word block takes it (its other
+/// fields, a cache marker say, kept), later word blocks go (their words are in the frame), and
+/// every other block stays where it was. The message's own fields stay as they came.
+fn in_place(live: &Value, last: &Value) -> Value {
+    let key = if live.get("parts").is_some() {
+        "parts"
+    } else {
+        "content"
+    };
+    let text = content_of(last).and_then(text_of).unwrap_or_default();
+    let Some(Value::Array(blocks)) = live.get(key) else {
+        let mut out = live.clone();
+        out[key] = Value::String(text);
+        return out;
+    };
+    let mut placed = false;
+    let mut kept = Vec::with_capacity(blocks.len());
+    for block in blocks {
+        let is_words = is_text_block(block)
+            && block
+                .get("text")
+                .and_then(Value::as_str)
+                .is_some_and(|t| !harness::is_context(t) && !harness::is_markup(t));
+        if !is_words {
+            kept.push(block.clone());
+        } else if !placed {
+            let mut block = block.clone();
+            block["text"] = Value::String(text.clone());
+            kept.push(block);
+            placed = true;
+        }
+    }
+    if !placed {
+        let block = match key {
+            "parts" => json!({"text": text}),
+            _ if blocks.iter().any(|b| b["type"] == "input_text") => {
+                json!({"type": "input_text", "text": text})
+            }
+            _ => json!({"type": "text", "text": text}),
+        };
+        let at = kept
+            .iter()
+            .position(|b| !is_text_block(b))
+            .unwrap_or(kept.len());
+        kept.insert(at, block);
+    }
+    let mut out = live.clone();
+    out[key] = Value::Array(kept);
+    out
+}
+
+/// Anthropic's limit on cache breakpoints in one request.
+const CACHE_BREAKPOINTS: usize = 4;
+
+/// Where the client marked the history it sent for the prompt cache (blocks with
+/// `cache_control` before the live turn, which the frame replaces), mark the frame's end, the
+/// live turn's first word block, with the last of those markers, unless it has one or the
+/// request would hold more than the provider's limit.
+fn mark_frame_end(request: &Request, kept: &[Value], live: &mut Value) {
+    let at = request.question_at.unwrap_or(request.messages.len());
+    let dropped = request.messages[..at]
+        .iter()
+        .zip(&request.kinds)
+        .filter(|(_, k)| !matches!(k, Kind::Instructions | Kind::Context))
+        .filter_map(|(m, _)| m.get("content").and_then(Value::as_array))
+        .flatten()
+        .filter_map(|b| b.get("cache_control"))
+        .next_back()
+        .cloned();
+    let Some(marker) = dropped else {
+        return;
+    };
+    let in_use = request.body.get("system").map_or(0, count_markers)
+        + request.body.get("tools").map_or(0, count_markers)
+        + kept.iter().map(count_markers).sum::<usize>()
+        + count_markers(live)
+        + request.messages[at + 1..]
+            .iter()
+            .map(count_markers)
+            .sum::<usize>();
+    if in_use >= CACHE_BREAKPOINTS {
+        return;
+    }
+    if let Some(Value::String(text)) = live.get("content") {
+        live["content"] = json!([{"type": "text", "text": text}]);
+    }
+    let Some(Value::Array(blocks)) = live.get_mut("content") else {
+        return;
+    };
+    let end = blocks.iter_mut().find(|b| {
+        b.get("type").and_then(Value::as_str) == Some("text")
+            && b.get("text")
+                .and_then(Value::as_str)
+                .is_some_and(|t| !harness::is_context(t) && !harness::is_markup(t))
+    });
+    if let Some(Value::Object(block)) = end
+        && !block.contains_key("cache_control")
+    {
+        block.insert("cache_control".into(), marker);
+    }
+}
+
+/// The `cache_control` markers anywhere in `value`.
+fn count_markers(value: &Value) -> usize {
+    match value {
+        Value::Object(fields) => fields
+            .iter()
+            .map(|(k, v)| usize::from(k == "cache_control" && !v.is_null()) + count_markers(v))
+            .sum(),
+        Value::Array(items) => items.iter().map(count_markers).sum(),
+        _ => 0,
+    }
+}
+
+/// The tool round's items after the question from the `from`th on (counted from the question),
+/// as the texts of the turn's tool rows: each call the agent made (`called NAME ARGUMENTS`),
+/// each result it got back (`NAME returned: RESULT`, attachments as placeholders), in order;
+/// and how many items follow the question. The assistant's words are not here: its reply's
+/// text was captured as it streamed.
+pub fn round_rows(request: &Request, from: usize) -> (Vec<String>, usize) {
+    let Some(at) = request.question_at else {
+        return (Vec::new(), 0);
+    };
+    let after = request.messages.len() - at - 1;
+    let mut names: HashMap<String, String> = HashMap::new();
+    let mut rows = Vec::new();
+    for (i, item) in request.round() {
+        let calls = calls_in(request.format, item);
+        for call in &calls {
+            if let Some(id) = &call.id {
+                names.insert(id.clone(), call.name.clone());
+            }
+        }
+        if i - at - 1 < from {
+            continue;
+        }
+        rows.extend(
+            calls
+                .iter()
+                .map(|c| format!("called {} {}", c.name, c.arguments)),
+        );
+        rows.extend(results_in(request.format, item).into_iter().map(|r| {
+            let name = r
+                .name
+                .or_else(|| r.id.and_then(|id| names.get(&id).cloned()))
+                .unwrap_or_else(|| "a tool".into());
+            format!("{name} returned: {}", r.text)
+        }));
+    }
+    (rows, after)
+}
+
+/// How many items after the question come before the round's last step (the agent's last
+/// calls and the results after them).
+pub fn last_step(request: &Request) -> usize {
+    let Some(at) = request.question_at else {
+        return 0;
+    };
+    let tail = &request.kinds[at + 1..];
+    let results = tail
+        .iter()
+        .rposition(|k| *k != Kind::Result && *k != Kind::Instructions && *k != Kind::Context)
+        .unwrap_or(0);
+    tail[..results]
+        .iter()
+        .rposition(|k| *k != Kind::Agent)
+        .map_or(0, |i| i + 1)
+}
+
+/// A call the agent made: its id (to name its result), tool and arguments.
+struct Call {
+    id: Option<String>,
+    name: String,
+    arguments: String,
+}
+
+/// A result the agent got back: the call it answers (by id or by name) and its text.
+struct Outcome {
+    id: Option<String>,
+    name: Option<String>,
+    text: String,
+}
+
+/// A JSON value as stored text: a string as it is, anything else compact.
+fn as_text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// The text of a tool's result content: strings and text blocks as they are, other blocks as
+/// placeholders, one per line.
+fn result_text(content: &Value) -> String {
+    match content {
+        Value::Array(blocks) => blocks
+            .iter()
+            .map(|b| match b.get("text").and_then(Value::as_str) {
+                Some(text) if is_text_block(b) => text.to_owned(),
+                _ => placeholder(b),
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        other => as_text(other),
+    }
+}
+
+fn string_field(value: &Value, key: &str) -> Option<String> {
+    value.get(key).and_then(Value::as_str).map(str::to_owned)
+}
+
+/// The calls in one item of the agent's.
+fn calls_in(format: Format, item: &Value) -> Vec<Call> {
+    match format {
+        Format::Chat => item
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|c| Call {
+                id: string_field(c, "id"),
+                name: c["function"]["name"]
+                    .as_str()
+                    .unwrap_or("a tool")
+                    .to_owned(),
+                arguments: as_text(&c["function"]["arguments"]),
+            })
+            .collect(),
+        Format::Responses => match item.get("type").and_then(Value::as_str) {
+            Some(kind) if kind.ends_with("_call") => vec![Call {
+                id: string_field(item, "call_id"),
+                name: string_field(item, "name").unwrap_or_else(|| kind.to_owned()),
+                arguments: as_text(
+                    item.get("arguments")
+                        .or_else(|| item.get("input"))
+                        .or_else(|| item.get("action"))
+                        .unwrap_or(&Value::Null),
+                ),
+            }],
+            _ => Vec::new(),
+        },
+        Format::Messages | Format::Gemini => content_of(item)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|b| {
+                if b.get("type").and_then(Value::as_str) == Some("tool_use") {
+                    return Some(Call {
+                        id: string_field(b, "id"),
+                        name: string_field(b, "name").unwrap_or_else(|| "a tool".into()),
+                        arguments: as_text(&b["input"]),
+                    });
+                }
+                let call = b.get("functionCall")?;
+                Some(Call {
+                    id: string_field(call, "id"),
+                    name: string_field(call, "name").unwrap_or_else(|| "a tool".into()),
+                    arguments: as_text(&call["args"]),
+                })
+            })
+            .collect(),
+    }
+}
+
+/// The results in one item.
+fn results_in(format: Format, item: &Value) -> Vec<Outcome> {
+    match format {
+        Format::Chat => match item.get("role").and_then(Value::as_str) {
+            Some("tool" | "function") => vec![Outcome {
+                id: string_field(item, "tool_call_id"),
+                name: string_field(item, "name"),
+                text: item.get("content").map(result_text).unwrap_or_default(),
+            }],
+            _ => Vec::new(),
+        },
+        Format::Responses => match item.get("type").and_then(Value::as_str) {
+            Some(kind) if kind.ends_with("_output") => vec![Outcome {
+                id: string_field(item, "call_id"),
+                name: None,
+                text: item.get("output").map(result_text).unwrap_or_default(),
+            }],
+            _ => Vec::new(),
+        },
+        Format::Messages | Format::Gemini => content_of(item)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|b| {
+                if b.get("type").and_then(Value::as_str) == Some("tool_result") {
+                    return Some(Outcome {
+                        id: string_field(b, "tool_use_id"),
+                        name: None,
+                        text: b.get("content").map(result_text).unwrap_or_default(),
+                    });
+                }
+                let response = b.get("functionResponse")?;
+                Some(Outcome {
+                    id: string_field(response, "id"),
+                    name: string_field(response, "name"),
+                    text: as_text(&response["response"]),
+                })
+            })
+            .collect(),
+    }
 }
 
 /// The assistant text of a non-streamed reply body.
@@ -413,6 +1059,17 @@ mod tests {
     use crate::frame::{Message, Omitted};
     use crate::types::RowId;
 
+    /// The body sent for `request` with `frame` in it.
+    fn with_frame(request: &Request, frame: &Frame) -> Vec<u8> {
+        let framed = framed(request, &frame_items(request.format, frame));
+        encode(
+            request,
+            &framed.body,
+            Some(&framed.verbatim),
+            &[request.format.list()],
+        )
+    }
+
     fn frame(messages: &[(Side, &str)]) -> Frame {
         Frame {
             messages: messages
@@ -464,7 +1121,8 @@ mod tests {
         assert_eq!(roles, ["system", "user", "assistant", "tool"]);
         assert_eq!(
             out["messages"][1]["content"],
-            "[frame] what is the weather?"
+            json!([{"type": "text", "text": "[frame] what is the weather?"}]),
+            "the live turn keeps its shape, the frame in its words' place"
         );
         assert_eq!(out["model"], "gpt-4o");
     }

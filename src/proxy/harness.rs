@@ -1,0 +1,277 @@
+//! What agent harnesses put in a request besides the user's words, and how it is recognised
+//! (`docs/proxy.md`, "Harnesses"): instructions at any position, context a harness injects in
+//! the user's role (project rules, the environment, reminders), the ongoing tool round, the
+//! harness's own session id, and side calls that are not conversation. Pure functions over a
+//! request's JSON; every form recognised here is one a real harness was recorded sending.
+
+use std::borrow::Cow;
+
+use hyper::HeaderMap;
+use serde_json::Value;
+
+use super::wire::Format;
+
+/// What one item of a request's conversation list is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A `system` or `developer` message, wherever it stands (Claude Code ends its main
+    /// request with one after the user's message): kept where the harness put it.
+    Instructions,
+    /// A user-role message holding nothing but harness context (Codex's AGENTS.md and
+    /// `<environment_context>` messages): kept where the harness put it, never stored.
+    Context,
+    /// A user's turn: words, attachments, or both.
+    Turn,
+    /// Tool results (Chat `tool` messages, Responses `*_output` items, Anthropic
+    /// `tool_result` blocks, Gemini `functionResponse` parts).
+    Result,
+    /// The assistant's messages and calls, and any other item (Responses reasoning, output
+    /// items of kinds this proxy does not name).
+    Agent,
+}
+
+/// The opening of a user message that holds a project's instructions file (Codex: `# AGENTS.md
+/// instructions for <dir>` then the file in `<INSTRUCTIONS>`).
+const INSTRUCTION_FILE_HEADINGS: [&str; 1] = ["# AGENTS.md instructions for "];
+
+/// Words in the tag name of a block that is harness context as a whole: `<environment_context>`
+/// (Codex), `<system-reminder>` (Claude Code), `<user_instructions>` (older Codex),
+/// `<local-command-caveat>` (Claude Code), and others of the same make.
+const CONTEXT_TAG_WORDS: [&str; 5] = [
+    "context",
+    "instruction",
+    "reminder",
+    "caveat",
+    "environment",
+];
+
+/// The tag whose elements Claude Code puts inside a user's text (and as blocks of their own).
+const REMINDER_TAG: &str = "system-reminder";
+
+/// Whether `text` is harness context as a whole: an instructions file's heading, or one or
+/// more XML-style elements the first of which has a context tag.
+pub fn is_context(text: &str) -> bool {
+    let text = text.trim();
+    if INSTRUCTION_FILE_HEADINGS
+        .iter()
+        .any(|h| text.starts_with(h))
+    {
+        return true;
+    }
+    let Some(tag) = opening_tag(text) else {
+        return false;
+    };
+    let lower = tag.to_ascii_lowercase();
+    CONTEXT_TAG_WORDS.iter().any(|w| lower.contains(w))
+        && text.ends_with('>')
+        && text.contains(&format!("</{tag}>"))
+}
+
+/// The name of the tag `text` opens with, when it is a plain XML-style name.
+fn opening_tag(text: &str) -> Option<&str> {
+    let rest = text.strip_prefix('<')?;
+    let end = rest.find(['>', ' ', '\n'])?;
+    let name = &rest[..end];
+    let plain = !name.is_empty()
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    plain.then_some(name)
+}
+
+/// `text` without the `<system-reminder>` elements inside it: the user's words around them,
+/// trimmed where an element was taken out; `text` itself, byte for byte, when it holds none.
+pub fn without_reminders(text: &str) -> Cow<'_, str> {
+    let (open, close) = (format!("<{REMINDER_TAG}>"), format!("</{REMINDER_TAG}>"));
+    let mut out = String::new();
+    let mut rest = text;
+    let mut removed = false;
+    while let Some(start) = rest.find(&open) {
+        let Some(end) = rest[start..].find(&close) else {
+            break;
+        };
+        out.push_str(&rest[..start]);
+        rest = &rest[start + end + close.len()..];
+        removed = true;
+    }
+    if !removed {
+        return Cow::Borrowed(text);
+    }
+    out.push_str(rest);
+    Cow::Owned(out.trim().to_owned())
+}
+
+/// Headers naming the harness's session: Claude Code's `X-Claude-Code-Session-Id`, Codex's
+/// `session-id` (its thread id, also its `prompt_cache_key`), and the underscore spelling.
+const SESSION_HEADERS: [&str; 3] = ["x-claude-code-session-id", "session-id", "session_id"];
+
+/// The harness's own id of the conversation, where it sends one: a session header
+/// ([`SESSION_HEADERS`]), else Claude Code's `metadata.user_id`: a JSON object with
+/// `session_id` (2.1), or `user_…_account_…_session_<uuid>` (earlier versions).
+pub fn session(
+    format: Format,
+    body: &serde_json::Map<String, Value>,
+    headers: &HeaderMap,
+) -> Option<String> {
+    if let Some(id) = SESSION_HEADERS
+        .iter()
+        .find_map(|name| headers.get(*name)?.to_str().ok())
+        .filter(|v| !v.is_empty())
+    {
+        return Some(format!("session:{id}"));
+    }
+    match format {
+        Format::Messages => {
+            let user_id = body.get("metadata")?.get("user_id")?.as_str()?;
+            if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(user_id)
+                && let Some(id) = fields
+                    .get("session_id")
+                    .and_then(Value::as_str)
+                    .filter(|id| !id.is_empty())
+            {
+                return Some(format!("session:{id}"));
+            }
+            let at = user_id.rfind("session_")?;
+            let id = &user_id[at + "session_".len()..];
+            (!id.is_empty()).then(|| format!("session:{id}"))
+        }
+        Format::Chat | Format::Responses | Format::Gemini => None,
+    }
+}
+
+/// The header in which Codex describes each request (JSON with `request_kind`: `turn` for the
+/// conversation, another kind for its compaction and other side calls).
+const CODEX_TURN_METADATA: &str = "x-codex-turn-metadata";
+
+/// Whether a request is a harness's side call, passed through unremembered: a quota probe
+/// (`max_tokens` 1: Claude Code's, and no real turn asks for one token), or a Codex request
+/// whose metadata names a kind other than `turn`.
+pub fn is_side_call(body: &serde_json::Map<String, Value>, headers: &HeaderMap) -> bool {
+    if body.get("max_tokens").and_then(Value::as_u64) == Some(1) {
+        return true;
+    }
+    headers
+        .get(CODEX_TURN_METADATA)
+        .and_then(|v| serde_json::from_slice::<Value>(v.as_bytes()).ok())
+        .and_then(|meta| meta.get("request_kind")?.as_str().map(str::to_owned))
+        .is_some_and(|kind| kind != "turn")
+}
+
+/// Whether `text` is one markup tag alone, opening or closing, that a harness wraps around an
+/// attachment (Codex: `<image name=[Image #1] path="…">` before an image and `</image>` after
+/// it): kept in place beside the attachment, not stored as the user's words.
+pub fn is_markup(text: &str) -> bool {
+    let text = text.trim();
+    let Some(inner) = text.strip_prefix('<').and_then(|t| t.strip_suffix('>')) else {
+        return false;
+    };
+    let name = inner.strip_prefix('/').unwrap_or(inner);
+    opening_tag(&format!("<{name}>")).is_some() && !inner.contains(['<', '>', '\n'])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codex_and_claude_code_context_is_recognised_and_words_are_not() {
+        assert!(is_context(
+            "# AGENTS.md instructions for /work/app\n\n<INSTRUCTIONS>\nUse tabs.\n</INSTRUCTIONS>"
+        ));
+        assert!(is_context(
+            "<environment_context>\n  <cwd>/work/app</cwd>\n  <shell>bash</shell>\n</environment_context>"
+        ));
+        assert!(is_context(
+            "<system-reminder>\nAs you answer, follow CLAUDE.md.\n</system-reminder>"
+        ));
+        assert!(!is_context("What is <b>bold</b> in HTML?"));
+        assert!(!is_context("<b>bold</b>"));
+        assert!(!is_context("my environment is broken"));
+        assert!(!is_context("<environment_context> unclosed"));
+    }
+
+    #[test]
+    fn reminders_are_taken_out_of_the_users_words() {
+        assert_eq!(
+            without_reminders(
+                "<system-reminder>todo: none</system-reminder>\nFix the parser.\n<system-reminder>x</system-reminder>"
+            ),
+            "Fix the parser."
+        );
+        assert_eq!(without_reminders("plain, verbatim "), "plain, verbatim ");
+        assert_eq!(
+            without_reminders("a <system-reminder>unclosed"),
+            "a <system-reminder>unclosed"
+        );
+    }
+
+    #[test]
+    fn sessions_come_from_claude_codes_metadata_and_codexs_header() {
+        let body = |user_id: &str| {
+            serde_json::json!({"metadata": {"user_id": user_id}})
+                .as_object()
+                .unwrap()
+                .clone()
+        };
+        let none = HeaderMap::new();
+        assert_eq!(
+            session(
+                Format::Messages,
+                &body("user_ab12_account_c3_session_5f0e-77"),
+                &none
+            )
+            .as_deref(),
+            Some("session:5f0e-77")
+        );
+        assert_eq!(
+            session(
+                Format::Messages,
+                &body(r#"{"device_id":"d","session_id":"s-9"}"#),
+                &none
+            )
+            .as_deref(),
+            Some("session:s-9")
+        );
+        assert_eq!(session(Format::Messages, &body("plain-user"), &none), None);
+        let mut headers = HeaderMap::new();
+        headers.insert("session-id", "019a-c0de".parse().unwrap());
+        assert_eq!(
+            session(Format::Responses, &serde_json::Map::new(), &headers).as_deref(),
+            Some("session:019a-c0de")
+        );
+    }
+
+    #[test]
+    fn quota_probes_and_codex_side_requests_are_side_calls() {
+        let body = |value: Value| value.as_object().unwrap().clone();
+        let none = HeaderMap::new();
+        assert!(is_side_call(
+            &body(serde_json::json!({"max_tokens": 1})),
+            &none
+        ));
+        assert!(!is_side_call(
+            &body(serde_json::json!({"max_tokens": 32000})),
+            &none
+        ));
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            CODEX_TURN_METADATA,
+            r#"{"session_id":"s","request_kind":"compact"}"#.parse().unwrap(),
+        );
+        assert!(is_side_call(&serde_json::Map::new(), &headers));
+        headers.insert(
+            CODEX_TURN_METADATA,
+            r#"{"session_id":"s","request_kind":"turn"}"#.parse().unwrap(),
+        );
+        assert!(!is_side_call(&serde_json::Map::new(), &headers));
+    }
+
+    #[test]
+    fn attachment_markup_is_a_lone_tag() {
+        assert!(is_markup(r#"<image name=[Image #1] path="/tmp/dot.png">"#));
+        assert!(is_markup("</image>"));
+        assert!(!is_markup("<b>bold</b>"));
+        assert!(!is_markup("Describe the image."));
+    }
+}

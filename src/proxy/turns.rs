@@ -1,0 +1,104 @@
+//! One frame per turn: the frame computed when a turn's question is captured, reused byte for
+//! byte by every tool-round continuation of that turn, so the forwarded prefix of a tool loop
+//! stays the same from request to request and the provider's prefix cache covers it.
+//!
+//! A turn is keyed by a hash of who asks, the conversation, and the request's items up to and
+//! including the live question, as the harness sent them: a continuation resends exactly that
+//! prefix; a later turn (whose history has grown) or another user cannot match it. The table
+//! lives in memory only: after a restart a continuation finds nothing and its frame is
+//! recalled again (`docs/proxy.md`).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::types::{RowId, UserId};
+
+use super::wire::Request;
+
+/// Turns remembered at once; the oldest is forgotten first. A frame is at most a few tens of
+/// kilobytes, so this holds the tool loops of thousands of agents in well under a gigabyte.
+pub const TURNS_KEPT: usize = 4096;
+
+/// A turn's key: see the module's doc.
+pub type TurnKey = [u8; 32];
+
+/// What a turn's continuations reuse.
+#[derive(Debug)]
+pub struct TurnFrame {
+    /// Whose turn it is (a purge forgets its frames).
+    pub user: UserId,
+    /// The frame's items in the request's wire format, the last one ending with the question.
+    pub items: Vec<Value>,
+    /// The retrieved set (for the memory tools), best first.
+    pub retrieved: Vec<RowId>,
+    /// The rows shown in the frame.
+    pub shown: Vec<RowId>,
+    /// Tokens of the frame, and the turns its cap left out (the response's headers).
+    pub tokens: usize,
+    pub trimmed: usize,
+    /// How many items after the question have been captured as the turn's tool rows.
+    pub captured: Mutex<usize>,
+}
+
+/// The turns whose frames are remembered, newest last.
+#[derive(Debug, Default)]
+pub struct Turns {
+    inner: Mutex<Table>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    frames: HashMap<TurnKey, Arc<TurnFrame>>,
+    order: VecDeque<TurnKey>,
+}
+
+impl Turns {
+    /// The key of `request`'s turn for `user_key` in `conversation` (`None` without a question).
+    pub fn key(user_key: &str, conversation: &str, request: &Request) -> Option<TurnKey> {
+        let at = request.question_at?;
+        let mut hash = Sha256::new();
+        for part in [user_key, conversation, request.format.list()] {
+            hash.update(part.as_bytes());
+            hash.update([0]);
+        }
+        for item in &request.messages[..=at] {
+            hash.update(serde_json::to_vec(item).expect("a JSON value serialises"));
+            hash.update([0]);
+        }
+        Some(hash.finalize().into())
+    }
+
+    /// The frame of the turn `key`, if it is remembered.
+    pub fn get(&self, key: &TurnKey) -> Option<Arc<TurnFrame>> {
+        self.inner
+            .lock()
+            .expect("turns lock")
+            .frames
+            .get(key)
+            .cloned()
+    }
+
+    /// Remember `frame` as the turn `key`'s, forgetting the oldest beyond [`TURNS_KEPT`].
+    pub fn insert(&self, key: TurnKey, frame: Arc<TurnFrame>) {
+        let mut table = self.inner.lock().expect("turns lock");
+        if table.frames.insert(key, frame).is_none() {
+            table.order.push_back(key);
+        }
+        while table.order.len() > TURNS_KEPT {
+            if let Some(old) = table.order.pop_front() {
+                table.frames.remove(&old);
+            }
+        }
+    }
+
+    /// Forget every frame of `user` (its memory was purged).
+    pub fn forget(&self, user: UserId) {
+        let mut table = self.inner.lock().expect("turns lock");
+        table.frames.retain(|_, frame| frame.user != user);
+        let Table { frames, order } = &mut *table;
+        order.retain(|key| frames.contains_key(key));
+    }
+}
