@@ -39,3 +39,50 @@ if [ -x "$venv/bin/python" ] && ! PYTHONPATH="$legacy" "$venv/bin/python" -c 'im
     echo "WARNING: could not install anthropic 1.17.0 (is PyPI reachable?); its test will SKIP" >&2
   fi
 fi
+
+# The real agent harnesses for tests/harness.rs, at pinned versions: Claude Code, Codex, openai-node
+# and the AI SDK from npm into a prefix (`$PERPETUITY_HARNESS_NPM`, default
+# /var/tmp/perpetuity-harness-npm; Debian's nodejs and npm are installed when node or npm is
+# missing), and openai-agents, langchain and litellm from PyPI into a second virtual environment
+# (`$PERPETUITY_HARNESS_VENV`, default /var/tmp/perpetuity-harness-venv; its openai pin differs
+# from the SDK environment's). Each part that cannot be installed (a registry unreachable) says
+# WARNING and its tests SKIP.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "installing: nodejs npm"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  if ! { DEBIAN_FRONTEND=noninteractive $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nodejs npm; }; then
+    echo "WARNING: could not install nodejs and npm; the npm harness tests will SKIP" >&2
+  fi
+fi
+npm_prefix="${PERPETUITY_HARNESS_NPM:-/var/tmp/perpetuity-harness-npm}"
+npm_pins=(@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 ai@7.0.173 @ai-sdk/openai@4.0.118
+  @ai-sdk/anthropic@4.0.105 openai@7.59.0 zod@4.6.7)
+npm_pinned() {
+  local pin name
+  for pin in "${npm_pins[@]}"; do
+    name="${pin%@*}"
+    [ "$(node -p "require('$npm_prefix/node_modules/$name/package.json').version" 2>/dev/null)" = "${pin##*@}" ] || return 1
+  done
+  "$npm_prefix/node_modules/.bin/claude" --version >/dev/null 2>&1 && "$npm_prefix/node_modules/.bin/codex" --version >/dev/null 2>&1
+}
+if command -v npm >/dev/null 2>&1 && ! npm_pinned; then
+  echo "installing the npm harnesses into $npm_prefix: ${npm_pins[*]}"
+  mkdir -p "$npm_prefix"
+  if ! npm install --prefix "$npm_prefix" --no-audit --no-fund --loglevel=error "${npm_pins[@]}" || ! npm_pinned; then
+    echo "WARNING: could not install the npm harnesses (is the npm registry reachable?); their tests will SKIP" >&2
+  fi
+fi
+harness_venv="${PERPETUITY_HARNESS_VENV:-/var/tmp/perpetuity-harness-venv}"
+py_pins=(openai-agents==0.24.0 langchain-openai==1.8.1 langchain-anthropic==1.7.10 litellm==1.110.2)
+if ! "$harness_venv/bin/python" - "${py_pins[@]}" >/dev/null 2>&1 <<'PY'
+import sys
+from importlib.metadata import version
+sys.exit(any(version(name) != pinned for name, pinned in (pin.split("==") for pin in sys.argv[1:])))
+PY
+then
+  echo "making the harness environment in $harness_venv: ${py_pins[*]}"
+  if ! { python3 -m venv "$harness_venv" && "$harness_venv/bin/pip" install -q --disable-pip-version-check "${py_pins[@]}"; }; then
+    echo "WARNING: could not make the harness environment (is PyPI reachable?); the Python harness tests will SKIP" >&2
+  fi
+fi

@@ -69,10 +69,14 @@ pub enum Answer {
     Held(Vec<u8>, Vec<u8>, oneshot::Receiver<()>),
 }
 
+/// Answers a request from its content, given how many requests came before it.
+pub type Responder = Arc<dyn Fn(usize, &Received) -> Answer + Send + Sync>;
+
 #[derive(Default)]
 struct Script {
     answers: Mutex<VecDeque<Answer>>,
     received: Mutex<Vec<Received>>,
+    responder: Mutex<Option<Responder>>,
 }
 
 type UpstreamBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
@@ -83,17 +87,26 @@ async fn upstream_answer(
 ) -> Result<Response<UpstreamBody>, Infallible> {
     let (parts, body) = req.into_parts();
     let body = body.collect().await.unwrap().to_bytes().to_vec();
-    script.received.lock().unwrap().push(Received {
+    let received = Received {
         path: parts.uri.path_and_query().unwrap().to_string(),
         headers: parts.headers,
         body,
-    });
-    let answer = script
-        .answers
-        .lock()
-        .unwrap()
-        .pop_front()
-        .expect("a scripted answer");
+    };
+    let index = {
+        let mut all = script.received.lock().unwrap();
+        all.push(received.clone());
+        all.len() - 1
+    };
+    let responder = script.responder.lock().unwrap().clone();
+    let answer = match responder {
+        Some(respond) => respond(index, &received),
+        None => script
+            .answers
+            .lock()
+            .unwrap()
+            .pop_front()
+            .expect("a scripted answer"),
+    };
     Ok(match answer {
         Answer::Whole(status, content_type, body) => Response::builder()
             .status(status)
@@ -173,6 +186,11 @@ impl Upstream {
     pub fn received(&self) -> Vec<Received> {
         self.script.received.lock().unwrap().clone()
     }
+
+    /// Answer every later request with `responder` instead of the queued answers.
+    pub fn respond_with(&self, responder: Responder) {
+        *self.script.responder.lock().unwrap() = Some(responder);
+    }
 }
 
 /// The proxy and its scripted upstream.
@@ -227,6 +245,11 @@ impl Harness {
 
     pub fn received(&self) -> Vec<Received> {
         self.upstream.received()
+    }
+
+    /// Answer every later upstream request with `responder` instead of the queued answers.
+    pub fn respond_with(&self, responder: Responder) {
+        self.upstream.respond_with(responder);
     }
 
     pub async fn send(

@@ -1,0 +1,1017 @@
+//! Real agent harnesses through the proxy: Claude Code and Codex as their own CLIs,
+//! openai-node and the AI SDK (`tests/harness/node_clients.mjs`), openai-agents, langchain and
+//! litellm (`tests/harness/py_clients.py`), at the versions `tools/install-deps.sh` pins. Each
+//! runs its own tool loop against the proxy, in front of an upstream that answers every request
+//! from its content: a call of the harness's tool while the request carries no tool result,
+//! then text. Per client, in two separate sessions (the second with an image):
+//!
+//! - the reply reaches the client byte for byte;
+//! - the loop's call and result reach the upstream paired;
+//! - a fact told in the first session reaches the upstream in the second;
+//! - the harness's own context (Claude Code's `<system-reminder>` blocks and trailing system
+//!   message, Codex's developer messages, AGENTS.md and `<environment_context>` message, a
+//!   library's system prompt) reaches every upstream request and is never stored as the user's
+//!   words;
+//! - each request of a tool loop extends the one before it (as a provider's prompt cache sees
+//!   it: Anthropic `cache_control` markers and a text given as a string or as one text block
+//!   are alike);
+//! - the image reaches the upstream;
+//! - a tool schema whose keys are not in alphabetical order reaches the upstream byte for byte.
+//!
+//! A client that is not installed is a SKIP. What each client sends, recorded against a plain
+//! stub, is in `tests/harness/recorded/`.
+
+mod common;
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use common::upstream::{Answer, Harness, Received};
+use perpetuity::types::Role;
+
+/// What the first session tells, and the fact the second must be shown.
+const TOLD: &str = "Please remember that my cat is called Zanzibar. What is the weather in Paris?";
+const FACT: &str = "Zanzibar";
+/// What the second session asks, with the image.
+const ASKED: &str = "What is my cat called? And what is in this picture?";
+/// A 1x1 PNG.
+const PNG: &str =
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC";
+/// The tools the upstream calls (never the proxy's memory tools), with their arguments.
+const HARNESS_TOOLS: [(&str, &str); 3] = [
+    (
+        "Bash",
+        r#"{"command":"echo harness-tool-ran","description":"Print a marker"}"#,
+    ),
+    ("exec_command", r#"{"cmd":"echo harness-tool-ran"}"#),
+    ("get_weather", r#"{"zone":"CET","city":"Paris"}"#),
+];
+/// One client run's limit.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
+/// The system prompt of the library drivers.
+const DRIVER_SYSTEM: &str = "You are a terse assistant.";
+/// The drivers' `get_weather` schema as openai-node, the AI SDK, the OpenAI Python SDK and the
+/// Anthropic Python SDK write it.
+const DRIVER_SCHEMA: &str = r#""properties":{"zone":{"type":"string","description":"time zone"},"city":{"type":"string"},"days":{"type":"integer"}},"required":["zone","city"]"#;
+/// The same as litellm writes it for Messages (its own encoder, with spaces).
+const DRIVER_SCHEMA_SPACED: &str = r#""properties": {"zone": {"type": "string", "description": "time zone"}, "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["zone", "city"]"#;
+/// The project rules each CLI reads from its working directory.
+const CLAUDE_RULE: &str = "Harness rule from CLAUDE.md: keep answers short.";
+const AGENTS_RULE: &str = "Harness rule from AGENTS.md: keep answers short.";
+
+/// The text the upstream answers the request `index` with, when it answers with text.
+fn reply_text(index: usize) -> String {
+    format!("Reply {index} from the upstream: naïve café, “quoted”, ✓ — done.")
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Wire {
+    Messages,
+    Responses,
+    Chat,
+}
+
+fn wire_of(path: &str) -> Option<Wire> {
+    match path.split('?').next().unwrap_or_default() {
+        "/v1/messages" => Some(Wire::Messages),
+        "/v1/responses" => Some(Wire::Responses),
+        "/v1/chat/completions" => Some(Wire::Chat),
+        _ => None,
+    }
+}
+
+/// The names of a request's tools, in any of the three formats.
+fn tool_names(body: &Value) -> Vec<&str> {
+    body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["name"].as_str().or(t["function"]["name"].as_str()))
+        .collect()
+}
+
+/// Whether the request carries any tool result.
+fn has_result(wire: Wire, body: &Value) -> bool {
+    let items = |key: &str| body[key].as_array().cloned().unwrap_or_default();
+    match wire {
+        Wire::Messages => items("messages").iter().any(|m| {
+            m["content"]
+                .as_array()
+                .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "tool_result"))
+        }),
+        Wire::Responses => items("input").iter().any(|i| {
+            i["type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("_call_output"))
+        }),
+        Wire::Chat => items("messages").iter().any(|m| m["role"] == "tool"),
+    }
+}
+
+/// The harness tool the upstream calls in answer to `body`, with its arguments: the first one
+/// offered, while the request carries no tool result.
+fn harness_call(wire: Wire, body: &Value) -> Option<(&'static str, &'static str)> {
+    if has_result(wire, body) {
+        return None;
+    }
+    let offered = tool_names(body);
+    HARNESS_TOOLS
+        .into_iter()
+        .find(|(name, _)| offered.contains(name))
+}
+
+/// The upstream's answer to request `index`: the harness tool's call, else text, in the
+/// request's wire format, streamed when it asks for a stream.
+fn answer(index: usize, request: &Received) -> Answer {
+    if request.path.starts_with("/v1/messages/count_tokens") {
+        return Answer::Whole(200, "application/json", br#"{"input_tokens":42}"#.to_vec());
+    }
+    let Some(wire) = wire_of(&request.path) else {
+        let error = json!({"error": {"type": "not_found_error", "message": "not scripted"}});
+        return Answer::Whole(404, "application/json", error.to_string().into_bytes());
+    };
+    let body = request.json();
+    let model = body["model"].as_str().unwrap_or("model").to_owned();
+    let call = harness_call(wire, &body);
+    let (whole, events) = match wire {
+        Wire::Messages => messages_answer(index, &model, call),
+        Wire::Responses => responses_answer(index, &model, call),
+        Wire::Chat => chat_answer(index, &model, call),
+    };
+    if body["stream"] == true {
+        Answer::Whole(200, "text/event-stream", events.into_bytes())
+    } else {
+        Answer::Whole(200, "application/json", whole.to_string().into_bytes())
+    }
+}
+
+/// An event stream of `events`, each named by its `type` when `named` (Messages, Responses),
+/// else a bare `data:` line (Chat).
+fn sse(events: &[Value], named: bool) -> String {
+    events
+        .iter()
+        .map(|data| match data["type"].as_str().filter(|_| named) {
+            Some(name) => format!("event: {name}\ndata: {data}\n\n"),
+            None => format!("data: {data}\n\n"),
+        })
+        .collect()
+}
+
+/// A Messages reply: the whole body and its stream.
+fn messages_answer(index: usize, model: &str, call: Option<(&str, &str)>) -> (Value, String) {
+    let usage = json!({"input_tokens": 10, "output_tokens": 5});
+    let (block, empty, delta, stop) = match call {
+        Some((name, input)) => {
+            let id = format!("toolu_harness_{index}");
+            (
+                json!({"type": "tool_use", "id": id, "name": name, "input": serde_json::from_str::<Value>(input).unwrap()}),
+                json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+                json!({"type": "input_json_delta", "partial_json": input}),
+                "tool_use",
+            )
+        }
+        None => {
+            let text = reply_text(index);
+            (
+                json!({"type": "text", "text": text}),
+                json!({"type": "text", "text": ""}),
+                json!({"type": "text_delta", "text": text}),
+                "end_turn",
+            )
+        }
+    };
+    let id = format!("msg_harness_{index}");
+    let message = |content: Value, stop: Value| json!({"id": id, "type": "message", "role": "assistant", "model": model, "content": content, "stop_reason": stop, "stop_sequence": null, "usage": usage});
+    let whole = message(json!([block]), json!(stop));
+    let events = [
+        json!({"type": "message_start", "message": message(json!([]), Value::Null)}),
+        json!({"type": "content_block_start", "index": 0, "content_block": empty}),
+        json!({"type": "content_block_delta", "index": 0, "delta": delta}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 5}}),
+        json!({"type": "message_stop"}),
+    ];
+    (whole, sse(&events, true))
+}
+
+/// A Responses reply: the whole body and its stream.
+fn responses_answer(index: usize, model: &str, call: Option<(&str, &str)>) -> (Value, String) {
+    let response = |status: &str, output: Value| json!({"id": format!("resp_harness_{index}"), "object": "response", "created_at": 1_800_000_000, "status": status, "model": model, "output": output, "usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 15}});
+    let mut events = vec![
+        json!({"type": "response.created", "response": response("in_progress", json!([]))}),
+        json!({"type": "response.in_progress", "response": response("in_progress", json!([]))}),
+    ];
+    let item = match call {
+        Some((name, arguments)) => {
+            let id = format!("fc_harness_{index}");
+            let item = json!({"type": "function_call", "id": id, "call_id": format!("call_harness_{index}"), "name": name, "arguments": arguments, "status": "completed"});
+            let mut added = item.clone();
+            added["arguments"] = json!("");
+            added["status"] = json!("in_progress");
+            events.extend([
+                json!({"type": "response.output_item.added", "output_index": 0, "item": added}),
+                json!({"type": "response.function_call_arguments.delta", "item_id": id, "output_index": 0, "delta": arguments}),
+                json!({"type": "response.function_call_arguments.done", "item_id": id, "output_index": 0, "arguments": arguments}),
+            ]);
+            item
+        }
+        None => {
+            let id = format!("msg_harness_{index}");
+            let text = reply_text(index);
+            let part = json!({"type": "output_text", "text": text, "annotations": []});
+            let item = json!({"type": "message", "id": id, "status": "completed", "role": "assistant", "content": [part]});
+            let at = json!({"item_id": id, "output_index": 0, "content_index": 0});
+            let with = |extra: Value| {
+                let mut event = at.clone();
+                event
+                    .as_object_mut()
+                    .unwrap()
+                    .extend(extra.as_object().unwrap().clone());
+                event
+            };
+            events.extend([
+                json!({"type": "response.output_item.added", "output_index": 0, "item": {"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []}}),
+                with(json!({"type": "response.content_part.added", "part": {"type": "output_text", "text": "", "annotations": []}})),
+                with(json!({"type": "response.output_text.delta", "delta": text})),
+                with(json!({"type": "response.output_text.done", "text": text})),
+                with(json!({"type": "response.content_part.done", "part": part})),
+            ]);
+            item
+        }
+    };
+    let whole = response("completed", json!([item]));
+    events.push(json!({"type": "response.output_item.done", "output_index": 0, "item": item}));
+    events.push(json!({"type": "response.completed", "response": whole}));
+    for (n, event) in events.iter_mut().enumerate() {
+        event["sequence_number"] = json!(n);
+    }
+    (whole, sse(&events, true))
+}
+
+/// A Chat Completions reply: the whole body and its stream.
+fn chat_answer(index: usize, model: &str, call: Option<(&str, &str)>) -> (Value, String) {
+    let id = format!("chatcmpl-harness-{index}");
+    let chunk = |choices: Value| json!({"id": id, "object": "chat.completion.chunk", "created": 1, "model": model, "choices": choices});
+    let usage = json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15});
+    let (message, delta, finish) = match call {
+        Some((name, arguments)) => {
+            let call = json!({"id": format!("call_harness_{index}"), "type": "function", "function": {"name": name, "arguments": arguments}});
+            let mut indexed = call.clone();
+            indexed["index"] = json!(0);
+            (
+                json!({"role": "assistant", "content": null, "tool_calls": [call]}),
+                json!({"role": "assistant", "content": null, "tool_calls": [indexed]}),
+                "tool_calls",
+            )
+        }
+        None => {
+            let text = reply_text(index);
+            (
+                json!({"role": "assistant", "content": text}),
+                json!({"role": "assistant", "content": text}),
+                "stop",
+            )
+        }
+    };
+    let whole = json!({"id": id, "object": "chat.completion", "created": 1, "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage});
+    let mut last = chunk(json!([]));
+    last["usage"] = usage;
+    let mut events = sse(
+        &[
+            chunk(json!([{"index": 0, "delta": delta, "finish_reason": null}])),
+            chunk(json!([{"index": 0, "delta": {}, "finish_reason": finish}])),
+            last,
+        ],
+        false,
+    );
+    events.push_str("data: [DONE]\n\n");
+    (whole, events)
+}
+
+/// How a client is run.
+#[derive(Clone, Copy)]
+enum Runner {
+    ClaudeCode,
+    Codex,
+    /// `node_clients.mjs` with this `CLIENT`.
+    Node(&'static str),
+    /// `py_clients.py` with this `CLIENT`.
+    Python(&'static str),
+}
+
+/// One client under test.
+struct Client {
+    runner: Runner,
+    /// Its API key, which names its memory.
+    key: &'static str,
+    /// Texts of the harness's own context, each in every upstream request and never in a
+    /// stored user row.
+    context: Vec<String>,
+    /// A tool definition's bytes as the client writes them (keys not in alphabetical order).
+    schema: &'static str,
+}
+
+/// Where the pinned clients are: the npm prefix and the Python.
+struct Installed {
+    npm: PathBuf,
+    python: PathBuf,
+}
+
+fn installed() -> Installed {
+    let var = |name: &str, default: &str| {
+        std::env::var_os(name).map_or_else(|| PathBuf::from(default), PathBuf::from)
+    };
+    Installed {
+        npm: var("PERPETUITY_HARNESS_NPM", "/var/tmp/perpetuity-harness-npm"),
+        python: var(
+            "PERPETUITY_HARNESS_VENV",
+            "/var/tmp/perpetuity-harness-venv",
+        )
+        .join("bin/python"),
+    }
+}
+
+/// What must exist for the client to run; `None` (with a SKIP line) when something is missing.
+fn ready(runner: Runner, installed: &Installed) -> Option<()> {
+    let bin = installed.npm.join("node_modules/.bin");
+    let modules = installed.npm.join("node_modules");
+    let needed: Vec<PathBuf> = match runner {
+        Runner::ClaudeCode => vec![bin.join("claude")],
+        Runner::Codex => vec![bin.join("codex")],
+        Runner::Node(client) => {
+            let mut needed = vec![modules.join("openai/package.json")];
+            if let Some(provider) = client.strip_prefix("ai-") {
+                needed.push(modules.join("ai/package.json"));
+                needed.push(modules.join(format!("@ai-sdk/{provider}/package.json")));
+            }
+            needed
+        }
+        Runner::Python(_) => vec![installed.python.clone()],
+    };
+    if let Some(missing) = needed.iter().find(|p| !p.exists()) {
+        println!(
+            "SKIP: {} is absent (tools/install-deps.sh installs the harnesses)",
+            missing.display()
+        );
+        return None;
+    }
+    if matches!(runner, Runner::Node(_)) && Command::new("node").arg("--version").output().is_err()
+    {
+        println!("SKIP: node is not on PATH");
+        return None;
+    }
+    if let Runner::Python(client) = runner {
+        let module = match client {
+            "openai-agents" => "agents",
+            "langchain-openai" => "langchain_openai",
+            "langchain-anthropic" => "langchain_anthropic",
+            _ => "litellm",
+        };
+        let probe = format!(
+            "import importlib.util, sys; sys.exit(importlib.util.find_spec({module:?}) is None)"
+        );
+        let found = Command::new(&installed.python)
+            .args(["-c", &probe])
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            println!(
+                "SKIP: {module} is not installed in {} (tools/install-deps.sh installs it)",
+                installed.python.display()
+            );
+            return None;
+        }
+    }
+    Some(())
+}
+
+/// What one run of a client did: its final text, the tool calls it ran (the drivers print
+/// them), and the chat requests the upstream received meanwhile, with their indices.
+struct Session {
+    reply: String,
+    ran: Vec<String>,
+    requests: Vec<(usize, Received)>,
+}
+
+/// The folders a client runs in: a working directory with its project rules, and a home.
+struct Dirs {
+    _root: tempfile::TempDir,
+    work: PathBuf,
+    home: PathBuf,
+}
+
+fn dirs() -> Dirs {
+    let root = tempfile::tempdir().unwrap();
+    let work = root.path().join("work");
+    let home = root.path().join("home");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(work.join("CLAUDE.md"), format!("{CLAUDE_RULE}\n")).unwrap();
+    std::fs::write(work.join("AGENTS.md"), format!("{AGENTS_RULE}\n")).unwrap();
+    std::fs::write(
+        work.join("picture.png"),
+        base64::engine::general_purpose::STANDARD
+            .decode(PNG)
+            .expect("the PNG constant is base64"),
+    )
+    .unwrap();
+    Dirs {
+        _root: root,
+        work,
+        home,
+    }
+}
+
+/// A command for `program` with none of this process's environment but `PATH` (no provider
+/// keys, base URLs or HTTP proxies of the machine).
+fn clean(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut command = Command::new(program);
+    command
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+    command
+}
+
+/// The command that runs `runner` once against the proxy at `base` with `prompt` (and the
+/// image), and the stdin it reads.
+fn command(
+    runner: Runner,
+    installed: &Installed,
+    dirs: &Dirs,
+    base: &str,
+    key: &str,
+    prompt: &str,
+    image: bool,
+) -> (Command, Vec<u8>) {
+    let bin = installed.npm.join("node_modules/.bin");
+    let harness_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness");
+    let mut stdin = Vec::new();
+    let mut command = match runner {
+        Runner::ClaudeCode => {
+            let mut command = clean(bin.join("claude"));
+            command
+                .env("ANTHROPIC_BASE_URL", base)
+                .env("ANTHROPIC_API_KEY", key)
+                .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+                .env("DISABLE_AUTOUPDATER", "1")
+                .env("DISABLE_TELEMETRY", "1")
+                .env("DISABLE_ERROR_REPORTING", "1")
+                .args(["--allowedTools", "Bash(echo:*)", "-p"]);
+            if image {
+                command.args([
+                    "--input-format",
+                    "stream-json",
+                    "--output-format",
+                    "stream-json",
+                    "--verbose",
+                ]);
+                let content = json!([
+                    {"type": "text", "text": prompt},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
+                ]);
+                let line = json!({"type": "user", "message": {"role": "user", "content": content}});
+                stdin = format!("{line}\n").into_bytes();
+            } else {
+                command.arg(prompt);
+            }
+            command
+        }
+        Runner::Codex => {
+            let codex_home = dirs.home.join("codex");
+            std::fs::create_dir_all(&codex_home).unwrap();
+            std::fs::write(
+                codex_home.join("config.toml"),
+                format!(
+                    "model = \"gpt-5.5\"\nmodel_provider = \"proxy\"\n\n[model_providers.proxy]\n\
+                     name = \"proxy\"\nbase_url = \"{base}/v1\"\nenv_key = \"HARNESS_API_KEY\"\n\
+                     wire_api = \"responses\"\n"
+                ),
+            )
+            .unwrap();
+            let mut command = clean(bin.join("codex"));
+            command
+                .env("CODEX_HOME", codex_home)
+                .env("HARNESS_API_KEY", key)
+                .args([
+                    "exec",
+                    "--skip-git-repo-check",
+                    "-s",
+                    "danger-full-access",
+                    prompt,
+                ]);
+            if image {
+                command.arg("-i").arg(dirs.work.join("picture.png"));
+            }
+            command
+        }
+        Runner::Node(client) => {
+            let mut command = clean("node");
+            command
+                .arg(harness_dir.join("node_clients.mjs"))
+                .env("HARNESS_NPM", &installed.npm)
+                .env("CLIENT", client);
+            command
+        }
+        Runner::Python(client) => {
+            let mut command = clean(&installed.python);
+            command
+                .arg(harness_dir.join("py_clients.py"))
+                .env("CLIENT", client)
+                .env("LITELLM_LOCAL_MODEL_COST_MAP", "True");
+            command
+        }
+    };
+    if matches!(runner, Runner::Node(_) | Runner::Python(_)) {
+        command
+            .env("BASE_URL", base)
+            .env("API_KEY", key)
+            .env("PROMPT", prompt);
+        if image {
+            command.env("IMAGE", PNG);
+        }
+    }
+    command
+        .env("HOME", &dirs.home)
+        .env("LANG", "C.UTF-8")
+        .current_dir(&dirs.work);
+    (command, stdin)
+}
+
+/// Run `command` to its end within `CLIENT_TIMEOUT` (killed past it): status, stdout, stderr.
+fn run_bounded(mut command: Command, stdin: Vec<u8>) -> (bool, String, String) {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the client starts");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(&stdin).unwrap();
+    drop(input);
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let out = std::thread::spawn(move || std::io::read_to_string(&mut out).unwrap_or_default());
+    let err = std::thread::spawn(move || std::io::read_to_string(&mut err).unwrap_or_default());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > CLIENT_TIMEOUT {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (out, mut err) = (out.join().unwrap(), err.join().unwrap());
+    if status.is_none() {
+        err.push_str(&format!("\n(killed after {CLIENT_TIMEOUT:?})"));
+    }
+    (status.is_some_and(|s| s.success()), out, err)
+}
+
+/// Run the client once; panics with its output when it fails.
+async fn session(
+    client: &Client,
+    h: &Harness,
+    installed: &Installed,
+    dirs: &Dirs,
+    prompt: &str,
+    image: bool,
+) -> Session {
+    let before = h.received().len();
+    let base = format!("http://{}", h.proxy);
+    let (command, stdin) = command(
+        client.runner,
+        installed,
+        dirs,
+        &base,
+        client.key,
+        prompt,
+        image,
+    );
+    let (ok, out, err) = tokio::task::spawn_blocking(move || run_bounded(command, stdin))
+        .await
+        .unwrap();
+    assert!(
+        ok,
+        "the client failed\nstdout:\n{out}\nstderr:\n{}",
+        tail(&err)
+    );
+    let reply = match client.runner {
+        Runner::ClaudeCode if image => out
+            .lines()
+            .rev()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|event| event["type"] == "result")
+            .and_then(|event| event["result"].as_str().map(str::to_owned)),
+        Runner::ClaudeCode | Runner::Codex => out.strip_suffix('\n').map(str::to_owned),
+        Runner::Node(_) | Runner::Python(_) => out
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("REPLY "))
+            .and_then(|l| serde_json::from_str::<String>(l).ok()),
+    };
+    let ran = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("TOOL "))
+        .map(str::to_owned)
+        .collect();
+    let requests = h
+        .received()
+        .into_iter()
+        .enumerate()
+        .skip(before)
+        .filter(|(_, r)| wire_of(&r.path).is_some())
+        .collect();
+    Session {
+        reply: reply.unwrap_or_else(|| panic!("no reply in the client's output:\n{out}")),
+        ran,
+        requests,
+    }
+}
+
+fn tail(text: &str) -> &str {
+    let start = text.len().saturating_sub(4000);
+    let start = (start..text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(text.len());
+    &text[start..]
+}
+
+/// A request's conversation list (Messages and Chat `messages`, Responses `input` as items).
+fn conversation(wire: Wire, body: &Value) -> Vec<Value> {
+    match wire {
+        Wire::Messages | Wire::Chat => body["messages"].as_array().cloned().unwrap_or_default(),
+        Wire::Responses => match &body["input"] {
+            Value::String(text) => vec![json!({"role": "user", "content": text})],
+            input => input.as_array().cloned().unwrap_or_default(),
+        },
+    }
+}
+
+/// A value as a provider's prompt cache sees it: `cache_control` markers dropped and a content
+/// given as a string turned into its one text block.
+fn as_cached(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(k, _)| *k != "cache_control")
+                .map(|(k, v)| match (k.as_str(), v) {
+                    ("content" | "system", Value::String(text)) => {
+                        (k.clone(), json!([{"type": "text", "text": text}]))
+                    }
+                    _ => (k.clone(), as_cached(v)),
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(as_cached).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Whether `next` extends `previous` as a prompt cache sees them: the same instructions and
+/// tools, and `previous`'s conversation as the start of `next`'s. `Err` says where not.
+fn extends(wire: Wire, previous: &Value, next: &Value) -> Result<(), String> {
+    for key in ["system", "instructions", "tools"] {
+        if as_cached(&previous[key]) != as_cached(&next[key]) {
+            return Err(format!("`{key}` differs"));
+        }
+    }
+    let (before, after) = (conversation(wire, previous), conversation(wire, next));
+    if after.len() < before.len() {
+        return Err(format!(
+            "{} items, fewer than the {} before",
+            after.len(),
+            before.len()
+        ));
+    }
+    match before
+        .iter()
+        .zip(&after)
+        .position(|(a, b)| as_cached(a) != as_cached(b))
+    {
+        Some(at) => Err(format!(
+            "item {at} differs:\nbefore {}\nafter  {}",
+            before[at], after[at]
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Whether the request holds the call `id` followed by its result, which says `output`.
+fn paired(wire: Wire, body: &Value, id: &str, output: &str) -> bool {
+    let items = conversation(wire, body);
+    let call = items.iter().position(|item| match wire {
+        Wire::Messages => item["content"]
+            .as_array()
+            .is_some_and(|b| b.iter().any(|b| b["type"] == "tool_use" && b["id"] == id)),
+        Wire::Responses => item["type"] == "function_call" && item["call_id"] == id,
+        Wire::Chat => item["tool_calls"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["id"] == id)),
+    });
+    let result = |item: &Value| match wire {
+        Wire::Messages => item["content"].as_array().is_some_and(|b| {
+            b.iter()
+                .any(|b| b["tool_use_id"] == id && b["content"].to_string().contains(output))
+        }),
+        Wire::Responses => {
+            item["type"] == "function_call_output"
+                && item["call_id"] == id
+                && item["output"].to_string().contains(output)
+        }
+        Wire::Chat => {
+            item["role"] == "tool"
+                && item["tool_call_id"] == id
+                && item["content"].to_string().contains(output)
+        }
+    };
+    call.is_some_and(|at| items[at + 1..].iter().any(result))
+}
+
+/// Failed checks, reported together.
+#[derive(Default)]
+struct Checks(Vec<String>);
+
+impl Checks {
+    fn check(&mut self, holds: bool, what: impl FnOnce() -> String) {
+        if !holds {
+            self.0.push(what());
+        }
+    }
+
+    fn finish(self, client: &str) {
+        assert!(
+            self.0.is_empty(),
+            "{client}: {} check(s) failed:\n- {}",
+            self.0.len(),
+            self.0.join("\n- ")
+        );
+    }
+}
+
+/// Run `client` through the proxy in two sessions and check everything the module doc lists.
+async fn exercise(name: &str, client: Client) {
+    let installed = installed();
+    if ready(client.runner, &installed).is_none() {
+        return;
+    }
+    let h = Harness::start(|_| {}).await;
+    h.respond_with(Arc::new(answer));
+    let dirs = dirs();
+    let told = session(&client, &h, &installed, &dirs, TOLD, false).await;
+    let asked = session(&client, &h, &installed, &dirs, ASKED, true).await;
+    let mut checks = Checks::default();
+
+    for (label, session) in [("first", &told), ("second", &asked)] {
+        let Some((last, _)) = session.requests.last() else {
+            checks.check(false, || format!("the {label} session reached no upstream"));
+            continue;
+        };
+        checks.check(session.reply == reply_text(*last), || {
+            format!(
+                "the {label} session's reply arrives byte for byte: got {:?}, sent {:?}",
+                session.reply,
+                reply_text(*last)
+            )
+        });
+        for (index, request) in &session.requests {
+            let text = request.text();
+            for context in &client.context {
+                checks.check(text.contains(context.as_str()), || {
+                    format!(
+                        "request {index} ({label} session) lacks the harness context {context:?}"
+                    )
+                });
+            }
+            checks.check(text.contains(client.schema), || {
+                let compact = client.schema.replace(": ", ":").replace(", ", ",");
+                let kept = if text.contains(&compact) {
+                    "its key order is kept, its spacing is not"
+                } else {
+                    "not even its key order is kept"
+                };
+                format!(
+                    "request {index} lacks the tool schema as the client wrote it ({kept}): {}",
+                    client.schema
+                )
+            });
+        }
+        for pair in session.requests.windows(2) {
+            let ((i, previous), (j, next)) = (&pair[0], &pair[1]);
+            let wire = wire_of(&next.path).unwrap();
+            if let Err(why) = extends(wire, &previous.json(), &next.json()) {
+                checks.check(false, || {
+                    format!("request {j} of a tool loop does not extend request {i}: {why}")
+                });
+            }
+        }
+    }
+
+    let requests = &told.requests;
+    checks.check(requests.len() >= 2, || {
+        format!(
+            "the first session's tool loop made {} upstream request(s), not a call and its continuation",
+            requests.len()
+        )
+    });
+    if let [(first, call_request), rest @ ..] = requests.as_slice() {
+        let wire = wire_of(&call_request.path).unwrap();
+        let (tool, _) = harness_call(wire, &call_request.json())
+            .expect("the first request of the first session offers the harness's tool");
+        let id = match wire {
+            Wire::Messages => format!("toolu_harness_{first}"),
+            Wire::Responses | Wire::Chat => format!("call_harness_{first}"),
+        };
+        let output = if tool == "get_weather" {
+            "Sunny in Paris"
+        } else {
+            "harness-tool-ran"
+        };
+        checks.check(
+            rest.last()
+                .is_some_and(|(_, r)| paired(wire, &r.json(), &id, output)),
+            || {
+                format!(
+                    "the loop's last request lacks the call {id} paired with its result {output:?}"
+                )
+            },
+        );
+        if tool == "get_weather" {
+            checks.check(told.ran.len() == 1, || {
+                format!("the client ran its tool {} times, not once", told.ran.len())
+            });
+        }
+    }
+
+    match asked.requests.first() {
+        Some((index, request)) => {
+            let text = request.text();
+            checks.check(text.contains(FACT), || {
+                format!("request {index}, the second session's first, lacks the fact told in the first session ({FACT:?})")
+            });
+            checks.check(text.contains(PNG), || {
+                format!("request {index}, the second session's first, lacks the image")
+            });
+        }
+        None => checks.check(false, || "the second session reached no upstream".into()),
+    }
+
+    let rows = h.rows_of(client.key, 4);
+    let user_rows: Vec<_> = rows.iter().filter(|r| r.role == Role::User).collect();
+    checks.check(user_rows.iter().any(|r| r.text.contains(FACT)), || {
+        "the user's words of the first session are not stored as the user's".into()
+    });
+    for context in &client.context {
+        for row in user_rows
+            .iter()
+            .filter(|r| r.text.contains(context.as_str()))
+        {
+            checks.check(false, || {
+                format!(
+                    "row {:?} stores the harness context {context:?} as the user's words: {:?}",
+                    row.id,
+                    tail(&row.text)
+                )
+            });
+        }
+    }
+    checks.finish(name);
+}
+
+fn library(runner: Runner, key: &'static str, schema: &'static str) -> Client {
+    Client {
+        runner,
+        key,
+        context: vec![DRIVER_SYSTEM.into()],
+        schema,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_keeps_its_context_its_tool_loop_and_its_memory_through_the_proxy() {
+    let client = Client {
+        runner: Runner::ClaudeCode,
+        key: "ak-harness-claude-code",
+        context: vec![
+            "<system-reminder>".into(),
+            CLAUDE_RULE.into(),
+            "You have been invoked in the following environment".into(),
+        ],
+        schema: r#""properties":{"command":{"description":"The command to execute","type":"string"},"timeout":{"#,
+    };
+    exercise("claude-code", client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_keeps_its_context_its_tool_loop_and_its_memory_through_the_proxy() {
+    let client = Client {
+        runner: Runner::Codex,
+        key: "sk-harness-codex",
+        context: vec![
+            r#""role":"developer""#.into(),
+            "# AGENTS.md instructions for ".into(),
+            AGENTS_RULE.into(),
+            "<environment_context>".into(),
+        ],
+        schema: r#"{"type":"function","name":"exec_command","description":""#,
+    };
+    exercise("codex", client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_node_chat_completions_loop_and_memory_work_through_the_proxy() {
+    let client = library(
+        Runner::Node("openai-chat"),
+        "sk-harness-node-chat",
+        DRIVER_SCHEMA,
+    );
+    exercise("openai-node chat", client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_node_responses_loop_and_memory_work_through_the_proxy() {
+    let client = library(
+        Runner::Node("openai-responses"),
+        "sk-harness-node-responses",
+        DRIVER_SCHEMA,
+    );
+    exercise("openai-node responses", client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ai_sdk_openai_loop_and_memory_work_through_the_proxy() {
+    let client = library(
+        Runner::Node("ai-openai"),
+        "sk-harness-ai-openai",
+        DRIVER_SCHEMA,
+    );
+    exercise("ai-sdk openai", client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ai_sdk_anthropic_loop_and_memory_work_through_the_proxy() {
+    let client = library(
+        Runner::Node("ai-anthropic"),
+        "ak-harness-ai-anthropic",
+        DRIVER_SCHEMA,
+    );
+    exercise("ai-sdk anthropic", client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_agents_loop_and_memory_work_through_the_proxy() {
+    let client = library(
+        Runner::Python("openai-agents"),
+        "sk-harness-openai-agents",
+        DRIVER_SCHEMA,
+    );
+    exercise("openai-agents", client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn langchain_openai_loop_and_memory_work_through_the_proxy() {
+    let client = library(
+        Runner::Python("langchain-openai"),
+        "sk-harness-langchain-openai",
+        DRIVER_SCHEMA,
+    );
+    exercise("langchain-openai", client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn langchain_anthropic_loop_and_memory_work_through_the_proxy() {
+    let client = library(
+        Runner::Python("langchain-anthropic"),
+        "ak-harness-langchain-anthropic",
+        DRIVER_SCHEMA,
+    );
+    exercise("langchain-anthropic", client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn litellm_openai_loop_and_memory_work_through_the_proxy() {
+    let client = library(
+        Runner::Python("litellm-openai"),
+        "sk-harness-litellm-openai",
+        DRIVER_SCHEMA,
+    );
+    exercise("litellm openai", client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn litellm_anthropic_loop_and_memory_work_through_the_proxy() {
+    let client = library(
+        Runner::Python("litellm-anthropic"),
+        "ak-harness-litellm-anthropic",
+        DRIVER_SCHEMA_SPACED,
+    );
+    exercise("litellm anthropic", client).await;
+}
