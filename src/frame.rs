@@ -10,6 +10,7 @@
 //! count exactly, and while over the cap drop the least warm optional turns and render again.
 //! The mandatory set is never dropped. When turns were left out, the frame says so in one line.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
@@ -246,6 +247,44 @@ impl Messages {
     }
 }
 
+/// Characters of one tool message (a call the agent made, or what a tool returned) that the
+/// frame shows: calls are short, results can be whole files. The rest stays stored, whole, and
+/// `memory_chain` on the message's id returns it.
+pub const TOOL_PREVIEW_CHARS: usize = 600;
+
+/// How much of the tool message being rendered has been shown, chunk after chunk.
+#[derive(Debug, Default)]
+struct Preview {
+    chars: usize,
+    cut: bool,
+}
+
+impl Preview {
+    /// The part of `turn` (a chunk of a tool message) still within [`TOOL_PREVIEW_CHARS`],
+    /// with a note where the message is cut; nothing once it was cut.
+    fn take<'a>(&mut self, turn: &'a Turn, tools: bool) -> Cow<'a, str> {
+        if self.cut {
+            return Cow::Borrowed("");
+        }
+        let room = TOOL_PREVIEW_CHARS.saturating_sub(self.chars);
+        match turn.text.char_indices().nth(room) {
+            None => {
+                self.chars += turn.text.chars().count();
+                Cow::Borrowed(turn.text.as_str())
+            }
+            Some((end, _)) => {
+                self.cut = true;
+                let rest = if tools {
+                    format!("memory_chain #{} returns the whole", turn.message.0)
+                } else {
+                    "the whole is stored".to_owned()
+                };
+                Cow::Owned(format!("{} … [cut here; {rest}]", &turn.text[..end]))
+            }
+        }
+    }
+}
+
 /// Render `turns` (any order) as messages: grouped by conversation, groups ordered by their most
 /// recent row with `layout.current` last, each group opened by a header line on the user side
 /// (so the frame starts with a user message), the omission line first when anything was left
@@ -286,14 +325,23 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
         messages.push(Side::User, &header, None);
         let mut shown = group.first().and_then(|t| t.timestamp_ms);
         let mut previous: Option<&Turn> = None;
+        let mut preview = Preview::default();
         for &turn in group {
             let continues = previous.is_some_and(|p| {
                 p.message == turn.message && p.chunk + 1 == turn.chunk && p.role == turn.role
             });
-            if continues {
-                messages.extend(&turn.text, turn.row);
+            if !continues {
+                preview = Preview::default();
+            }
+            let text = if turn.role == Role::Tool {
+                preview.take(turn, layout.tools)
             } else {
-                let line = format!("{} {}", label(turn, layout.now_ms, shown), turn.text);
+                Cow::Borrowed(turn.text.as_str())
+            };
+            if continues {
+                messages.extend(&text, turn.row);
+            } else {
+                let line = format!("{} {text}", label(turn, layout.now_ms, shown));
                 messages.push(Side::of(turn.role), &line, Some(turn.row));
                 shown = turn.timestamp_ms.or(shown);
             }
@@ -709,6 +757,33 @@ mod tests {
                     })
                     .collect()
             })
+    }
+
+    #[test]
+    fn a_tool_message_shows_its_start_and_says_where_the_rest_is() {
+        let long = "x".repeat(TOOL_PREVIEW_CHARS - 10);
+        let mut first = turn(20, "s1", Role::Tool, "", &long);
+        first.message = RowId(20);
+        let mut second = turn(21, "s1", Role::Tool, "", "0123456789abcdefghij");
+        (second.message, second.chunk) = (RowId(20), 1);
+        let mut third = turn(22, "s1", Role::Tool, "", "never shown");
+        (third.message, third.chunk) = (RowId(20), 2);
+        let short = turn(23, "s1", Role::Tool, "", "called Bash {\"command\":\"ls\"}");
+        let layout = Layout {
+            tools: true,
+            ..Layout::default()
+        };
+        let out = render(&[&first, &second, &third, &short], &layout, Omitted::default());
+        let text = &out[0].content;
+        assert!(
+            text.contains(&format!("{long}0123456789 … [cut here; memory_chain #20 returns the whole]")),
+            "{text}"
+        );
+        assert!(!text.contains("abcdefghij") && !text.contains("never shown"));
+        assert!(text.ends_with("called Bash {\"command\":\"ls\"}"), "a short call is whole");
+        assert_eq!(out[0].rows, [RowId(20), RowId(21), RowId(22), RowId(23)]);
+        let quiet = render(&[&first, &second], &Layout::default(), Omitted::default());
+        assert!(quiet[0].content.ends_with("… [cut here; the whole is stored]"));
     }
 
     proptest! {

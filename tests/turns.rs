@@ -277,6 +277,17 @@ async fn codexs_tool_loop_keeps_its_context_reuses_its_frame_and_stores_what_the
             .iter()
             .all(|r| r.conversation == "session:0199-codex-session")
     );
+
+    // The next turn's frame shows what the agent did, on the tool rows.
+    h.answer(responses_reply(json!([])));
+    post(&h, "/v1/responses", &headers, &codex("Which files did you list in src?", &[])).await;
+    let sent = h.received()[2].text();
+    for line in [
+        r#"called shell {\"command\":[\"ls\",\"src\"]}"#,
+        r#"shell returned: lib.rs\nparser.rs"#,
+    ] {
+        assert!(sent.contains(line), "{line} not in {sent}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
