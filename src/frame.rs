@@ -773,17 +773,30 @@ mod tests {
             tools: true,
             ..Layout::default()
         };
-        let out = render(&[&first, &second, &third, &short], &layout, Omitted::default());
+        let out = render(
+            &[&first, &second, &third, &short],
+            &layout,
+            Omitted::default(),
+        );
         let text = &out[0].content;
         assert!(
-            text.contains(&format!("{long}0123456789 … [cut here; memory_chain #20 returns the whole]")),
+            text.contains(&format!(
+                "{long}0123456789 … [cut here; memory_chain #20 returns the whole]"
+            )),
             "{text}"
         );
         assert!(!text.contains("abcdefghij") && !text.contains("never shown"));
-        assert!(text.ends_with("called Bash {\"command\":\"ls\"}"), "a short call is whole");
+        assert!(
+            text.ends_with("called Bash {\"command\":\"ls\"}"),
+            "a short call is whole"
+        );
         assert_eq!(out[0].rows, [RowId(20), RowId(21), RowId(22), RowId(23)]);
         let quiet = render(&[&first, &second], &Layout::default(), Omitted::default());
-        assert!(quiet[0].content.ends_with("… [cut here; the whole is stored]"));
+        assert!(
+            quiet[0]
+                .content
+                .ends_with("… [cut here; the whole is stored]")
+        );
     }
 
     proptest! {

@@ -280,7 +280,13 @@ async fn codexs_tool_loop_keeps_its_context_reuses_its_frame_and_stores_what_the
 
     // The next turn's frame shows what the agent did, on the tool rows.
     h.answer(responses_reply(json!([])));
-    post(&h, "/v1/responses", &headers, &codex("Which files did you list in src?", &[])).await;
+    post(
+        &h,
+        "/v1/responses",
+        &headers,
+        &codex("Which files did you list in src?", &[]),
+    )
+    .await;
     let sent = h.received()[2].text();
     for line in [
         r#"called shell {\"command\":[\"ls\",\"src\"]}"#,
