@@ -41,7 +41,7 @@ use crate::relevance::{Bm25, mean_row_len};
 use crate::retrieve::{PreparedQuery, search};
 use crate::scan::kernels::Kernels;
 use crate::store::{Store, StoreError, StoreOptions};
-use crate::types::{RowId, UserId};
+use crate::types::{Role, RowId, UserId};
 
 /// Depths reported when `--k` is not given.
 pub const DEFAULT_KS: [usize; 5] = [1, 3, 5, 10, 20];
@@ -90,6 +90,12 @@ pub struct EvalArgs {
     /// Add a table per question category.
     #[arg(long)]
     pub by_category: bool,
+    /// After the file, capture in every user's memory the tool rows of a replayed agent
+    /// session (`bench prefix`'s: 6 turns of 5 file reads), in a conversation of its own, to
+    /// measure what an agent's tool rounds do to the retrieval of the conversations (a fresh
+    /// data directory only).
+    #[arg(long)]
+    pub agent_session: bool,
 }
 
 /// An evaluation could not run.
@@ -777,6 +783,31 @@ fn fill(
     Ok(None)
 }
 
+/// The conversation the replayed agent session's tool rows are captured in.
+pub const AGENT_CONVERSATION: &str = "agent session";
+
+/// Capture the tool rows of the replayed agent session ([`crate::proxy::prefix::tool_rows`])
+/// in every user's memory, after what the file holds.
+fn add_agent_session(memory: &Memory, users: &[&str]) -> Result<(), EvalError> {
+    let rows = crate::proxy::prefix::tool_rows(6, 5);
+    let messages: Vec<Message> = users
+        .iter()
+        .flat_map(|user| {
+            rows.iter().map(|text| Message {
+                user_key: (*user).to_owned(),
+                conversation: AGENT_CONVERSATION.into(),
+                role: Role::Tool,
+                name: None,
+                timestamp_ms: None,
+                source_turn: None,
+                text: text.clone(),
+            })
+        })
+        .collect();
+    ingest::ingest(&memory.store, &memory.dictionary, &messages, |_, _| {})?;
+    Ok(())
+}
+
 /// Ask `asked` (indexes into the file's questions) of the pooled memory, in order.
 fn ask_pooled(
     probe: &Probe<'_>,
@@ -870,6 +901,7 @@ pub fn run(
     format: Format,
     file: &Path,
     ks: &[usize],
+    agent_session: bool,
     mut progress: impl FnMut(&Progress),
 ) -> Result<Report, EvalError> {
     let ks = depths(ks)?;
@@ -883,6 +915,9 @@ pub fn run(
             .chain(dataset.messages.iter().map(|m| m.user_key.as_str())),
     );
     let ingest_rows_per_s = fill(memory, &dataset, &users, &mut progress)?;
+    if agent_session && ingest_rows_per_s.is_some() {
+        add_agent_session(memory, &users)?;
+    }
 
     let mut counts = Counts::default();
     let mut asked = Vec::new();

@@ -530,9 +530,14 @@ fn main() -> anyhow::Result<()> {
                 sync_writes: false,
                 uncompressed: false,
             })?;
-            let report = perpetuity::eval::run(&memory, args.format, &args.file, &args.ks, |p| {
-                eprintln!("eval: {p}")
-            })?;
+            let report = perpetuity::eval::run(
+                &memory,
+                args.format,
+                &args.file,
+                &args.ks,
+                args.agent_session,
+                |p| eprintln!("eval: {p}"),
+            )?;
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

@@ -112,6 +112,7 @@ fn small_longmemeval_file_scores_as_derived_by_hand() {
         Format::Longmemeval,
         &small_file(),
         &[20, 1, 2],
+        false,
         |_| {},
     )
     .expect("the harness runs");
@@ -175,11 +176,24 @@ fn small_longmemeval_file_scores_as_derived_by_hand() {
 fn a_data_directory_with_rows_is_reused_or_refused() {
     let dir = tempfile::tempdir().unwrap();
     let memory = common::memory(dir.path());
-    let first = eval::run(&memory, Format::Longmemeval, &small_file(), &[1, 2], |_| {}).unwrap();
+    let first = eval::run(
+        &memory,
+        Format::Longmemeval,
+        &small_file(),
+        &[1, 2],
+        false,
+        |_| {},
+    )
+    .unwrap();
     let mut reused = false;
-    let second = eval::run(&memory, Format::Longmemeval, &small_file(), &[1, 2], |p| {
-        reused |= matches!(p, eval::Progress::Reused)
-    })
+    let second = eval::run(
+        &memory,
+        Format::Longmemeval,
+        &small_file(),
+        &[1, 2],
+        false,
+        |p| reused |= matches!(p, eval::Progress::Reused),
+    )
     .unwrap();
     assert!(reused, "the second run reports the reuse");
     assert_eq!(second.ingest_rows_per_s, None);
@@ -204,7 +218,15 @@ fn a_data_directory_with_rows_is_reused_or_refused() {
         text: "A row of another user.".into(),
     };
     ingest(&memory.store, &memory.dictionary, &[message], |_, _| {}).unwrap();
-    let err = eval::run(&memory, Format::Longmemeval, &small_file(), &[1], |_| {}).unwrap_err();
+    let err = eval::run(
+        &memory,
+        Format::Longmemeval,
+        &small_file(),
+        &[1],
+        false,
+        |_| {},
+    )
+    .unwrap_err();
     assert!(
         matches!(
             err,
@@ -217,7 +239,14 @@ fn a_data_directory_with_rows_is_reused_or_refused() {
         "{err}"
     );
     assert!(matches!(
-        eval::run(&memory, Format::Longmemeval, &small_file(), &[0], |_| {}),
+        eval::run(
+            &memory,
+            Format::Longmemeval,
+            &small_file(),
+            &[0],
+            false,
+            |_| {}
+        ),
         Err(EvalError::Depths { .. })
     ));
 }
@@ -286,7 +315,7 @@ fn locomo_every_question_is_accounted_for_and_ours_beats_bm25() {
     };
     let dir = tempfile::tempdir().unwrap();
     let memory = common::memory(dir.path());
-    let report = eval::run(&memory, Format::Locomo, &file, &DEFAULT_KS, |_| {}).unwrap();
+    let report = eval::run(&memory, Format::Locomo, &file, &DEFAULT_KS, false, |_| {}).unwrap();
     let json = serde_json::to_value(&report).unwrap();
 
     // 1,986 questions: 4 list no evidence (all category 3); every other one has at least one
@@ -366,4 +395,38 @@ fn locomo_every_question_is_accounted_for_and_ours_beats_bm25() {
         "BM25 recall_any@10 {}",
         any10(&["bm25"])
     );
+}
+
+#[test]
+fn an_agent_session_adds_its_tool_rows_to_every_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = common::memory(dir.path());
+    let report = eval::run(
+        &memory,
+        Format::Longmemeval,
+        &small_file(),
+        &[1],
+        true,
+        |_| {},
+    )
+    .unwrap();
+    let tool_rows = perpetuity::proxy::prefix::tool_rows(6, 5);
+    let mut per_user: std::collections::HashMap<_, Vec<String>> = Default::default();
+    for row in memory.store.rows_since(perpetuity::types::RowId(0)) {
+        let row = row.unwrap();
+        if row.role == perpetuity::types::Role::Tool && row.chunk == 0 {
+            assert_eq!(row.conversation, eval::AGENT_CONVERSATION);
+            per_user.entry(row.user).or_default().push(row.text);
+        }
+    }
+    assert_eq!(per_user.len(), report.users, "every user has the session");
+    for texts in per_user.values() {
+        assert_eq!(texts.len(), tool_rows.len());
+        assert!(
+            tool_rows
+                .iter()
+                .zip(texts)
+                .all(|(row, text)| row.starts_with(text.as_str()))
+        );
+    }
 }

@@ -29,8 +29,9 @@ use serde_json::Value;
 
 /// A chat request body in `format`: it parses or is refused with a message, never panics; a
 /// parsed request's live question is one of its messages; and the body the proxy sends
-/// upstream (the frame in place of the messages) parses again in the same format, with the
-/// same model and the same live question.
+/// upstream (the frame in place of the conversation) parses again in the same format, with the
+/// same model, a live question that opens with the frame's (its attachments' placeholders
+/// follow it again) and the same newness.
 pub fn request(format: Format, data: &[u8]) {
     let path_model = (format == Format::Gemini).then_some("gemini-2.5-flash");
     let Ok(request) = wire::parse(format, data, path_model) else {
@@ -64,10 +65,25 @@ pub fn request(format: Format, data: &[u8]) {
         mandatory: 1,
         omitted: Omitted::default(),
     };
-    let sent = wire::with_frame(&request, &frame);
+    let framed = wire::framed(&request, &wire::frame_items(format, &frame));
+    let sent = wire::encode(
+        &request,
+        &framed.body,
+        Some(&framed.verbatim),
+        &[format.list()],
+    );
     let again = wire::parse(format, &sent, path_model).expect("the framed body parses again");
     assert_eq!(again.model, request.model);
-    assert_eq!(again.question.as_ref(), Some(question));
+    // The frame's text takes the words' place; the turn's attachments stay beside it, so they
+    // are read again after it.
+    assert!(
+        again
+            .question
+            .as_deref()
+            .is_some_and(|again| again.starts_with(question.as_str())),
+        "{:?} then {question:?}",
+        again.question
+    );
     assert_eq!(again.question_is_new(), request.question_is_new());
     assert_eq!(again.server_history, request.server_history);
 }

@@ -23,6 +23,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+use super::wire::{self, Format};
 use super::{State, serve};
 
 /// The credential the session runs under.
@@ -113,6 +114,20 @@ pub fn session(turns: usize, steps: usize) -> Vec<Vec<Value>> {
         out.push(requests);
     }
     out
+}
+
+/// The tool rows the proxy stores for the session: each turn's calls and results, read off the
+/// turn's last request as the proxy reads a continuation (`wire::round_rows`).
+pub fn tool_rows(turns: usize, steps: usize) -> Vec<String> {
+    session(turns, steps)
+        .iter()
+        .filter_map(|requests| requests.last())
+        .flat_map(|body| {
+            let request = wire::parse(Format::Messages, body.to_string().as_bytes(), None)
+                .expect("the scripted session is a valid Messages request");
+            wire::round_rows(&request, 0).0
+        })
+        .collect()
 }
 
 /// A Claude Code main request around `messages`.
@@ -293,6 +308,14 @@ mod tests {
         let sent = [b"aaaa".to_vec(), b"aaab".to_vec(), b"zzzz".to_vec()];
         let got = shares(&sent, 1);
         assert_eq!((got.in_loop, got.across_turns), (0.75, 0.0));
+    }
+
+    #[test]
+    fn the_sessions_tool_rows_are_its_calls_and_results() {
+        let rows = tool_rows(2, 3);
+        assert_eq!(rows.len(), 2 * 3 * 2);
+        assert!(rows[0].starts_with("called Bash {\"command\":\"cat src/module_0/part_0.rs\""));
+        assert!(rows[1].starts_with("Bash returned:     let token_0 = parse_0_0(input, 0);"));
     }
 
     #[test]
