@@ -6,7 +6,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt as _, Full};
@@ -76,23 +76,42 @@ pub struct ProxyReport {
 
 /// Start the local upstream; returns its address.
 pub async fn local_upstream() -> std::io::Result<SocketAddr> {
+    answering_upstream(STREAM, None).await
+}
+
+/// Start a local upstream that answers every request with `stream` (an event stream), keeping
+/// each request's body in `record` when given; returns its address.
+pub async fn answering_upstream(
+    stream: &'static str,
+    record: Option<Arc<Mutex<Vec<Vec<u8>>>>>,
+) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let _ = stream.set_nodelay(true);
+        while let Ok((connection, _)) = listener.accept().await {
+            let _ = connection.set_nodelay(true);
+            let record = record.clone();
             tokio::spawn(async move {
-                let service = service_fn(|req: Request<Incoming>| async move {
-                    let _ = req.into_body().collect().await;
-                    Ok::<_, Infallible>(
-                        Response::builder()
-                            .header("content-type", "text/event-stream")
-                            .body(Full::new(Bytes::from_static(STREAM.as_bytes())))
-                            .expect("a valid response"),
-                    )
+                let service = service_fn(move |req: Request<Incoming>| {
+                    let record = record.clone();
+                    async move {
+                        let body = req.into_body().collect().await;
+                        if let (Some(record), Ok(body)) = (record, body) {
+                            record
+                                .lock()
+                                .expect("record lock")
+                                .push(body.to_bytes().to_vec());
+                        }
+                        Ok::<_, Infallible>(
+                            Response::builder()
+                                .header("content-type", "text/event-stream")
+                                .body(Full::new(Bytes::from_static(stream.as_bytes())))
+                                .expect("a valid response"),
+                        )
+                    }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
+                    .serve_connection(TokioIo::new(connection), service)
                     .await;
             });
         }

@@ -8,17 +8,15 @@
 //! (a direct call forwards exactly that) and for what the proxy forwarded, inside tool loops
 //! and across turns. Input is read in the provider's prompt order: tools, system, messages.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use http_body_util::{BodyExt as _, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper::service::service_fn;
-use hyper::{Request, Response};
+use hyper::Request;
+use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -206,38 +204,8 @@ fn shares(sent: &[Vec<u8>], steps: usize) -> Shares {
 /// Start a local upstream that answers every request with [`STREAM`] and records the bodies it
 /// receives; returns its address and the record.
 pub async fn recording_upstream() -> std::io::Result<(SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>)> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
     let received = Arc::new(Mutex::new(Vec::new()));
-    let record = Arc::clone(&received);
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let record = Arc::clone(&record);
-            tokio::spawn(async move {
-                let service = service_fn(move |req: Request<Incoming>| {
-                    let record = Arc::clone(&record);
-                    async move {
-                        let body = req
-                            .into_body()
-                            .collect()
-                            .await
-                            .map(|b| b.to_bytes().to_vec())
-                            .unwrap_or_default();
-                        record.lock().expect("record lock").push(body);
-                        Ok::<_, Infallible>(
-                            Response::builder()
-                                .header("content-type", "text/event-stream")
-                                .body(Full::new(Bytes::from_static(STREAM.as_bytes())))
-                                .expect("a valid response"),
-                        )
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
+    let addr = super::bench::answering_upstream(STREAM, Some(Arc::clone(&received))).await?;
     Ok((addr, received))
 }
 
