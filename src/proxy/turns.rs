@@ -2,9 +2,11 @@
 //! byte by every tool-round continuation of that turn, so the forwarded prefix of a tool loop
 //! stays the same from request to request and the provider's prefix cache covers it.
 //!
-//! A turn is keyed by a hash of who asks, the conversation, and the request's items up to and
-//! including the live question, as the harness sent them: a continuation resends exactly that
-//! prefix; a later turn (whose history has grown) or another user cannot match it. The table
+//! A turn is keyed by a hash of who asks, the conversation, the live question's place in the
+//! request and the question's item: a continuation resends them unchanged; a later turn sits
+//! further on (its history has grown) or holds other words, and another user or conversation
+//! cannot match. Only that item is hashed, not the history before it, so a long history costs
+//! nothing here; a new turn always recalls and replaces what its key held. The table
 //! lives in memory only: after a restart a continuation finds nothing and its frame is
 //! recalled again (`docs/proxy.md`).
 
@@ -64,10 +66,8 @@ impl Turns {
             hash.update(part.as_bytes());
             hash.update([0]);
         }
-        for item in &request.messages[..=at] {
-            hash.update(serde_json::to_vec(item).expect("a JSON value serialises"));
-            hash.update([0]);
-        }
+        hash.update(at.to_le_bytes());
+        hash.update(serde_json::to_vec(&request.messages[at]).expect("a JSON value serialises"));
         Some(hash.finalize().into())
     }
 
