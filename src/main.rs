@@ -451,6 +451,8 @@ fn main() -> anyhow::Result<()> {
             mut data,
             mut dictionary,
         } => {
+            let descriptors = proxy::raise_descriptor_limit();
+            tracing::info!(?descriptors, "open-descriptor limit");
             let mut proxy_config = proxy::ProxyConfig::default();
             if let Some(path) = config {
                 let file = config::FileConfig::load(&path)?;
@@ -943,7 +945,7 @@ fn serve(
             proxy_config,
         ));
         tokio::select! {
-            result = proxy::serve(listener, state) => result.context("accepting connections"),
+            never = proxy::serve(listener, state) => match never {},
             _ = tokio::signal::ctrl_c() => {
                 tracing::info!("shutting down");
                 Ok(())

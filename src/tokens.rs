@@ -3,8 +3,9 @@
 //! Every stored row keeps its token ids under this tokenizer; the same tokens advance the
 //! agent's clock and count the frame budget, and retrieval representations derive from them.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex, OnceLock};
+use std::sync::{LazyLock, OnceLock};
 
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
@@ -81,15 +82,10 @@ impl Tokenizer {
         static COUNTED: LazyLock<Mutex<Counted>> = LazyLock::new(Mutex::default);
         pieces(text)
             .map(|piece| {
-                let known = COUNTED
-                    .lock()
-                    .expect("token count lock")
-                    .counts
-                    .get(piece)
-                    .copied();
+                let known = COUNTED.lock().counts.get(piece).copied();
                 known.unwrap_or_else(|| {
                     let tokens = self.bpe.encode_ordinary(piece).len();
-                    let mut counted = COUNTED.lock().expect("token count lock");
+                    let mut counted = COUNTED.lock();
                     if counted.bytes + piece.len() > COUNTED_BYTES {
                         *counted = Counted::default();
                     }

@@ -132,10 +132,9 @@ async fn no_user_ever_sees_another_users_canary_and_identical_texts_stay_apart()
     generation
         .arena
         .write()
-        .unwrap()
         .catch_up(&memory.store, &memory.dictionary)
         .unwrap();
-    let arena = generation.arena.read().unwrap();
+    let arena = generation.arena.read();
     let (mut retrieved_rows, mut frames) = (0, 0);
     for (i, tenant) in tenants.iter().enumerate() {
         let user = UserId::from_key(&tenant.key(&h));

@@ -822,7 +822,7 @@ async fn an_excluded_row_stays_stored_and_leaves_recall_until_included_again() {
     {
         let generation = h.state.generation();
         let memory = &generation.memory;
-        let arena = generation.arena.read().unwrap();
+        let arena = generation.arena.read();
         let user = UserId::from_key(&h.state.secret.user_key("sk-alice", None));
         let outcome = perpetuity::tools::TurnState::new(user, &[user], None, Vec::new(), &[])
             .run(

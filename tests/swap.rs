@@ -364,7 +364,7 @@ async fn a_swap_under_concurrent_queries_and_captures_is_atomic_and_complete() {
     assert_eq!(generation.memory.dictionary.version(), "v2");
     {
         let store = &generation.memory.store;
-        let arena = generation.arena.read().unwrap();
+        let arena = generation.arena.read();
         let rows = common::stored_messages(store, UserId::from_key(&user_key));
         for (text, _) in &captured {
             assert!(

@@ -130,7 +130,7 @@ pub fn sse(data: &[u8]) {
 
 /// What [`StreamReader`] makes of `chunks`: the text, whether complete, whether terminated.
 fn read(format: Format, chunks: &[&[u8]]) -> (String, bool, bool) {
-    let mut reader = StreamReader::new(format);
+    let mut reader = StreamReader::new(format, usize::MAX);
     for chunk in chunks {
         reader.feed(chunk);
     }
@@ -141,8 +141,11 @@ fn read(format: Format, chunks: &[&[u8]]) -> (String, bool, bool) {
 
 /// The events one round of the splice relays from `chunks`.
 fn relay(format: Format, chunks: &[&[u8]]) -> Vec<Vec<u8>> {
-    let mut splice = Splice::new(format);
-    let mut out: Vec<Vec<u8>> = chunks.iter().flat_map(|c| splice.feed(c)).collect();
+    let mut splice = Splice::new(format, usize::MAX);
+    let mut out: Vec<Vec<u8>> = chunks
+        .iter()
+        .flat_map(|c| splice.feed(c).expect("no event is over an unbounded limit"))
+        .collect();
     out.extend(splice.flush());
     out
 }

@@ -7,9 +7,10 @@
 //! [`PROBE_INTERVAL`] a probe tries one small real write and an arena catch-up; when both
 //! succeed the server is ready again, with no restart. `docs/reliability.md` has the details.
 
+use parking_lot::Mutex;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
@@ -45,7 +46,7 @@ impl Health {
 
     /// The current outage, if the server is not ready.
     pub fn outage(&self) -> Option<Outage> {
-        self.outage.lock().expect("health lock").clone()
+        self.outage.lock().clone()
     }
 
     /// Note an error met while `doing` something: a storage failure makes the server not ready
@@ -55,7 +56,7 @@ impl Health {
             return;
         }
         self.failures.fetch_add(1, Ordering::Relaxed);
-        let mut outage = self.outage.lock().expect("health lock");
+        let mut outage = self.outage.lock();
         if outage.is_none() {
             tracing::error!(%err, doing, "storage failure: not ready; requests pass through untouched until a write succeeds again");
             *outage = Some(Outage {
@@ -76,7 +77,7 @@ impl Health {
     }
 
     fn recovered(&self) {
-        if let Some(outage) = self.outage.lock().expect("health lock").take() {
+        if let Some(outage) = self.outage.lock().take() {
             self.recoveries.fetch_add(1, Ordering::Relaxed);
             tracing::info!(
                 after_ms = outage.since.elapsed().as_millis() as u64,
@@ -110,14 +111,13 @@ pub async fn watch(state: Arc<State>) -> Infallible {
 /// request's capture and recall do; the arena may have failed to grow while the store took
 /// the write).
 fn probe(state: &State) -> Result<(), Error> {
-    let _writing = state.writes.read().expect("writes gate");
+    let _writing = state.writes.read();
     let generation = state.generation();
     let memory = &generation.memory;
     memory.store.probe(now_ms())?;
     generation
         .arena
         .write()
-        .expect("arena lock")
         .catch_up(&memory.store, &memory.dictionary)?;
     Ok(())
 }

@@ -8,6 +8,7 @@
 //! headers; `docs/security.md` the trust model.
 
 pub mod bench;
+mod deadline;
 pub mod harness;
 pub mod health;
 pub mod identity;
@@ -18,10 +19,11 @@ pub mod rounds;
 pub mod turns;
 pub mod wire;
 
+use parking_lot::{Mutex, RwLock};
 use std::convert::Infallible;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -45,8 +47,10 @@ use crate::error::Error;
 use crate::memory::Memory;
 use crate::recall::{Ask, RecallConfig, recall};
 use crate::scan::kernels::Kernels;
+use crate::store::StoreError;
 use crate::types::{Role, RowId, UserId};
 
+use deadline::Deadline;
 use identity::{CONVERSATION_HEADER, Groups, Secret, USER_HEADER};
 use provider::{Failure, Provider};
 use turns::{TurnFrame, Turns};
@@ -286,26 +290,45 @@ impl State {
 impl State {
     /// The serving generation. Take it once per request, after the writes gate.
     pub fn generation(&self) -> Arc<Generation> {
-        Arc::clone(&self.serving.read().expect("serving lock"))
+        Arc::clone(&self.serving.read())
     }
 }
 
 /// Accept connections on `listener` until the task is dropped, probing the storage while it
 /// fails ([`health::watch`]). A dark dictionary version installed and not yet derived (the
 /// server stopped midway) is resumed first, in the background.
-pub async fn serve(listener: TcpListener, state: Arc<State>) -> std::io::Result<()> {
+pub async fn serve(listener: TcpListener, state: Arc<State>) -> Infallible {
     if state.generation().memory.store.dark_dictionary().is_some() {
         ops::start_rederive(&state);
     }
     tokio::select! {
-        result = accept(listener, Arc::clone(&state)) => result,
+        never = accept(listener, Arc::clone(&state)) => never,
         never = health::watch(state) => match never {},
     }
 }
 
-async fn accept(listener: TcpListener, state: Arc<State>) -> std::io::Result<()> {
+/// The first and the longest wait before accepting again after a failed accept.
+const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
+
+/// Serve every connection the listener takes. A failed accept (the process out of descriptors,
+/// a connection reset before it was taken) leaves the listener usable: it is logged and
+/// retried after a wait that doubles while accepts keep failing, so the connections being
+/// served can finish and give their descriptors back.
+async fn accept(listener: TcpListener, state: Arc<State>) -> Infallible {
+    let mut backoff = ACCEPT_BACKOFF.0;
     loop {
-        let (stream, peer) = listener.accept().await?;
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => {
+                backoff = ACCEPT_BACKOFF.0;
+                accepted
+            }
+            Err(err) => {
+                tracing::warn!(%err, ?backoff, "accepting a connection failed; accepting again after a wait");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF.1);
+                continue;
+            }
+        };
         // Events are small writes that must leave at once, not wait for an ACK (Nagle).
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(%peer, %err, "could not set TCP_NODELAY");
@@ -313,6 +336,7 @@ async fn accept(listener: TcpListener, state: Arc<State>) -> std::io::Result<()>
         let state = Arc::clone(&state);
         tokio::spawn(async move {
             let header_timeout = state.config.header_timeout;
+            let stream = Deadline::new(stream, state.config.stream_idle_timeout);
             let service = service_fn(move |req| route(req, Arc::clone(&state)));
             if let Err(err) = http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
@@ -324,6 +348,24 @@ async fn accept(listener: TcpListener, state: Arc<State>) -> std::io::Result<()>
             }
         });
     }
+}
+
+/// Raise the process's soft limit on open descriptors to its hard limit (each connection
+/// holds one, and one more to the upstream); returns the soft limit now in force.
+pub fn raise_descriptor_limit() -> Option<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => limit = raised,
+            Err(err) => tracing::warn!(%err, "could not raise the open-descriptor limit"),
+        }
+    }
+    limit.current
 }
 
 async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Body>, Infallible> {
@@ -795,6 +837,9 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             (bytes, "ok", Some(recalled.turn))
         }
         Some(Ok(Ok(None))) => (bytes.to_vec(), "off", None),
+        Some(Ok(Err(err @ Error::Store(StoreError::TooLong { .. })))) => {
+            return failure(provider, Failure::TooLarge, &err.to_string());
+        }
         Some(Ok(Err(err))) => {
             tracing::error!(%err, "memory unavailable; forwarding the request untouched");
             state.health.report("remembering a request", &err);
@@ -932,7 +977,7 @@ async fn exclusions(req: Request<Incoming>, state: Arc<State>) -> Response<Body>
     };
     let user = UserId::from_key(&state.secret.user_key(&credential, narrow.as_deref()));
     let done = tokio::task::spawn_blocking(move || -> Result<serde_json::Value, Error> {
-        let _writing = state.writes.read().expect("writes gate");
+        let _writing = state.writes.read();
         let store = &state.generation().memory.store;
         let mut changed = Vec::new();
         if let Some(change) = change {
@@ -1005,7 +1050,7 @@ fn remember(
     identity: &Identity,
     switches: Switches,
 ) -> (Remembered, String) {
-    let _writing = state.writes.read().expect("writes gate");
+    let _writing = state.writes.read();
     let generation = state.generation();
     let remembered = remember_in(state, &generation, request, identity, switches);
     (
@@ -1061,8 +1106,7 @@ fn remember_in(
                     if !new {
                         // What came before the round's last step was stored before the turn
                         // was forgotten.
-                        *recalled.turn.captured.lock().expect("captured lock") =
-                            wire::last_step(request);
+                        *recalled.turn.captured.lock() = wire::last_step(request);
                     }
                     if let Some(key) = key {
                         state.turns.insert(key, Arc::clone(&recalled.turn));
@@ -1144,7 +1188,7 @@ fn capture_round(
     request: &wire::Request,
     turn: &TurnFrame,
 ) -> Result<(), Error> {
-    let mut captured = turn.captured.lock().expect("captured lock");
+    let mut captured = turn.captured.lock();
     let (texts, seen) = wire::round_rows(request, *captured);
     for text in texts {
         capture(memory, identity, Role::Tool, text)?;
@@ -1176,9 +1220,8 @@ fn recall_for(
     generation
         .arena
         .write()
-        .expect("arena lock")
         .catch_up(&memory.store, &memory.dictionary)?;
-    let arena = generation.arena.read().expect("arena lock");
+    let arena = generation.arena.read();
     let config = RecallConfig {
         tools: switches.tools(&state.config, request.format),
         ..state.config.recall
@@ -1202,7 +1245,7 @@ fn recall_for(
             shown: recall.frame.rows.clone(),
             tokens: recall.frame.tokens,
             trimmed: recall.frame.omitted.turns,
-            captured: std::sync::Mutex::new(0),
+            captured: Mutex::new(0),
         }),
     }))
 }
@@ -1227,7 +1270,7 @@ impl Reply {
         } else {
             format!("{text}\n[reply truncated: the stream ended before the provider finished]")
         };
-        let _writing = self.state.writes.read().expect("writes gate");
+        let _writing = self.state.writes.read();
         let generation = self.state.generation();
         let memory = &generation.memory;
         let result = Capturer::new(&memory.dictionary).capture(
@@ -1293,7 +1336,7 @@ async fn respond(
         relay_unbuffered(&mut parts.headers);
         let (tx, rx) = mpsc::channel::<Bytes>(64);
         tokio::spawn(async move {
-            let reader = format.map(wire::StreamReader::new);
+            let reader = format.map(|format| wire::StreamReader::new(format, limit));
             relay(body, tx, provider, reader, reply.filter(|_| success), idle).await;
             drop(permit);
         });
@@ -1358,6 +1401,18 @@ async fn relay(
         }
         if let Some(reader) = &mut reader {
             reader.feed(&data);
+            if let Some(oversize) = reader.oversize() {
+                tracing::warn!(
+                    provider = provider.name(),
+                    limit = oversize.limit,
+                    "the upstream sent an over-long stream event or reply; ending it"
+                );
+                let error = provider.error_body(Failure::Upstream, &oversize.to_string());
+                let mut end = b"\n\n".to_vec();
+                end.extend(reader.error_event(&error));
+                let _ = tx.send(Bytes::from(end)).await;
+                break;
+            }
         }
     }
     drop(body);

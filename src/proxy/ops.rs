@@ -1,9 +1,10 @@
 //! Operations: `/metrics` (Prometheus text) and the admin endpoints behind the admin token.
 
+use parking_lot::{Mutex, RwLock};
 use std::fmt::Write as _;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -132,7 +133,7 @@ impl Metrics {
 }
 
 fn record(histogram: &Mutex<Histogram<u64>>, elapsed: Duration) {
-    latency::record(&mut histogram.lock().expect("histogram lock"), elapsed);
+    latency::record(&mut histogram.lock(), elapsed);
 }
 
 /// The Prometheus text exposition of `state`'s metrics.
@@ -219,7 +220,7 @@ pub fn render_metrics(state: &State) -> String {
             &m.first_byte_us,
         ),
     ] {
-        let h = histogram.lock().expect("histogram lock");
+        let h = histogram.lock();
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
         for q in [0.5, 0.9, 0.99] {
             let _ = writeln!(out, "{name}{{quantile=\"{q}\"}} {:.3}", latency::ms(&h, q));
@@ -233,7 +234,7 @@ pub fn render_metrics(state: &State) -> String {
         0.0
     };
     let generation = state.generation();
-    let arena = generation.arena.read().expect("arena lock");
+    let arena = generation.arena.read();
     for (name, help, value) in [
         (
             "perpetuity_ready",
@@ -292,7 +293,7 @@ pub fn is_admin(state: &State, headers: &HeaderMap) -> bool {
 /// `GET /admin/stats`.
 pub fn stats(state: &State) -> serde_json::Value {
     let generation = state.generation();
-    let arena = generation.arena.read().expect("arena lock");
+    let arena = generation.arena.read();
     json!({
         "dictionary": generation.memory.dictionary.version(),
         "next_row": generation.memory.store.next_row().0,
@@ -305,12 +306,12 @@ pub fn stats(state: &State) -> serde_json::Value {
 /// `GET /admin/integrity`: every store invariant, and the serving arena against the store, with
 /// writes held back meanwhile so the check sees one consistent state.
 pub fn integrity(state: &State) -> Result<integrity::Report, crate::error::Error> {
-    let _quiet = state.writes.write().expect("writes gate");
+    let _quiet = state.writes.write();
     let generation = state.generation();
     let memory = &generation.memory;
     let mut report = integrity::check(&memory.store, &memory.dictionary)?;
     if report.is_clean() {
-        let mut arena = generation.arena.write().expect("arena lock");
+        let mut arena = generation.arena.write();
         arena.catch_up(&memory.store, &memory.dictionary)?;
         integrity::check_arena(&memory.store, &arena, &mut report)?;
     }
@@ -320,7 +321,7 @@ pub fn integrity(state: &State) -> Result<integrity::Report, crate::error::Error
 /// `POST /admin/purge?user=KEY`: remove a user's memory, then rebuild the arena without it.
 /// Writes are held back meanwhile. Returns the rows removed.
 pub fn purge(state: &State, user_key: &str) -> Result<u64, crate::error::Error> {
-    let _quiet = state.writes.write().expect("writes gate");
+    let _quiet = state.writes.write();
     let generation = state.generation();
     let memory = &generation.memory;
     let removed = memory.store.purge_user(UserId::from_key(user_key))?;
@@ -328,10 +329,10 @@ pub fn purge(state: &State, user_key: &str) -> Result<u64, crate::error::Error> 
     // A dark generation built before the purge holds the user's rows: drop it now where it is
     // not being built; one being built records the purge count it started at, and the flip
     // rebuilds it when that count has moved.
-    if let Ok(mut dark) = state.dark_arena.try_lock() {
+    if let Some(mut dark) = state.dark_arena.try_lock() {
         *dark = None;
     }
-    let mut arena = generation.arena.write().expect("arena lock");
+    let mut arena = generation.arena.write();
     arena::remove_all(memory.store.path())?;
     let (mut rebuilt, _) = Arena::open(&memory.store, &memory.dictionary)?;
     rebuilt.catch_up(&memory.store, &memory.dictionary)?;
@@ -362,7 +363,7 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 pub fn start_rederive(state: &Arc<State>) {
     let state = Arc::clone(state);
     std::thread::spawn(move || {
-        let mut slot = state.dark_arena.lock().expect("dark arena lock");
+        let mut slot = state.dark_arena.lock();
         let store = Arc::clone(&state.generation().memory.store);
         let Some(dictionary) = store.dark_dictionary() else {
             return;
@@ -411,7 +412,7 @@ pub fn flip(state: &State, version: &str) -> Result<serde_json::Value, crate::er
         path: store.path().to_path_buf(),
         reason,
     };
-    let Ok(mut slot) = state.dark_arena.try_lock() else {
+    let Some(mut slot) = state.dark_arena.try_lock() else {
         return Err(refused(format!("{version} is still being derived")).into());
     };
     let dictionary = store
@@ -438,7 +439,7 @@ pub fn flip(state: &State, version: &str) -> Result<serde_json::Value, crate::er
     };
     arena.catch_up(&store, &dictionary)?;
     let started = Instant::now();
-    let _quiet = state.writes.write().expect("writes gate");
+    let _quiet = state.writes.write();
     // A purge since the build left the purged user's rows in it: build it again from the store
     // (no purge can run now).
     if store.purges()? != built_at {
@@ -451,7 +452,7 @@ pub fn flip(state: &State, version: &str) -> Result<serde_json::Value, crate::er
         );
     }
     let retired = swap::flip(&store, &dictionary, &mut arena)?;
-    *state.serving.write().expect("serving lock") = Arc::new(Generation {
+    *state.serving.write() = Arc::new(Generation {
         memory: Memory { store, dictionary },
         arena: RwLock::new(arena),
     });

@@ -8,8 +8,9 @@
 //! (a direct call forwards exactly that) and for what the proxy forwarded, inside tool loops
 //! and across turns. Input is read in the provider's prompt order: tools, system, messages.
 
+use parking_lot::Mutex;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use http_body_util::{BodyExt as _, Full};
 use hyper::Request;
@@ -243,7 +244,6 @@ pub async fn measure(
     }
     let forwarded: Vec<Vec<u8>> = received
         .lock()
-        .expect("record lock")
         .iter()
         .map(|body| input_of(&serde_json::from_slice(body).unwrap_or(Value::Null)))
         .collect();

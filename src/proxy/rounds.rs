@@ -19,9 +19,10 @@
 //! Every chat format carries the tools (Chat Completions, Responses, Messages, Gemini), streamed
 //! and whole.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::{BodyExt as _, Full};
@@ -338,8 +339,8 @@ struct Ended {
 #[derive(Debug)]
 pub struct Splice {
     format: Format,
-    /// This round's bytes after its last complete event.
-    pending: Vec<u8>,
+    /// This round's stream, cut into events.
+    events: wire::Events,
     /// Whether our calls are intercepted this round (not on the last one: the tools are gone).
     intercept: bool,
     /// Rounds finished before this one.
@@ -379,11 +380,12 @@ pub struct Splice {
 }
 
 impl Splice {
-    /// The splice of a new response in `format`, its first round about to start.
-    pub fn new(format: Format) -> Self {
+    /// The splice of a new response in `format`, its first round about to start; an event
+    /// may be at most `limit` bytes.
+    pub fn new(format: Format, limit: usize) -> Self {
         Self {
             format,
-            pending: Vec::new(),
+            events: wire::Events::new(limit),
             intercept: true,
             finished: 0,
             next_index: 0,
@@ -490,21 +492,20 @@ impl Splice {
     }
 
     /// Take in the next bytes of this round's stream: what reaches the client of the events
-    /// they complete, in order, each one whole event.
-    pub fn feed(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
-        self.pending.extend_from_slice(bytes);
+    /// they complete, in order, each one whole event; refused when an event runs over the
+    /// limit.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, wire::Oversize> {
+        let mut events = std::mem::replace(&mut self.events, wire::Events::new(0));
         let mut out = Vec::new();
-        while let Some((end, gap)) = wire::event_end(&self.pending) {
-            let raw: Vec<u8> = self.pending.drain(..end + gap).collect();
-            out.extend(self.event(&raw));
-        }
-        out
+        let fed = events.feed(bytes, |raw, _| out.extend(self.event(raw)));
+        self.events = events;
+        fed.map(|()| out)
     }
 
     /// This round's stream has ended: what reaches the client of its last event when the
     /// upstream left off the blank line after it, or part of it (the client gets one whole).
     pub fn flush(&mut self) -> Option<Vec<u8>> {
-        let tail = std::mem::take(&mut self.pending);
+        let tail = self.events.take_rest();
         if tail.iter().all(u8::is_ascii_whitespace) {
             return None;
         }
@@ -826,6 +827,13 @@ impl Splice {
         Some(changed)
     }
 
+    /// The Responses sequence number of the next event the splice adds itself.
+    fn next_sequence(&mut self) -> u64 {
+        let next = self.last_sequence.map_or(0, |last| last + 1);
+        self.last_sequence = Some(next);
+        next
+    }
+
     /// The events that end a streamed reply whose later round the upstream `refused`: its
     /// own error where it answered with one (Chat, Gemini: `{"error": …}`; Messages: an
     /// `error` event), else ours; Responses gets an `error` event and then the first round's
@@ -836,30 +844,20 @@ impl Splice {
             .as_ref()
             .and_then(|(_, body)| serde_json::from_slice::<Map<String, Value>>(body).ok())
             .filter(|body| body.get("error").is_some_and(Value::is_object));
-        let mut body = theirs.unwrap_or_else(|| {
-            let ours = self
-                .format
-                .provider()
-                .error_body(Failure::Upstream, &refused.message);
-            ours.as_object()
-                .cloned()
-                .expect("an error body is a JSON object")
-        });
+        let body = theirs.map_or_else(
+            || {
+                self.format
+                    .provider()
+                    .error_body(Failure::Upstream, &refused.message)
+            },
+            Value::Object,
+        );
+        let event = wire::error_event(self.format, &body, self.next_sequence());
         match self.format {
-            Format::Chat | Format::Gemini => vec![wire::encode_event(self.format, &body)],
-            Format::Messages => {
-                body.insert("type".into(), json!("error"));
-                vec![wire::encode_event(self.format, &body)]
-            }
+            Format::Chat | Format::Gemini | Format::Messages => vec![event],
             Format::Responses => {
-                let error = body.remove("error").unwrap_or_default();
-                let mut sequence = || {
-                    let next = self.last_sequence.map_or(0, |last| last + 1);
-                    self.last_sequence = Some(next);
-                    next
-                };
-                let event = json!({"type": "error", "sequence_number": sequence(), "error": error});
-                let failed_at = sequence();
+                let error = &body["error"];
+                let failed_at = self.next_sequence();
                 let mut response = self.created.clone().unwrap_or_else(|| json!({}));
                 if let Some(id) = &self.id {
                     response["id"] = id.clone();
@@ -870,13 +868,8 @@ impl Splice {
                 response["output"] = Value::Array(self.output.clone());
                 response["usage"] = self.total_usage();
                 let failed = json!({"type": "response.failed", "sequence_number": failed_at, "response": response});
-                [event, failed]
-                    .iter()
-                    .map(|event| {
-                        let event = event.as_object().expect("an event is a JSON object");
-                        wire::encode_event(self.format, event)
-                    })
-                    .collect()
+                let failed = failed.as_object().expect("an event is a JSON object");
+                vec![event, wire::encode_event(self.format, failed)]
             }
         }
     }
@@ -1172,7 +1165,7 @@ type ContinuedIds = (
 
 impl Continued {
     fn record(&self, user: UserId, shown: String, latest: String) {
-        let mut ids = self.0.lock().expect("continued lock");
+        let mut ids = self.0.lock();
         let (map, order) = &mut *ids;
         let key = (user, shown);
         if map.insert(key.clone(), latest).is_none() {
@@ -1187,7 +1180,7 @@ impl Continued {
 
     /// The response that holds the reply `user` got as `id`, when a memory round continued it.
     pub(super) fn resolve(&self, user: UserId, id: &str) -> Option<String> {
-        let ids = self.0.lock().expect("continued lock");
+        let ids = self.0.lock();
         ids.0.get(&(user, id.to_owned())).cloned()
     }
 }
@@ -1215,9 +1208,9 @@ impl Loop {
     /// and what it returned reheated, as the switches allow.
     fn run(&mut self, calls: &[Pending]) -> Vec<String> {
         let state = &self.state;
-        let _writing = state.writes.read().expect("writes gate");
+        let _writing = state.writes.read();
         let generation = state.generation();
-        let arena = generation.arena.read().expect("arena lock");
+        let arena = generation.arena.read();
         let mut results = Vec::with_capacity(calls.len());
         for call in calls {
             let result = match Call::parse(&call.name, &call.arguments) {
@@ -1380,9 +1373,12 @@ pub(super) async fn respond(
 /// The streamed loop: relay each round through the splice, run our calls between rounds.
 async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
     let format = lp.format;
-    let idle = lp.state.config.stream_idle_timeout;
-    let mut splice = Splice::new(format);
-    let mut reader = wire::StreamReader::new(format);
+    let (idle, limit) = (
+        lp.state.config.stream_idle_timeout,
+        lp.state.config.body_limit,
+    );
+    let mut splice = Splice::new(format, limit);
+    let mut reader = wire::StreamReader::new(format, limit);
     let mut rounds: Vec<Round> = Vec::new();
     'rounds: loop {
         splice.intercept = rounds.len() + 1 < lp.rounds();
@@ -1400,7 +1396,26 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
             let Ok(data) = frame.into_data() else {
                 continue;
             };
-            for out in splice.feed(&data) {
+            let events = match splice.feed(&data) {
+                Ok(events) => events,
+                Err(oversize) => {
+                    tracing::warn!(
+                        limit,
+                        "the upstream sent an over-long stream event; ending the reply"
+                    );
+                    let refused = Refused {
+                        answer: None,
+                        message: oversize.to_string(),
+                    };
+                    for event in splice.refusal(&refused) {
+                        if relay_to(&tx, &mut reader, event).await.is_err() {
+                            break;
+                        }
+                    }
+                    break 'rounds;
+                }
+            };
+            for out in events {
                 if relay_to(&tx, &mut reader, out).await.is_err() {
                     break 'rounds;
                 }
@@ -1497,7 +1512,7 @@ async fn whole(
     let provider = lp.format.provider();
     let limit = lp.state.config.body_limit;
     let idle = lp.state.config.stream_idle_timeout;
-    let mut splice = Splice::new(lp.format);
+    let mut splice = Splice::new(lp.format, limit);
     let mut rounds: Vec<Round> = Vec::new();
     loop {
         splice.intercept = rounds.len() + 1 < lp.rounds();
@@ -1584,13 +1599,13 @@ mod tests {
             ("data: [DONE]\r\n\r", "data: [DONE]\n\n"),
             ("event: ping\r\ndata: {}\r", "event: ping\r\ndata: {}\n\n"),
         ] {
-            let mut splice = Splice::new(Format::Messages);
-            assert!(splice.feed(tail.as_bytes()).is_empty(), "{tail:?}");
+            let mut splice = Splice::new(Format::Messages, 1 << 20);
+            assert!(splice.feed(tail.as_bytes()).unwrap().is_empty(), "{tail:?}");
             let out = splice.flush().unwrap();
             assert_eq!(String::from_utf8(out).unwrap(), relayed, "{tail:?}");
         }
-        let mut splice = Splice::new(Format::Chat);
-        splice.feed(b"data: [DONE]\n\n \n");
+        let mut splice = Splice::new(Format::Chat, 1 << 20);
+        splice.feed(b"data: [DONE]\n\n \n").unwrap();
         assert_eq!(
             splice.flush(),
             None,

@@ -10,8 +10,9 @@
 //! lives in memory only: after a restart a continuation finds nothing and its frame is
 //! recalled again (`docs/proxy.md`).
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -73,17 +74,12 @@ impl Turns {
 
     /// The frame of the turn `key`, if it is remembered.
     pub fn get(&self, key: &TurnKey) -> Option<Arc<TurnFrame>> {
-        self.inner
-            .lock()
-            .expect("turns lock")
-            .frames
-            .get(key)
-            .cloned()
+        self.inner.lock().frames.get(key).cloned()
     }
 
     /// Remember `frame` as the turn `key`'s, forgetting the oldest beyond [`TURNS_KEPT`].
     pub fn insert(&self, key: TurnKey, frame: Arc<TurnFrame>) {
-        let mut table = self.inner.lock().expect("turns lock");
+        let mut table = self.inner.lock();
         if table.frames.insert(key, frame).is_none() {
             table.order.push_back(key);
         }
@@ -96,7 +92,7 @@ impl Turns {
 
     /// Forget every frame of `user` (its memory was purged).
     pub fn forget(&self, user: UserId) {
-        let mut table = self.inner.lock().expect("turns lock");
+        let mut table = self.inner.lock();
         table.frames.retain(|_, frame| frame.user != user);
         let Table { frames, order } = &mut *table;
         order.retain(|key| frames.contains_key(key));

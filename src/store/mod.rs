@@ -36,10 +36,11 @@
 pub mod keys;
 pub mod row;
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 use serde::Serialize;
@@ -198,7 +199,14 @@ pub enum StoreError {
     /// version already installed, none installed, not derived yet, its table not loaded).
     #[error("{path}: {reason}")]
     Swap { path: PathBuf, reason: String },
+    /// Class: client. A message longer than a row's 16-bit chunk index can number; nothing of
+    /// the batch is written.
+    #[error("a message of {chunks} chunks is too long to store (at most {max} chunks of 256 tokens)", max = MAX_CHUNKS)]
+    TooLong { chunks: usize },
 }
+
+/// The most chunks one message is stored in: a row numbers its chunk in 16 bits.
+pub const MAX_CHUNKS: usize = u16::MAX as usize;
 
 impl StoreError {
     /// Whether the storage failed (RocksDB refused or could not complete an operation: a full
@@ -316,6 +324,16 @@ impl Deltas {
     }
 }
 
+/// How many table files RocksDB may hold open: a quarter of the process's soft descriptor
+/// limit (raised to the hard limit by `serve`), at least 32 and at most 4,096.
+fn table_file_budget() -> i32 {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let budget = limit
+        .current
+        .map_or(4096, |soft| (soft / 4).clamp(32, 4096));
+    budget as i32
+}
+
 /// The RocksDB-backed store.
 pub struct Store {
     db: DB,
@@ -392,6 +410,9 @@ impl Store {
         db_options.set_wal_size_limit_mb(0);
         // Keep the info LOG small; it holds no user data.
         db_options.set_keep_log_file_num(4);
+        // Table files held open: RocksDB's default is unbounded, which under many connections
+        // runs the process out of descriptors; a share of the limit leaves the rest to them.
+        db_options.set_max_open_files(table_file_budget());
 
         let physical = Cf::ALL
             .iter()
@@ -553,19 +574,19 @@ impl Store {
 
     /// [`Store::counts_snapshot`] of one family of counts (`Counts` or `DarkCounts`).
     pub fn counts_snapshot_in(&self, cf: Cf) -> Result<(FrequencyTable, RowId), StoreError> {
-        let writer = self.writer.lock().expect("writer lock");
+        let writer = self.writer.lock();
         Ok((self.frequency_table_in(cf)?, RowId(writer.next_row)))
     }
 
     /// The row id the next capture will get: every stored row's id is below it.
     pub fn next_row(&self) -> RowId {
-        RowId(self.writer.lock().expect("writer lock").next_row)
+        RowId(self.writer.lock().next_row)
     }
 
     /// The serving dictionary version: recorded on first use, refused if it differs later
     /// (changing it is the hot swap's job).
     pub fn bind_dictionary(&self, version: &str) -> Result<(), StoreError> {
-        let _guard = self.writer.lock().expect("writer lock");
+        let _guard = self.writer.lock();
         match self.meta(keys::meta::DICTIONARY_VERSION)? {
             None => self.put_meta(keys::meta::DICTIONARY_VERSION, version.as_bytes()),
             Some(stored) if stored == version.as_bytes() => Ok(()),
@@ -611,7 +632,7 @@ impl Store {
     /// re-derived by [`Store::rederive_step`]. Refused while another dark version is
     /// installed, and for the serving version.
     pub fn install_dark(&self, dictionary: Arc<Dictionary>) -> Result<DarkVersion, StoreError> {
-        let mut writer = self.writer.lock().expect("writer lock");
+        let mut writer = self.writer.lock();
         let version = dictionary.version().to_owned();
         if let Some(dark) = &writer.dark {
             return Err(self.swap_refused(format!(
@@ -658,7 +679,7 @@ impl Store {
     /// Give the store the table of its installed dark version (after it was opened again):
     /// captures are refused until it is attached, since they must derive under it too.
     pub fn attach_dark(&self, dictionary: Arc<Dictionary>) -> Result<(), StoreError> {
-        let mut writer = self.writer.lock().expect("writer lock");
+        let mut writer = self.writer.lock();
         match writer.dark.as_mut() {
             Some(dark) if dark.version == dictionary.version() => {
                 dark.dictionary = Some(dictionary);
@@ -674,14 +695,14 @@ impl Store {
 
     /// The attached dark table, if any.
     pub fn dark_dictionary(&self) -> Option<Arc<Dictionary>> {
-        let writer = self.writer.lock().expect("writer lock");
+        let writer = self.writer.lock();
         writer.dark.as_ref().and_then(|d| d.dictionary.clone())
     }
 
     /// Whether `version` is the installed dark version (its rows and counts are the `Dark`
     /// families); any other version reads the serving ones.
     pub fn is_dark(&self, version: &str) -> bool {
-        let writer = self.writer.lock().expect("writer lock");
+        let writer = self.writer.lock();
         writer.dark.as_ref().is_some_and(|d| d.version == version)
     }
 
@@ -691,7 +712,7 @@ impl Store {
     /// touched. A purge meanwhile discards the step (it is redone). Returns the progress.
     pub fn rederive_step(&self, max_rows: usize) -> Result<DarkVersion, StoreError> {
         let (dictionary, purges) = {
-            let writer = self.writer.lock().expect("writer lock");
+            let writer = self.writer.lock();
             let dark = writer
                 .dark
                 .as_ref()
@@ -720,7 +741,7 @@ impl Store {
             .map(|row| derive(&dictionary, &tokenizer, row.name.as_deref(), &row.tokens))
             .collect();
 
-        let _writer = self.writer.lock().expect("writer lock");
+        let _writer = self.writer.lock();
         if self.purges()? != purges {
             return Ok(state);
         }
@@ -755,7 +776,7 @@ impl Store {
     /// slot); the retired version's slot is cleared after it. Refused unless every row has
     /// been re-derived. Returns the retired version.
     pub fn flip(&self) -> Result<String, StoreError> {
-        let mut writer = self.writer.lock().expect("writer lock");
+        let mut writer = self.writer.lock();
         let state = self
             .dark()?
             .ok_or_else(|| self.swap_refused("no dark version is installed".into()))?;
@@ -896,18 +917,15 @@ impl Store {
         user: UserId,
         load: impl FnOnce() -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        if let Some(entry) = cache.lock().expect("cache lock").get(&user) {
+        if let Some(entry) = cache.lock().get(&user) {
             return Ok(entry.clone());
         }
-        let _guard = self.writer.lock().expect("writer lock");
-        if let Some(entry) = cache.lock().expect("cache lock").get(&user) {
+        let _guard = self.writer.lock();
+        if let Some(entry) = cache.lock().get(&user) {
             return Ok(entry.clone());
         }
         let entry = load()?;
-        cache
-            .lock()
-            .expect("cache lock")
-            .insert(user, entry.clone());
+        cache.lock().insert(user, entry.clone());
         Ok(entry)
     }
 
@@ -1027,7 +1045,12 @@ impl Store {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
-        let mut writer = self.writer.lock().expect("writer lock");
+        if let Some(message) = messages.iter().find(|m| m.chunks.len() > MAX_CHUNKS) {
+            return Err(StoreError::TooLong {
+                chunks: message.chunks.len(),
+            });
+        }
+        let mut writer = self.writer.lock();
         let dark = match &writer.dark {
             None => None,
             Some(dark) => Some(dark.dictionary.clone().ok_or_else(|| {
@@ -1083,7 +1106,8 @@ impl Store {
                 }
             }
 
-            let chunks = u16::try_from(message.chunks.len()).expect("chunk count fits u16");
+            // At most MAX_CHUNKS (checked before the lock), so it and each index fit.
+            let chunks = message.chunks.len() as u16;
             let mut message_ids = Vec::with_capacity(message.chunks.len());
             for (index, chunk) in message.chunks.iter().enumerate() {
                 let id = RowId(next_row);
@@ -1147,7 +1171,7 @@ impl Store {
         self.write(batch)?;
         crate::failpoint::hit("store.after_commit");
         writer.next_row = next_row;
-        let mut cached = self.bound.lock().expect("cache lock");
+        let mut cached = self.bound.lock();
         for ((user, conversation, role), name) in bindings {
             if let (Some(names), Some(name)) = (cached.get_mut(&user), name) {
                 Arc::make_mut(names).insert((conversation, role), bound_name_of(&name));
@@ -1183,7 +1207,7 @@ impl Store {
         &self,
         updates: &[(UserId, RowId, u64, f32)],
     ) -> Result<(), StoreError> {
-        let _guard = self.writer.lock().expect("writer lock");
+        let _guard = self.writer.lock();
         let cf = self.cf(Cf::Activation);
         let warm = self.cf(Cf::Warm);
         let mut batch = WriteBatch::default();
@@ -1208,7 +1232,7 @@ impl Store {
             written.push((user, row, next));
         }
         self.write(batch)?;
-        let mut cached = self.warm.lock().expect("cache lock");
+        let mut cached = self.warm.lock();
         for (user, row, next) in written {
             if let Some(index) = cached.get_mut(&user) {
                 Arc::make_mut(index).insert(row, next);
@@ -1227,7 +1251,7 @@ impl Store {
         rows: &[RowId],
         excluded: bool,
     ) -> Result<Vec<RowId>, StoreError> {
-        let _guard = self.writer.lock().expect("writer lock");
+        let _guard = self.writer.lock();
         let (rows_cf, exclusions) = (self.cf(Cf::Rows), self.cf(Cf::Exclusions));
         let mut batch = WriteBatch::default();
         let mut changed = Vec::new();
@@ -1292,14 +1316,14 @@ impl Store {
         if rows.is_empty() {
             return Ok(());
         }
-        let _guard = self.writer.lock().expect("writer lock");
+        let _guard = self.writer.lock();
         let warm = self.cf(Cf::Warm);
         let mut batch = WriteBatch::default();
         for &row in rows {
             batch.delete_cf(&warm, keys::user_row(user, row));
         }
         self.write(batch)?;
-        if let Some(index) = self.warm.lock().expect("cache lock").get_mut(&user) {
+        if let Some(index) = self.warm.lock().get_mut(&user) {
             let index = Arc::make_mut(index);
             for row in rows {
                 index.remove(row);
@@ -1314,7 +1338,7 @@ impl Store {
     /// gone from the data directory. Returns the number of rows removed.
     pub fn purge_user(&self, user: UserId) -> Result<u64, StoreError> {
         let removed = {
-            let _guard = self.writer.lock().expect("writer lock");
+            let _guard = self.writer.lock();
             let mut batch = WriteBatch::default();
             let log_cf = self.cf(Cf::Log);
             let deltas = self.user_deltas(Cf::Retrieval, user)?;
@@ -1336,8 +1360,8 @@ impl Store {
                 (self.purges()? + 1).to_le_bytes(),
             );
             self.write(batch)?;
-            self.warm.lock().expect("cache lock").remove(&user);
-            self.bound.lock().expect("cache lock").remove(&user);
+            self.warm.lock().remove(&user);
+            self.bound.lock().remove(&user);
             crate::failpoint::hit("purge.after_batch");
             (-deltas.totals[0]) as u64
         };
