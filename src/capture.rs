@@ -140,9 +140,20 @@ impl<'a> Capturer<'a> {
         store: &Store,
         messages: &[Message],
     ) -> Result<Vec<Vec<RowId>>, StoreError> {
+        self.capture_since(store, messages, None)
+    }
+
+    /// [`Capturer::capture`] for a capture that began at purge epoch `since`
+    /// ([`Store::write_captures_since`]): a message of a user purged since gets no ids.
+    pub fn capture_since(
+        &self,
+        store: &Store,
+        messages: &[Message],
+        since: Option<u64>,
+    ) -> Result<Vec<Vec<RowId>>, StoreError> {
         let prepared: Vec<Option<NewMessage>> = messages.iter().map(|m| self.prepare(m)).collect();
         let stored: Vec<NewMessage> = prepared.iter().flatten().cloned().collect();
-        let mut ids = store.write_captures(&stored)?.into_iter();
+        let mut ids = store.write_captures_since(&stored, since)?.into_iter();
         Ok(prepared
             .iter()
             .map(|p| match p {

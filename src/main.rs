@@ -325,6 +325,21 @@ enum BenchCommand {
         #[command(flatten)]
         dictionary: DictionaryArgs,
     },
+    /// Peak resident memory while large request bodies (many tiny messages, the worst case
+    /// for a parsed JSON tree) pass through the proxy at once, against the bodies' size.
+    Bodies {
+        /// Bodies in flight at once.
+        #[arg(long, default_value_t = 8)]
+        concurrent: usize,
+        /// Size of each body, in MiB.
+        #[arg(long, default_value_t = 30)]
+        mib: usize,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+    },
     /// The share of each forwarded request that is a common prefix with the conversation's
     /// previous one (what a provider's prompt cache can serve), over a scripted agent session
     /// in Claude Code's shape: as the client sent it (a direct call) and through the proxy.
@@ -814,7 +829,83 @@ fn main() -> anyhow::Result<()> {
                     dictionary,
                 },
         } => bench_prefix(turns, steps, json, &dictionary),
+        Command::Bench {
+            command:
+                BenchCommand::Bodies {
+                    concurrent,
+                    mib,
+                    json,
+                    dictionary,
+                },
+        } => bench_bodies(concurrent, mib, json, &dictionary),
     }
+}
+
+/// A proxy's state over the fresh store in `place`.
+fn fresh_state(
+    place: &BenchDir,
+    dictionary: &DictionaryArgs,
+    config: proxy::ProxyConfig,
+) -> anyhow::Result<Arc<proxy::State>> {
+    let memory = dictionary.open(&DataArgs {
+        dir: place.dir.clone(),
+        sync_writes: false,
+        uncompressed: false,
+    })?;
+    let secret = proxy::identity::Secret::load_or_create(&place.dir)?;
+    Ok(Arc::new(proxy::State::new(
+        memory,
+        Arena::new(),
+        Kernels::detect(false),
+        secret,
+        config,
+    )))
+}
+
+/// `perpetuity bench bodies`: peak resident memory while large bodies pass through a proxy
+/// over a fresh store (`proxy::bench::bodies`).
+fn bench_bodies(
+    concurrent: usize,
+    mib: usize,
+    json: bool,
+    dictionary: &DictionaryArgs,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        concurrent >= 1 && mib >= 1,
+        "--concurrent and --mib must be at least 1"
+    );
+    let place = BenchDir::new(None, "bodies", Existing::Refuse)?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let report = runtime.block_on(async {
+        let upstream = proxy::bench::local_upstream().await?;
+        let config = proxy::ProxyConfig {
+            openai: format!("http://{upstream}"),
+            body_limit: (mib + 1) << 20,
+            ..proxy::ProxyConfig::default()
+        };
+        let state = fresh_state(&place, dictionary, config)?;
+        anyhow::Ok(proxy::bench::bodies(state, concurrent, mib << 20).await?)
+    })?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "bench bodies: {} concurrent bodies of {:.1} MiB ({} messages each), answered {:?}",
+            report.concurrent,
+            report.body_bytes as f64 / f64::from(1 << 20),
+            report.messages,
+            report.statuses
+        );
+        println!(
+            "  resident before {:.0} MiB, peak {:.0} MiB: {:.0} MiB per body in flight ({:.1}x its size); {:.2} s",
+            report.resident_before_mib,
+            report.resident_peak_mib,
+            report.per_body_mib,
+            report.per_body_ratio,
+            report.seconds
+        );
+    }
+    Ok(())
 }
 
 /// `perpetuity bench prefix`: the session through a proxy over a fresh store
@@ -830,12 +921,6 @@ fn bench_prefix(
         "--turns must be at least 2 and --steps at least 1"
     );
     let place = BenchDir::new(None, "prefix", Existing::Refuse)?;
-    let memory = dictionary.open(&DataArgs {
-        dir: place.dir.clone(),
-        sync_writes: false,
-        uncompressed: false,
-    })?;
-    let secret = proxy::identity::Secret::load_or_create(&place.dir)?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let report = runtime.block_on(async {
         let (upstream, received) = proxy::prefix::recording_upstream().await?;
@@ -843,14 +928,8 @@ fn bench_prefix(
             anthropic: format!("http://{upstream}"),
             ..proxy::ProxyConfig::default()
         };
-        let state = Arc::new(proxy::State::new(
-            memory,
-            Arena::new(),
-            Kernels::detect(false),
-            secret,
-            config,
-        ));
-        proxy::prefix::measure(state, received, turns, steps).await
+        let state = fresh_state(&place, dictionary, config)?;
+        anyhow::Ok(proxy::prefix::measure(state, received, turns, steps).await?)
     })?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);

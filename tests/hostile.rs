@@ -20,6 +20,10 @@ const TIMEOUT: Duration = Duration::from_millis(800);
 const SLACK: Duration = Duration::from_secs(5);
 const OPENAI: [(&str, &str); 1] = [("authorization", "Bearer sk-hostile")];
 
+/// Held by the tests that measure the process's resident memory or move it by tens of MiB,
+/// so that they run one at a time.
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn harness(configure: impl FnOnce(&mut perpetuity::proxy::ProxyConfig)) -> Harness {
     Harness::start(|config| {
         config.body_limit = LIMIT;
@@ -178,6 +182,7 @@ async fn malformed_bodies_get_a_400_in_the_callers_shape_and_nothing_is_stored()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn huge_bodies_are_refused_and_memory_stays_bounded() {
+    let _heavy = HEAVY.lock().await;
     let h = harness(|_| {}).await;
     let seeded = seed(&h).await;
     let huge = chat(&"x".repeat(4 * LIMIT), false);
@@ -410,4 +415,229 @@ async fn seed_through_anthropic(h: &Harness) -> Vec<perpetuity::store::Row> {
     assert_eq!(response.status(), StatusCode::OK);
     body_of(response).await;
     h.rows_of("ak-hostile", 2)
+}
+
+/// A question longer than a stored message can be (65,535 chunks of 256 tokens: here 17M
+/// one-token words) gets a 413 in the caller's shape, and it leaves the memory as ready as
+/// before: the next question is stored and recalled, `/healthz` and `/metrics` answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_too_long_to_store_is_refused_and_the_memory_stays_ready() {
+    let _heavy = HEAVY.lock().await;
+    let h = harness(|config| config.body_limit = 64 << 20).await;
+    let seeded = seed(&h).await;
+    let words = " a".repeat(17_000_000);
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &OPENAI,
+            &chat(&format!("Count these:{words}"), false),
+        )
+        .await;
+    let status = response.status();
+    let error: Value = serde_json::from_slice(&body_of(response).await).unwrap();
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{error}");
+    assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("too long to store"),
+        "{error}"
+    );
+    assert_eq!(
+        h.received().len(),
+        seeded.len() / 2,
+        "the refused question was not forwarded"
+    );
+
+    h.answer(Answer::Whole(
+        200,
+        "application/json",
+        br#"{"choices":[{"message":{"content":"Under the mat."}}]}"#.to_vec(),
+    ));
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &OPENAI,
+            &chat("Where is the key?", false),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        common::upstream::header(&response, "x-perpetuity-memory"),
+        "ok"
+    );
+    body_of(response).await;
+    assert!(
+        h.received()
+            .last()
+            .unwrap()
+            .text()
+            .contains("the key is under the mat"),
+        "the next question is recalled for"
+    );
+    let rows = h.rows_of("sk-hostile", seeded.len() + 2);
+    assert_eq!(rows.len(), seeded.len() + 2, "the next turn is stored");
+    for path in ["/healthz", "/metrics"] {
+        let response = h.send("GET", path, &[], b"").await;
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+    }
+}
+
+/// An upstream stream of `total` bytes of `chunk`, sent as fast as the proxy reads it.
+fn endless_upstream(head: &'static [u8], chunk: &'static [u8], total: usize) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                let _ = stream.read(&mut buf);
+                let _ = stream.write_all(head);
+                let mut sent = 0;
+                while sent < total {
+                    if stream.write_all(chunk).is_err() {
+                        return;
+                    }
+                    sent += chunk.len();
+                }
+            });
+        }
+    });
+    url
+}
+
+/// A chat chunk of 4 KiB of text, as one event.
+fn big_delta() -> &'static [u8] {
+    let text = "x".repeat(4096);
+    let event =
+        format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n");
+    Box::leak(event.into_bytes().into_boxed_slice())
+}
+
+/// Clients that never read a 10 MB streamed reply (their receive window tiny) hold every
+/// permit at first; within the stream idle timeout their connections are closed and the
+/// permits are back, so a client that does read is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_stop_reading_give_their_permits_back_within_the_idle_timeout() {
+    const STALLED: usize = 256;
+    const IDLE: Duration = Duration::from_secs(4);
+    let _heavy = HEAVY.lock().await;
+    let upstream = endless_upstream(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
+        big_delta(),
+        10 << 20,
+    );
+    let h = harness(|config| {
+        config.openai = upstream;
+        config.max_concurrent = STALLED;
+        config.body_limit = 16 << 20;
+        config.stream_idle_timeout = IDLE;
+    })
+    .await;
+    let request = chat("Stream me ten megabytes.", true);
+    let mut stalled = Vec::new();
+    for _ in 0..STALLED {
+        let socket =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket.set_recv_buffer_size(1024).unwrap();
+        socket.connect(&h.proxy.into()).unwrap();
+        let mut stream: TcpStream = socket.into();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\nauthorization: Bearer sk-stalled\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            request.len()
+        );
+        stream.write_all(head.as_bytes()).unwrap();
+        stream.write_all(&request).unwrap();
+        stalled.push(stream);
+    }
+    let started = Instant::now();
+    while h.state.requests_in_flight() < STALLED {
+        assert!(
+            started.elapsed() < IDLE,
+            "the stalled clients never held every permit: {} in flight",
+            h.state.requests_in_flight()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let refused = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &OPENAI,
+            &chat("Me too?", false),
+        )
+        .await;
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    body_of(refused).await;
+    let locked = Instant::now();
+    while h.state.requests_in_flight() > 0 {
+        assert!(
+            locked.elapsed() < IDLE + SLACK,
+            "{} stalled clients still hold their permits after {:?}",
+            h.state.requests_in_flight(),
+            locked.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let served = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[OPENAI[0], ("x-perpetuity-tools", "off")],
+            &chat("Are you there?", false),
+        )
+        .await;
+    assert_eq!(served.status(), StatusCode::OK);
+    body_of(served).await;
+    drop(stalled);
+}
+
+/// An upstream that streams 64 MiB with no blank line: the event is refused at the limit (the
+/// stream ends with an error event in the caller's shape), in bounded time and memory, with
+/// and without the memory tools' splice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_event_without_end_is_refused_at_the_limit_in_bounded_time_and_memory() {
+    let _heavy = HEAVY.lock().await;
+    let chunk: &'static [u8] = Box::leak(vec![b'x'; 64 << 10].into_boxed_slice());
+    let upstream = endless_upstream(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: ",
+        chunk,
+        64 << 20,
+    );
+    let h = harness(|config| config.openai = upstream).await;
+    let before = rss_bytes();
+    for tools in ["on", "off"] {
+        let started = Instant::now();
+        let response = h
+            .send(
+                "POST",
+                "/v1/chat/completions",
+                &[OPENAI[0], ("x-perpetuity-tools", tools)],
+                &chat(&format!("Tools {tools}: stream forever."), true),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = body_of(response).await;
+        let tail = String::from_utf8_lossy(&body[body.len().saturating_sub(400)..]).into_owned();
+        assert!(
+            tail.contains("longer than 1048576 bytes") && tail.contains("\"api_error\""),
+            "tools {tools}: the stream ends with an error event: {tail}"
+        );
+        assert!(
+            body.len() <= 2 * LIMIT + 4096,
+            "tools {tools}: relayed {} bytes",
+            body.len()
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "tools {tools}: took {:?}",
+            started.elapsed()
+        );
+    }
+    let grown = rss_bytes().saturating_sub(before);
+    assert!(grown < 48 << 20, "resident memory grew by {grown} bytes");
 }

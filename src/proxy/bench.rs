@@ -234,3 +234,109 @@ async fn one(
     let total = started.elapsed();
     (first.unwrap_or(total), total)
 }
+
+/// What `bench bodies` measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct BodiesReport {
+    pub concurrent: usize,
+    /// Each body's size and its messages (tiny ones, the worst case for a parsed tree).
+    pub body_bytes: usize,
+    pub messages: usize,
+    /// The proxy's answers, in order.
+    pub statuses: Vec<u16>,
+    /// The process's resident memory before the bodies were built, and its peak while they
+    /// were sent and answered (the bodies themselves included, once each).
+    pub resident_before_mib: f64,
+    pub resident_peak_mib: f64,
+    /// `(peak − before − the bodies) / concurrent`, and that against one body's size.
+    pub per_body_mib: f64,
+    pub per_body_ratio: f64,
+    pub seconds: f64,
+}
+
+/// A field of `/proc/self/status` in MiB (`VmRSS`, `VmHWM`).
+fn status_mib(field: &str) -> std::io::Result<f64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no {field} in /proc/self/status")))?;
+    Ok(kib / 1024.0)
+}
+
+/// Send `concurrent` chat bodies of about `bytes` bytes each (tiny messages, then a question)
+/// through a proxy serving `state` at once, and read the process's peak resident memory
+/// (Linux: `VmHWM`, reset through `/proc/self/clear_refs` before the run).
+pub async fn bodies(
+    state: Arc<State>,
+    concurrent: usize,
+    bytes: usize,
+) -> std::io::Result<BodiesReport> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let proxy = listener.local_addr()?;
+    tokio::spawn(serve(listener, state));
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let resident_before = status_mib("VmRSS")?;
+    let message = r#"{"role":"user","content":"a"},"#;
+    let messages = bytes / message.len();
+    let mut body = String::with_capacity(bytes + 256);
+    body.push_str(r#"{"model":"gpt-4o","stream":true,"messages":["#);
+    for _ in 0..messages {
+        body.push_str(message);
+    }
+    body.push_str(r#"{"role":"user","content":"What did I say first?"}]}"#);
+    let body = Bytes::from(body);
+    std::fs::write("/proc/self/clear_refs", "5")?;
+    let started = Instant::now();
+    let calls = (0..concurrent).map(|i| {
+        let (client, body) = (client.clone(), body.clone());
+        async move {
+            let request = Request::post(format!("http://{proxy}/v1/chat/completions"))
+                .header("authorization", format!("Bearer {}", credential(i)))
+                .header("content-type", "application/json")
+                .body(Full::new(body))
+                .expect("a valid request");
+            let response = client
+                .request(request)
+                .await
+                .map_err(std::io::Error::other)?;
+            let status = response.status().as_u16();
+            response
+                .into_body()
+                .collect()
+                .await
+                .map_err(std::io::Error::other)?;
+            std::io::Result::Ok(status)
+        }
+    });
+    let statuses = all_at_once(calls).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let resident_peak = status_mib("VmHWM")?;
+    let body_mib = body.len() as f64 / f64::from(1 << 20);
+    let per_body = (resident_peak - resident_before - body_mib) / concurrent as f64;
+    Ok(BodiesReport {
+        concurrent,
+        body_bytes: body.len(),
+        messages: messages + 1,
+        statuses,
+        resident_before_mib: resident_before,
+        resident_peak_mib: resident_peak,
+        per_body_mib: per_body,
+        per_body_ratio: per_body / body_mib,
+        seconds,
+    })
+}
+
+/// Run `calls` at once on the runtime; their results in order.
+async fn all_at_once<T: Send + 'static>(
+    calls: impl Iterator<Item = impl Future<Output = std::io::Result<T>> + Send + 'static>,
+) -> std::io::Result<Vec<T>> {
+    let tasks: Vec<_> = calls.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        out.push(task.await.map_err(std::io::Error::other)??);
+    }
+    Ok(out)
+}

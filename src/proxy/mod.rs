@@ -53,7 +53,7 @@ use crate::types::{Role, RowId, UserId};
 use deadline::Deadline;
 use identity::{CONVERSATION_HEADER, Groups, Secret, USER_HEADER};
 use provider::{Failure, Provider};
-use turns::{TurnFrame, Turns};
+use turns::{TurnFrame, TurnKey, Turns};
 
 /// Marks an error the proxy answered itself: `refused` (the request) or `upstream`.
 pub const PROXY_ERROR: &str = "x-perpetuity-error";
@@ -289,6 +289,11 @@ impl State {
 
 impl State {
     /// The serving generation. Take it once per request, after the writes gate.
+    /// Chat requests holding one of the [`ProxyConfig::max_concurrent`] slots now.
+    pub fn requests_in_flight(&self) -> usize {
+        self.config.max_concurrent - self.permits.available_permits()
+    }
+
     pub fn generation(&self) -> Arc<Generation> {
         Arc::clone(&self.serving.read())
     }
@@ -672,6 +677,9 @@ struct Identity {
     conversation: String,
     /// The asker's user id, then its group scope's other members' ([`Groups::scope`]).
     scope: Vec<UserId>,
+    /// The store's purge epoch when the request arrived: what it captures after a purge of
+    /// the asker is dropped.
+    since: u64,
 }
 
 /// One of the [`ProxyConfig::max_concurrent`] slots for a request to `provider`, held until its
@@ -730,8 +738,10 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         Err(refused) => return *refused,
     };
     let path_model = gemini_model(parts.uri.path()).map(str::to_owned);
+    // Shared with the blocking memory task, not copied: a body's parsed tree is many times its
+    // size.
     let request = match wire::parse(format, &bytes, path_model.as_deref()) {
-        Ok(request) => request,
+        Ok(request) => Arc::new(request),
         Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
     };
     let switches = Switches::from(&parts.headers);
@@ -762,6 +772,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             .map(str::to_owned)
             .or_else(|| harness::session(format, &request.body, &parts.headers))
             .unwrap_or_else(|| identity::conversation_key(request.first.as_deref().unwrap_or(""))),
+        since: state.generation().memory.store.purge_epoch(),
     };
     // Continuing a reply that a memory round continued names the response holding all of it.
     let bytes = match request
@@ -793,7 +804,8 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     // Not ready: the storage failed and its probe has not yet written again. Nothing is
     // captured; the request goes through untouched.
     let remembered = if state.health.ready() {
-        let (state, request, identity) = (Arc::clone(&state), request.clone(), identity.clone());
+        let (state, request, identity) =
+            (Arc::clone(&state), Arc::clone(&request), identity.clone());
         Some(
             tokio::task::spawn_blocking(move || remember(&state, &request, &identity, switches))
                 .await,
@@ -801,7 +813,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     } else {
         None
     };
-    let (remembered, dictionary) = match remembered {
+    let (mut remembered, dictionary) = match remembered {
         Some(Ok((remembered, dictionary))) => (Some(Ok(remembered)), dictionary),
         Some(Err(err)) => (
             Some(Err(err)),
@@ -813,7 +825,11 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         ),
     };
     state.metrics.memory_time(started.elapsed());
-    let question_stored = matches!(&remembered, Some(Ok(r)) if r.question_stored);
+    let mut question_stored = matches!(&remembered, Some(Ok(r)) if r.question_stored);
+    let deferred = match &mut remembered {
+        Some(Ok(remembered)) => std::mem::take(&mut remembered.deferred),
+        _ => Deferred::default(),
+    };
     let tools = switches.tools(&state.config, format);
     let mut tool_base = None;
     let (outbound, memory_status, turn) = match remembered.map(|r| r.map(|r| r.recall)) {
@@ -857,7 +873,26 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         }
     };
 
-    let upstream = match forward(&state, provider, &parts, outbound).await {
+    let upstream = forward(&state, provider, &parts, outbound).await;
+    // Only the provider's refusal of the credential drops what waited for it: an upstream
+    // that failed or did not answer in time refused nothing.
+    if !deferred.messages.is_empty() {
+        if let Ok(refused) = &upstream
+            && matches!(
+                refused.status(),
+                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+            )
+        {
+            tracing::info!(status = %refused.status(), "the provider refused a credential that owns no memory: nothing of the request is stored");
+        } else {
+            let (state, identity) = (Arc::clone(&state), identity.clone());
+            question_stored =
+                tokio::task::spawn_blocking(move || capture_deferred(&state, &identity, deferred))
+                    .await
+                    .unwrap_or(false);
+        }
+    }
+    let upstream = match upstream {
         Ok(upstream) => upstream,
         Err((failed, message)) => return failure(provider, failed, &message),
     };
@@ -1032,7 +1067,27 @@ fn utf8_header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>
 struct Remembered {
     question_stored: bool,
     recall: Result<Option<Recalled>, Error>,
+    /// What waits for the provider to accept the credential.
+    deferred: Deferred,
 }
+
+/// The captures of a request whose credential owns no memory yet: written once the provider
+/// has answered it with anything but 401 or 403, dropped otherwise, so a credential the
+/// provider refuses leaves nothing behind (`docs/proxy.md`).
+#[derive(Default)]
+struct Deferred {
+    /// Role and text of each message, in order.
+    messages: Vec<(Role, String)>,
+    /// The first message is the turn's question.
+    question: bool,
+    /// The turn's key, noted as captured once the question is.
+    key: Option<TurnKey>,
+}
+
+/// How long a question stays known as captured: the same question at the same place of the
+/// same conversation within it is a client's retry (after a 429, a 5xx, a dropped
+/// connection) and is not stored again.
+const RETRY_WINDOW: Duration = Duration::from_secs(120);
 
 /// The frame a request is forwarded with.
 struct Recalled {
@@ -1061,7 +1116,9 @@ fn remember(
 
 /// A new turn is captured and its frame recalled and kept for the turn; a continuation of a
 /// tool round reuses its turn's frame (recalled again, its own question and round hidden, when
-/// the turn is not remembered) and captures what the agent did since the last request.
+/// the turn is not remembered) and captures what the agent did since the last request. A
+/// question captured moments ago at the same place is a retry and is not captured again; the
+/// captures of a credential that owns no memory yet wait for the provider ([`Deferred`]).
 fn remember_in(
     state: &State,
     generation: &Generation,
@@ -1073,17 +1130,40 @@ fn remember_in(
     let user = UserId::from_key(&identity.user_key);
     let key = Turns::key(&identity.user_key, &identity.conversation, request);
     let new = request.question_is_new();
-    let mut stored = false;
-    if switches.writes() && new {
+    let retry = new && key.is_some_and(|key| state.turns.captured_within(&key, RETRY_WINDOW));
+    let failed = |question_stored, err| Remembered {
+        question_stored,
+        recall: Err(err),
+        deferred: Deferred::default(),
+    };
+    let owned = if switches.writes() {
+        match memory.store.user_key(user) {
+            Ok(owned) => owned.is_some(),
+            Err(err) => return failed(false, err.into()),
+        }
+    } else {
+        false
+    };
+    let mut deferred = Deferred {
+        key,
+        ..Deferred::default()
+    };
+    let mut stored = retry;
+    if switches.writes() && new && !retry {
         let text = request.question.clone().unwrap_or_default();
-        match capture(memory, identity, Role::User, text) {
-            Ok(ids) => stored = ids.first().is_some_and(|ids| !ids.is_empty()),
-            Err(err) => {
-                return Remembered {
-                    question_stored: false,
-                    recall: Err(err),
-                };
+        if owned {
+            match capture(memory, identity, Role::User, None, text) {
+                Ok(ids) => {
+                    stored = ids.first().is_some_and(|ids| !ids.is_empty());
+                    if let (true, Some(key)) = (stored, key) {
+                        state.turns.note_captured(key, user);
+                    }
+                }
+                Err(err) => return failed(false, err),
             }
+        } else {
+            deferred.messages.push((Role::User, text));
+            deferred.question = true;
         }
     }
     let known = key.filter(|_| !new).and_then(|key| state.turns.get(&key));
@@ -1115,38 +1195,48 @@ fn remember_in(
             })
         }
     };
-    if let (true, false, Ok(Some(recalled))) = (switches.writes(), new, &recalled)
-        && let Err(err) = capture_round(memory, identity, request, &recalled.turn)
-    {
-        return Remembered {
-            question_stored: stored,
-            recall: Err(err),
-        };
+    if let (true, false, Ok(Some(recalled))) = (switches.writes(), new, &recalled) {
+        let rows = round_rows(request, &recalled.turn);
+        if owned {
+            for text in rows {
+                if let Err(err) = capture(memory, identity, Role::Tool, None, text) {
+                    return failed(stored, err);
+                }
+            }
+        } else {
+            deferred
+                .messages
+                .extend(rows.into_iter().map(|text| (Role::Tool, text)));
+        }
     }
     Remembered {
         question_stored: stored,
         recall: recalled,
+        deferred,
     }
 }
 
-/// Store `text` as one message of `role` in the asker's conversation, unnamed, now.
+/// Store `text` as one message of `role` (named `name`) in the asker's conversation, now;
+/// dropped when the asker was purged since the request arrived.
 fn capture(
     memory: &crate::memory::Memory,
     identity: &Identity,
     role: Role,
+    name: Option<String>,
     text: String,
 ) -> Result<Vec<Vec<RowId>>, Error> {
-    Ok(Capturer::new(&memory.dictionary).capture(
+    Ok(Capturer::new(&memory.dictionary).capture_since(
         &memory.store,
         &[Message {
             user_key: identity.user_key.clone(),
             conversation: identity.conversation.clone(),
             role,
-            name: None,
+            name,
             timestamp_ms: Some(now_ms()),
             source_turn: None,
             text,
         }],
+        Some(identity.since),
     )?)
 }
 
@@ -1180,21 +1270,40 @@ fn own_turn(
 /// hides nothing.
 const OWN_TURN_ROWS: usize = 4096;
 
-/// Store what the agent did since the turn's last request (its calls and their results after
-/// the question) as tool rows of the turn, each once.
-fn capture_round(
-    memory: &crate::memory::Memory,
-    identity: &Identity,
-    request: &wire::Request,
-    turn: &TurnFrame,
-) -> Result<(), Error> {
+/// What the agent did since the turn's last request (its calls and their results after the
+/// question), as the texts of the turn's tool rows, each once: the turn counts them as taken.
+fn round_rows(request: &wire::Request, turn: &TurnFrame) -> Vec<String> {
     let mut captured = turn.captured.lock();
     let (texts, seen) = wire::round_rows(request, *captured);
-    for text in texts {
-        capture(memory, identity, Role::Tool, text)?;
-    }
     *captured = seen.max(*captured);
-    Ok(())
+    texts
+}
+
+/// Write the captures that waited for the provider (which has accepted the credential);
+/// whether the turn's question is among what was stored.
+fn capture_deferred(state: &State, identity: &Identity, deferred: Deferred) -> bool {
+    let _writing = state.writes.read();
+    let generation = state.generation();
+    let mut question = deferred.question;
+    for (i, (role, text)) in deferred.messages.into_iter().enumerate() {
+        match capture(&generation.memory, identity, role, None, text) {
+            Ok(ids) if i == 0 && question => {
+                question = ids.first().is_some_and(|ids| !ids.is_empty());
+                if let (true, Some(key)) = (question, deferred.key) {
+                    state
+                        .turns
+                        .note_captured(key, UserId::from_key(&identity.user_key));
+                }
+            }
+            Ok(_) => {}
+            Err(err) => {
+                tracing::error!(%err, "capturing what waited for the provider failed");
+                state.health.report("capturing a request", &err);
+                return false;
+            }
+        }
+    }
+    question
 }
 
 /// Catch the arena up and recall for the live question (`Ok(None)` when recall is off or
@@ -1266,35 +1375,30 @@ impl Reply {
             return false;
         }
         let text = if complete {
-            text.clone()
+            text
         } else {
             format!("{text}\n[reply truncated: the stream ended before the provider finished]")
         };
         let _writing = self.state.writes.read();
         let generation = self.state.generation();
-        let memory = &generation.memory;
-        let result = Capturer::new(&memory.dictionary).capture(
-            &memory.store,
-            &[Message {
-                user_key: self.identity.user_key,
-                conversation: self.identity.conversation,
-                role: Role::Assistant,
-                name: Some(self.model),
-                timestamp_ms: Some(now_ms()),
-                source_turn: None,
-                text,
-            }],
+        let result = capture(
+            &generation.memory,
+            &self.identity,
+            Role::Assistant,
+            Some(self.model),
+            text,
         );
         match result {
-            Ok(_) => {
+            Ok(ids) if ids.first().is_some_and(|ids| !ids.is_empty()) => {
                 self.state.metrics.count(ops::Event::Reply {
                     truncated: !complete,
                 });
                 true
             }
+            Ok(_) => false,
             Err(err) => {
                 tracing::error!(%err, provider = self.format.provider().name(), "capturing the reply failed");
-                self.state.health.report("capturing a reply", &err.into());
+                self.state.health.report("capturing a reply", &err);
                 false
             }
         }

@@ -242,6 +242,11 @@ pub fn render_metrics(state: &State) -> String {
             f64::from(u8::from(state.health.ready())),
         ),
         (
+            "perpetuity_requests_in_flight",
+            "Chat requests holding one of the max_concurrent slots (until their answer is relayed).",
+            state.requests_in_flight() as f64,
+        ),
+        (
             "perpetuity_scan_rows_per_second",
             "Scan throughput of recall since start.",
             rows_per_s,

@@ -13,6 +13,7 @@
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -56,6 +57,9 @@ pub struct Turns {
 struct Table {
     frames: HashMap<TurnKey, Arc<TurnFrame>>,
     order: VecDeque<TurnKey>,
+    /// When each turn's question was captured, whose it is, oldest first (at most
+    /// [`TURNS_KEPT`]).
+    captured: VecDeque<(Instant, TurnKey, UserId)>,
 }
 
 impl Turns {
@@ -90,11 +94,41 @@ impl Turns {
         }
     }
 
-    /// Forget every frame of `user` (its memory was purged).
+    /// Note that the question of the turn `key`, `user`'s, was captured now.
+    pub fn note_captured(&self, key: TurnKey, user: UserId) {
+        let mut table = self.inner.lock();
+        table.captured.push_back((Instant::now(), key, user));
+        if table.captured.len() > TURNS_KEPT {
+            table.captured.pop_front();
+        }
+    }
+
+    /// Whether the question of the turn `key` was captured less than `window` ago.
+    pub fn captured_within(&self, key: &TurnKey, window: Duration) -> bool {
+        let mut table = self.inner.lock();
+        while table
+            .captured
+            .front()
+            .is_some_and(|(at, _, _)| at.elapsed() >= window)
+        {
+            table.captured.pop_front();
+        }
+        table
+            .captured
+            .iter()
+            .any(|(_, captured, _)| captured == key)
+    }
+
+    /// Forget every frame and capture of `user` (its memory was purged).
     pub fn forget(&self, user: UserId) {
         let mut table = self.inner.lock();
         table.frames.retain(|_, frame| frame.user != user);
-        let Table { frames, order } = &mut *table;
+        let Table {
+            frames,
+            order,
+            captured,
+        } = &mut *table;
         order.retain(|key| frames.contains_key(key));
+        captured.retain(|(_, _, whose)| *whose != user);
     }
 }

@@ -54,6 +54,8 @@ impl Format {
 #[derive(Debug, Clone)]
 pub struct Request {
     pub format: Format,
+    /// The body, its conversation list left empty: the items are in `messages` (a body's
+    /// parsed tree is many times its size, so it is held once).
     pub body: Map<String, Value>,
     pub model: String,
     /// The conversation's items (a Responses string input is one user message).
@@ -303,7 +305,7 @@ fn stored_turn(message: &Value) -> Option<String> {
 pub fn parse(format: Format, bytes: &[u8], path_model: Option<&str>) -> Result<Request, String> {
     let value: Value =
         serde_json::from_slice(bytes).map_err(|e| format!("the body is not valid JSON: {e}"))?;
-    let Value::Object(body) = value else {
+    let Value::Object(mut body) = value else {
         return Err("the body must be a JSON object".into());
     };
     let RawFields(raw) =
@@ -318,8 +320,8 @@ pub fn parse(format: Format, bytes: &[u8], path_model: Option<&str>) -> Result<R
             .to_owned(),
     };
     let list = format.list();
-    let messages = match body.get(list) {
-        Some(Value::Array(items)) => items.clone(),
+    let messages = match body.get_mut(list) {
+        Some(Value::Array(items)) => std::mem::take(items),
         Some(Value::String(text)) if format == Format::Responses => {
             vec![json!({"role": "user", "content": text})]
         }
@@ -446,8 +448,19 @@ pub fn framed(request: &Request, frame: &[Value]) -> Framed {
         out.push(request.messages[i].clone());
         verbatim.push(Some(i));
     }
-    let mut body = request.body.clone();
-    body.insert(request.format.list().into(), Value::Array(out));
+    let list = request.format.list();
+    let mut items = Some(Value::Array(out));
+    let mut body: Map<String, Value> = request
+        .body
+        .iter()
+        .map(|(key, value)| match items.take_if(|_| key == list) {
+            Some(items) => (key.clone(), items),
+            None => (key.clone(), value.clone()),
+        })
+        .collect();
+    if let Some(items) = items {
+        body.insert(list.into(), items);
+    }
     Framed { body, verbatim }
 }
 

@@ -40,7 +40,7 @@ use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 use serde::Serialize;
@@ -270,6 +270,9 @@ struct Writer {
     next_row: u64,
     /// The dark dictionary version, while one is installed.
     dark: Option<Dark>,
+    /// The purge epoch (see [`Store::purge_epoch`]) at which each user purged since open was
+    /// purged last.
+    purged: HashMap<UserId, u64>,
 }
 
 /// An installed dark version, as the writer needs it.
@@ -340,6 +343,8 @@ pub struct Store {
     path: PathBuf,
     write_options: WriteOptions,
     writer: Mutex<Writer>,
+    /// Purges run since open; moved only under the writer lock.
+    purge_epoch: AtomicU64,
     /// The slot (0 or 1) whose retrieval rows and counts serve: the meta key `serving_slot`,
     /// changed only by [`Store::flip`] under the writer lock.
     serving_slot: AtomicUsize,
@@ -446,7 +451,9 @@ impl Store {
             writer: Mutex::new(Writer {
                 next_row: 1,
                 dark: None,
+                purged: HashMap::new(),
             }),
+            purge_epoch: AtomicU64::new(0),
             serving_slot: AtomicUsize::new(0),
             warm: Mutex::new(HashMap::new()),
             bound: Mutex::new(HashMap::new()),
@@ -479,7 +486,11 @@ impl Store {
             // A flip that crashed before clearing the retired slot: finish it.
             store.clear_dark()?;
         }
-        store.writer = Mutex::new(Writer { next_row, dark });
+        store.writer = Mutex::new(Writer {
+            next_row,
+            dark,
+            purged: HashMap::new(),
+        });
         Ok(store)
     }
 
@@ -1042,6 +1053,23 @@ impl Store {
     /// The single writer of rows, retrieval rows, birth activation, decay, the log, counts,
     /// clocks, the chain graph and the binding log.
     pub fn write_captures(&self, messages: &[NewMessage]) -> Result<Vec<Vec<RowId>>, StoreError> {
+        self.write_captures_since(messages, None)
+    }
+
+    /// The purge epoch: how many purges have run since the store was opened. A capture that
+    /// began at epoch `e` is written with [`Store::write_captures_since`]`(.., Some(e))`.
+    pub fn purge_epoch(&self) -> u64 {
+        self.purge_epoch.load(Ordering::Acquire)
+    }
+
+    /// [`Store::write_captures`] for a capture that began at purge epoch `since`: the messages
+    /// of a user purged after it are dropped (no ids), so a request in flight across a purge
+    /// cannot bring the user back. Checked under the writer lock, which the purge holds too.
+    pub fn write_captures_since(
+        &self,
+        messages: &[NewMessage],
+        since: Option<u64>,
+    ) -> Result<Vec<Vec<RowId>>, StoreError> {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
@@ -1079,6 +1107,11 @@ impl Store {
 
         for message in messages {
             let user = message.user;
+            if since.is_some_and(|since| writer.purged.get(&user).is_some_and(|&at| at > since)) {
+                tracing::info!("a capture begun before its user's purge is dropped");
+                ids.push(Vec::new());
+                continue;
+            }
             let conversation = ConversationId::from_key(&message.conversation);
             let clock = match clocks.get(&user) {
                 Some(&c) => c,
@@ -1338,7 +1371,7 @@ impl Store {
     /// gone from the data directory. Returns the number of rows removed.
     pub fn purge_user(&self, user: UserId) -> Result<u64, StoreError> {
         let removed = {
-            let _guard = self.writer.lock();
+            let mut writer = self.writer.lock();
             let mut batch = WriteBatch::default();
             let log_cf = self.cf(Cf::Log);
             let deltas = self.user_deltas(Cf::Retrieval, user)?;
@@ -1360,6 +1393,9 @@ impl Store {
                 (self.purges()? + 1).to_le_bytes(),
             );
             self.write(batch)?;
+            let epoch = self.purge_epoch.load(Ordering::Relaxed) + 1;
+            writer.purged.insert(user, epoch);
+            self.purge_epoch.store(epoch, Ordering::Release);
             self.warm.lock().remove(&user);
             self.bound.lock().remove(&user);
             crate::failpoint::hit("purge.after_batch");

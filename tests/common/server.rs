@@ -19,8 +19,22 @@ impl Server {
     /// Spawn `perpetuity serve --listen 127.0.0.1:PORT` on a free port, stdout discarded;
     /// `configure` adds the rest (data dir, upstreams, environment, stderr). Does not wait.
     pub fn spawn(configure: impl FnOnce(&mut Command)) -> Self {
+        Self::spawn_under(&[], configure)
+    }
+
+    /// [`Server::spawn`], its command line run by `wrapper` (a program and its arguments, such
+    /// as `prlimit --nofile=128 --`) where one is given.
+    pub fn spawn_under(wrapper: &[&str], configure: impl FnOnce(&mut Command)) -> Self {
         let port = free_port();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_perpetuity"));
+        let binary = env!("CARGO_BIN_EXE_perpetuity");
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
         command
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .stdout(Stdio::null());
