@@ -1274,6 +1274,17 @@ impl Store {
             .collect()
     }
 
+    /// The rows any user of `scope` excluded: a group scope's search passes over each
+    /// member's exclusions among that member's rows (row ids are unique across users, so one
+    /// set holds them all).
+    pub fn scope_exclusions(&self, scope: &[UserId]) -> Result<HashSet<RowId>, StoreError> {
+        let mut excluded = HashSet::new();
+        for &user in scope {
+            excluded.extend(self.exclusions(user)?);
+        }
+        Ok(excluded)
+    }
+
     /// The warm index of a user: every reheated row still listed, with its activation, in row
     /// order. Rows born hot and never reheated are not listed (their state is the birth state).
     /// Read from memory after the user's first read since open.
