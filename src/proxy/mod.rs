@@ -1196,7 +1196,7 @@ fn recall_for(
     Ok(Some(Recalled {
         scanned: Some((recall.scanned_rows, recall.scan_us)),
         turn: Arc::new(TurnFrame {
-            user: ask.user,
+            scope: identity.scope.clone(),
             items: wire::frame_items(request.format, &recall.frame),
             retrieved: recall.retrieved.iter().map(|r| RowId(r.row)).collect(),
             shown: recall.frame.rows.clone(),
