@@ -378,3 +378,153 @@ fn a_purged_teammate_leaves_no_copy_in_the_group() {
         "{said:?}"
     );
 }
+
+/// The users of one credential: its own (no `x-perpetuity-user`) and two sub-users.
+const FAMILY: [Option<&str>; 3] = [None, Some("ann"), Some("ben")];
+
+/// What the user `member` of `credential` said, and only it.
+fn family_canary(credential: &str, member: Option<&str>) -> String {
+    format!("Pqz{credential}{}Kestrel", member.unwrap_or("own"))
+}
+
+/// Rows of each user of `credential` in the data directory the stopped server left, opened as
+/// it was written (uncompressed).
+fn family_rows(data: &Path, credential: &str) -> Vec<Vec<Row>> {
+    let options = StoreOptions {
+        compression: false,
+        ..StoreOptions::default()
+    };
+    let store = Store::open(data, &options).unwrap();
+    let secret = Secret::load_or_create(data).unwrap();
+    FAMILY
+        .iter()
+        .map(|member| {
+            let user = UserId::from_key(&secret.user_key(credential, *member));
+            store.rows_of(user).map(Result::unwrap).collect()
+        })
+        .collect()
+}
+
+/// A purge of a credential with all its sub-users: the credential's own memory and both of its
+/// `x-perpetuity-user` sub-users' are removed, by the admin endpoint
+/// (`?credential_user=`) on a running server and by `perpetuity purge --all-subusers` on a
+/// stopped one; no file holds any of their words, integrity is clean, and another credential's
+/// users are untouched.
+#[test]
+fn a_credentials_purge_with_all_sub_users_leaves_none_of_them() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = runtime.block_on(Upstream::start());
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (by_admin, by_cli, other) = ("sk-purge-admin", "sk-purge-cli", "sk-purge-other");
+    let credentials = [by_admin, by_cli, other];
+    let server = start(&data, &upstream.url());
+    for credential in credentials {
+        let auth = format!("Bearer {credential}");
+        for member in FAMILY {
+            upstream.answer(chat_reply("Noted."));
+            let mut headers = vec![
+                ("authorization", auth.as_str()),
+                ("content-type", "application/json"),
+            ];
+            if let Some(name) = member {
+                headers.push(("x-perpetuity-user", name));
+            }
+            let answer = server
+                .request(
+                    "POST",
+                    "/v1/chat/completions",
+                    &headers,
+                    &common::upstream::chat_request(&format!(
+                        "Keep this safe: {}.",
+                        family_canary(credential, member)
+                    )),
+                )
+                .unwrap();
+            assert_eq!(answer.status, 200, "{}", answer.text());
+        }
+    }
+    drop(server);
+    let before: Vec<Vec<Vec<Row>>> = credentials
+        .iter()
+        .map(|credential| family_rows(&data, credential))
+        .collect();
+    for rows in before.iter().flatten() {
+        assert_eq!(rows.len(), 2, "each user's question and reply");
+    }
+    let own = |credential: &str| {
+        Secret::load_or_create(&data)
+            .unwrap()
+            .user_key(credential, None)
+    };
+    let on_disk = |credential: &str| -> Vec<String> {
+        FAMILY
+            .iter()
+            .flat_map(|member| {
+                common::files_containing(&data, family_canary(credential, *member).as_bytes())
+            })
+            .collect()
+    };
+
+    let server = start(&data, &upstream.url());
+    let both = format!(
+        "/admin/purge?user={}&credential_user={}",
+        own(by_admin),
+        own(by_admin)
+    );
+    let refused = server.request("POST", &both, &[ADMIN], b"").unwrap();
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    let answer = server
+        .request(
+            "POST",
+            &format!("/admin/purge?credential_user={}", own(by_admin)),
+            &[ADMIN],
+            b"",
+        )
+        .unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.json()["rows_removed"], 6, "{}", answer.text());
+    assert_eq!(answer.json()["sub_users_removed"], 2, "{}", answer.text());
+    assert_integrity(&server, "after the credential's purge");
+    drop(server);
+
+    let purged = common::perpetuity(&[
+        "purge",
+        "--data",
+        data.to_str().unwrap(),
+        "--uncompressed",
+        "--user",
+        &own(by_cli),
+        "--all-subusers",
+    ]);
+    let printed = String::from_utf8_lossy(&purged.stdout);
+    assert!(purged.status.success(), "{printed}");
+    assert!(
+        printed.contains("and 2 sub-users: 6 rows removed"),
+        "{printed}"
+    );
+
+    for credential in [by_admin, by_cli] {
+        let hits = on_disk(credential);
+        assert!(hits.is_empty(), "{credential}: purged words in {hits:?}");
+        assert!(
+            family_rows(&data, credential).iter().all(Vec::is_empty),
+            "{credential}: rows left"
+        );
+    }
+    assert_eq!(
+        family_rows(&data, other),
+        before[2],
+        "another credential's users changed"
+    );
+    assert!(
+        !on_disk(other).is_empty(),
+        "the byte search finds the other credential's words"
+    );
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_perpetuity"))
+        .args(["integrity", "--data", data.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .status()
+        .unwrap();
+    assert!(status.success(), "integrity after the command's purge");
+}

@@ -476,9 +476,19 @@ async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
             })
             .transpose()
     };
-    let (user, path_param, version) = match (param("user"), param("path"), param("version")) {
-        (Ok(user), Ok(path), Ok(version)) => (user, path, version),
-        (Err(reason), _, _) | (_, Err(reason), _) | (_, _, Err(reason)) => {
+    let (user, credential_user, path_param, version) = match (
+        param("user"),
+        param("credential_user"),
+        param("path"),
+        param("version"),
+    ) {
+        (Ok(user), Ok(credential_user), Ok(path), Ok(version)) => {
+            (user, credential_user, path, version)
+        }
+        (Err(reason), _, _, _)
+        | (_, Err(reason), _, _)
+        | (_, _, Err(reason), _)
+        | (_, _, _, Err(reason)) => {
             return plain(StatusCode::BAD_REQUEST, &reason);
         }
     };
@@ -517,14 +527,22 @@ async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
             })
         }
         (&Method::POST, "/admin/purge") => {
-            let Some(user) = user else {
-                return plain(StatusCode::BAD_REQUEST, "purge needs ?user=KEY");
+            let (user, sub_users) = match (user, credential_user) {
+                (Some(user), None) => (user, false),
+                (None, Some(user)) => (user, true),
+                _ => {
+                    return plain(
+                        StatusCode::BAD_REQUEST,
+                        "purge needs one of ?user=KEY and ?credential_user=KEY",
+                    );
+                }
             };
             tokio::task::spawn_blocking(move || {
-                ops::purge(&state, &user).map(|rows| {
+                ops::purge(&state, &user, sub_users).map(|purged| {
                     (
                         StatusCode::OK,
-                        serde_json::json!({"user": user, "rows_removed": rows}),
+                        serde_json::json!({"user": user, "rows_removed": purged.rows,
+                            "sub_users_removed": purged.sub_users.len()}),
                     )
                 })
             })
@@ -630,6 +648,9 @@ struct Identity {
     conversation: String,
     /// The asker's user id, then its group scope's other members' ([`Groups::scope`]).
     scope: Vec<UserId>,
+    /// The credential's own user when `x-perpetuity-user` narrows it: the sub-user is linked
+    /// to it before it is first written, so a purge of the credential finds it.
+    owner: Option<UserId>,
 }
 
 /// One of the [`ProxyConfig::max_concurrent`] slots for a request to `provider`, held until its
@@ -716,6 +737,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             .iter()
             .map(|key| UserId::from_key(key))
             .collect(),
+        owner: narrow.map(|_| UserId::from_key(&state.secret.user_key(&credential, None))),
         conversation: conversation
             .map(str::to_owned)
             .or_else(|| harness::session(format, &request.body, &parts.headers))
@@ -1029,6 +1051,15 @@ fn remember_in(
     let key = Turns::key(&identity.user_key, &identity.conversation, request);
     let new = request.question_is_new();
     let mut stored = false;
+    if switches.writes()
+        && let Some(owner) = identity.owner
+        && let Err(err) = memory.store.link_owner(user, owner)
+    {
+        return Remembered {
+            question_stored: false,
+            recall: Err(err.into()),
+        };
+    }
     if switches.writes() && new {
         let text = request.question.clone().unwrap_or_default();
         match capture(memory, identity, Role::User, text) {
