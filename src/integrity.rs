@@ -12,6 +12,8 @@
 //! - no orphans: every activation, exclusion, log, chain, binding, clock and user entry belongs to a row
 //!   or a user with rows; every binding matches its row's role and name; every entry of the
 //!   warm index equals its row's activation;
+//! - every owner link (`owners`) is a user id linked to another user id (a link may come before
+//!   its sub-user's first row: it holds no text);
 //! - each user's clock equals the tokens of the user's rows, and equals the newest row's birth
 //!   clock; every row id is below the recorded next row id;
 //! - the stored frequency counts equal a recount from the retrieval rows, key by key;
@@ -157,6 +159,7 @@ pub fn check(store: &Store, dictionary: &Dictionary) -> Result<Report, StoreErro
     report.users = users.len() as u64;
 
     check_orphans(store, &row_facts, &users, &mut report)?;
+    check_owner_links(store, &mut report)?;
     check_clocks(store, &users, &mut report)?;
     check_counts(store, Cf::Counts, &recount, &mut report)?;
     check_dark(store, &tokenizer, &mut report)?;
@@ -416,6 +419,21 @@ fn check_orphans(
                 }
             }
             _ => report.violation("no orphan", Cf::Users, &key, "user has no rows"),
+        }
+    }
+    Ok(())
+}
+
+/// Every `owners` entry decodes (a user id to a user id) and links a sub-user to another user.
+fn check_owner_links(store: &Store, report: &mut Report) -> Result<(), StoreError> {
+    for entry in store.iter_all(Cf::Owners) {
+        let (key, value) = entry?;
+        match (keys::parse_user(&key), keys::parse_user(&value)) {
+            (Some(user), Some(owner)) if user != owner => {}
+            (Some(_), Some(_)) => {
+                report.violation("owner link names another user", Cf::Owners, &key, "itself")
+            }
+            _ => report.violation("owner link decodes", Cf::Owners, &key, "not a user id pair"),
         }
     }
     Ok(())

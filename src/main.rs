@@ -148,6 +148,10 @@ enum Command {
         /// The user's key.
         #[arg(long)]
         user: String,
+        /// The user is a credential's own (no `x-perpetuity-user`): purge every sub-user the
+        /// proxy linked to it too.
+        #[arg(long)]
+        all_subusers: bool,
     },
     /// Exclude rows from a user's recall: they stay stored, and retrieval, the frame and the
     /// memory tools pass over them (`--undo` includes them again). Prints the user's
@@ -625,15 +629,24 @@ fn main() -> anyhow::Result<()> {
             };
             std::process::exit(code)
         }
-        Command::Purge { data, user } => {
+        Command::Purge {
+            data,
+            user,
+            all_subusers,
+        } => {
             let store = Store::open(data.existing()?, &data.options())?;
             let started = Instant::now();
-            let rows = store.purge_user(UserId::from_key(&user))?;
+            let (rows, sub_users) = if all_subusers {
+                let purged = store.purge_credential(UserId::from_key(&user))?;
+                (purged.rows, purged.sub_users.len())
+            } else {
+                (store.purge_user(UserId::from_key(&user))?, 0)
+            };
             // The arena holds the user's vectors and term ids: drop it whole (the purge count
             // would make the next process rebuild it anyway).
             perpetuity::arena::remove_all(store.path())?;
             println!(
-                "purged user {user:?}: {rows} rows removed, compacted in {:.2?}",
+                "purged user {user:?} and {sub_users} sub-users: {rows} rows removed, compacted in {:.2?}",
                 started.elapsed()
             );
             Ok(())

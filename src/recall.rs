@@ -121,7 +121,7 @@ pub fn recall(
     let store = &memory.store;
     let started = std::time::Instant::now();
     let query = PreparedQuery::new(&memory.dictionary, arena, ask.question);
-    let mut excluded = store.exclusions(ask.user)?;
+    let mut excluded = store.scope_exclusions(ask.scope)?;
     excluded.extend(ask.hidden.iter().copied());
     let found = search_without(
         &memory.dictionary,

@@ -665,10 +665,10 @@ pub fn search(
     search_from(dictionary, arena, kernels, query, &wide, k)
 }
 
-/// [`search`] passing over the rows in `excluded` (the asker's exclusions): asks for `k` more
-/// than `excluded` holds and drops those, so the result is exactly the `k` best of the other
-/// rows. An excluded row still reads as a neighbour in context (its conversation as it was
-/// said), but is never returned.
+/// [`search`] passing over the rows in `excluded` (the exclusions of the scope's members): asks
+/// for `k` more than `excluded` holds and drops those, so the result is exactly the `k` best of
+/// the other rows. An excluded row still reads as a neighbour in context (its conversation as
+/// it was said), but is never returned.
 pub fn search_without(
     dictionary: &Dictionary,
     arena: &Arena,

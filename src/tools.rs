@@ -258,7 +258,7 @@ impl TurnState {
         call: &Call,
     ) -> Result<Outcome, StoreError> {
         let mut read = Turns::default();
-        let excluded = memory.store.exclusions(self.user)?;
+        let excluded = memory.store.scope_exclusions(&self.scope)?;
         let outcome = match call {
             Call::Search { query, limit } => {
                 let prepared = PreparedQuery::new(&memory.dictionary, arena, query);
@@ -344,7 +344,7 @@ impl TurnState {
         Ok(outcome)
     }
 
-    /// The stored turns of `rows` that the scope holds and the asker has not excluded (those
+    /// The stored turns of `rows` that the scope holds and their owners have not excluded (those
     /// still stored), speakers resolved.
     fn turns(
         &self,

@@ -212,8 +212,15 @@ async fn huge_bodies_are_refused_and_memory_stays_bounded() {
         }
     }
     let grown = rss_bytes().saturating_sub(before);
-    let metrics =
-        String::from_utf8(body_of(h.send("GET", "/metrics", &[], b"").await).await).unwrap();
+    // On a connection of its own: the client's pooled ones sat idle past the header timeout.
+    let port = h.proxy.port();
+    let metrics = tokio::task::spawn_blocking(move || {
+        common::server::request(port, "GET", "/metrics", &[], b"")
+    })
+    .await
+    .unwrap()
+    .unwrap()
+    .text();
     assert!(
         metrics.contains("perpetuity_refused_total 40"),
         "every huge body was refused: {metrics}"

@@ -11,9 +11,11 @@ use std::collections::BTreeMap;
 use hyper::StatusCode;
 use serde_json::{Value, json};
 
-use common::upstream::{Harness, body_of, chat_reply, chat_request, header};
+use common::upstream::{Answer, Harness, body_of, chat_reply, chat_request, header};
+use perpetuity::proxy::ProxyConfig;
 use perpetuity::proxy::identity::Groups;
 use perpetuity::recall::{Ask, RecallConfig, recall};
+use perpetuity::tools::{Call, TurnState};
 use perpetuity::types::{RowId, UserId};
 
 /// Users in the pool: credentials, and on the last credential narrowed users.
@@ -73,10 +75,24 @@ type Case<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, Vec<u8>);
 /// Send `question` as `tenant` (credential as an OpenAI bearer), the upstream answering
 /// `reply`; returns the body the upstream received.
 async fn ask(h: &Harness, tenant: &Tenant, question: &str, reply: &str) -> String {
+    ask_in(h, tenant, None, question, reply).await
+}
+
+/// [`ask`] in the named `conversation` (`x-perpetuity-conversation`), when given.
+async fn ask_in(
+    h: &Harness,
+    tenant: &Tenant,
+    conversation: Option<&str>,
+    question: &str,
+    reply: &str,
+) -> String {
     h.answer(chat_reply(reply));
     let auth = format!("Bearer {}", tenant.credential);
     let mut headers = tenant.headers();
     headers.push(("authorization", &auth));
+    if let Some(conversation) = conversation {
+        headers.push(("x-perpetuity-conversation", conversation));
+    }
     let response = h
         .send(
             "POST",
@@ -443,24 +459,30 @@ async fn a_user_name_outside_ascii_narrows_like_any_other() {
     }
 }
 
+/// The group scope `team`: the planner and the coder of one credential.
+fn team_of_planner_and_coder(config: &mut ProxyConfig) {
+    config.groups = Groups::new(BTreeMap::from([(
+        "team".to_owned(),
+        vec!["planner".to_owned(), "coder".to_owned()],
+    )]))
+    .unwrap();
+}
+
+/// The user `name` of `credential` (`x-perpetuity-user`).
+fn member(credential: &str, name: &'static str) -> Tenant {
+    Tenant {
+        credential: credential.to_owned(),
+        narrow: Some(name),
+    }
+}
+
 /// A group scope: the planner and the coder behind one team key search each other's memory;
 /// the team's reviewer (in no group) does not, nor does any user of another credential, even one
 /// with the same names (membership is by name under the asking credential); and a member's
 /// recall never writes another member's heat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_scope_reads_its_members_and_nobody_else() {
-    let h = Harness::start(|config| {
-        config.groups = Groups::new(BTreeMap::from([(
-            "team".to_owned(),
-            vec!["planner".to_owned(), "coder".to_owned()],
-        )]))
-        .unwrap();
-    })
-    .await;
-    let member = |credential: &str, name: &'static str| Tenant {
-        credential: credential.to_owned(),
-        narrow: Some(name),
-    };
+    let h = Harness::start(team_of_planner_and_coder).await;
     let (planner, coder, reviewer) = (
         member("sk-team-key", "planner"),
         member("sk-team-key", "coder"),
@@ -518,4 +540,143 @@ async fn a_group_scope_reads_its_members_and_nobody_else() {
         "the other key's team is its own group: {sent}"
     );
     assert!(!sent.contains(TEAM), "a group crossed credentials: {sent}");
+}
+
+/// A row its owner excluded stays out of the whole group scope: the planner excludes one of its
+/// rows, and the coder's frame, a memory_search round of the coder's reply and the coder's
+/// memory tools (search, chain) never show it, while the planner's other rows still are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_exclusions_hold_across_its_group_scope() {
+    let h = Harness::start(team_of_planner_and_coder).await;
+    let (planner, coder) = (
+        member("sk-team-key", "planner"),
+        member("sk-team-key", "coder"),
+    );
+    const HIDDEN: &str = "GRPHIDDEN5521";
+    const KEPT: &str = "GRPKEPT7730";
+    const ASK: &str = "What is the deploy passphrase of the project?";
+    for canary in [HIDDEN, KEPT] {
+        ask_in(
+            &h,
+            &planner,
+            Some("deploys"),
+            &format!("Remember: the deploy passphrase of the project is {canary}."),
+            "Noted.",
+        )
+        .await;
+    }
+    let planner_user = UserId::from_key(&planner.key(&h));
+    let coder_user = UserId::from_key(&coder.key(&h));
+    let row_saying = |canary: &str| {
+        h.state
+            .generation()
+            .memory
+            .store
+            .rows_of(planner_user)
+            .map(Result::unwrap)
+            .find(|row| row.text.contains(canary))
+            .unwrap()
+            .id
+    };
+    let (hidden, kept) = (row_saying(HIDDEN), row_saying(KEPT));
+    assert!(
+        ask(&h, &coder, ASK, "Let me look.").await.contains(HIDDEN),
+        "before the exclusion the coder's frame holds the planner's row (or the test proves nothing)"
+    );
+
+    let auth = format!("Bearer {}", planner.credential);
+    let mut headers = planner.headers();
+    headers.push(("authorization", &auth));
+    let excluded = h
+        .send(
+            "POST",
+            "/perpetuity/exclusions",
+            &headers,
+            json!({"rows": [hidden.0]}).to_string().as_bytes(),
+        )
+        .await;
+    assert_eq!(excluded.status(), StatusCode::OK);
+    let changed: Value = serde_json::from_slice(&body_of(excluded).await).unwrap();
+    assert_eq!(changed["changed"], json!([hidden.0]));
+
+    let sent = ask(&h, &coder, ASK, "Let me look.").await;
+    assert!(
+        !sent.contains(HIDDEN),
+        "the coder's frame shows the excluded row: {sent}"
+    );
+    assert!(
+        sent.contains(KEPT),
+        "the planner's other row is still shown: {sent}"
+    );
+
+    let call = json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-4o",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+            "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "memory_search", "arguments": "{\"query\": \"deploy passphrase of the project\"}"}}]}}]});
+    h.answer(Answer::Whole(
+        200,
+        "application/json",
+        call.to_string().into_bytes(),
+    ));
+    let before = h.received().len();
+    let sent = ask(
+        &h,
+        &coder,
+        "Search the memory for the deploy passphrase.",
+        "Done.",
+    )
+    .await;
+    let rounds = h.received();
+    assert_eq!(
+        rounds.len(),
+        before + 2,
+        "a memory_search round, then the answer"
+    );
+    let result = rounds[before + 1].json()["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(result.starts_with("memory_search: "), "{result}");
+    for round in &rounds[before..] {
+        assert!(
+            !round.text().contains(HIDDEN),
+            "the coder's memory_search round shows the excluded row: {}",
+            round.text()
+        );
+    }
+    assert!(sent.contains(KEPT), "{sent}");
+
+    // The tools with nothing shown yet: the planner's kept row is reached, the excluded one
+    // neither by a search nor as the kept row's neighbour in its conversation.
+    let generation = h.state.generation();
+    let memory = &generation.memory;
+    generation
+        .arena
+        .write()
+        .unwrap()
+        .catch_up(&memory.store, &memory.dictionary)
+        .unwrap();
+    let arena = generation.arena.read().unwrap();
+    let scope = [coder_user, planner_user];
+    for call in [
+        Call::Search {
+            query: "deploy passphrase of the project".into(),
+            limit: 10,
+        },
+        Call::Chain { item: kept },
+    ] {
+        let outcome = TurnState::new(coder_user, &scope, None, Vec::new(), &[])
+            .run(memory, &arena, &h.state.kernels, &call)
+            .unwrap();
+        assert!(outcome.rows.contains(&kept), "{call:?}: {}", outcome.text);
+        assert!(
+            !outcome.rows.contains(&hidden) && !outcome.text.contains(HIDDEN),
+            "{call:?} shows the excluded row: {}",
+            outcome.text
+        );
+    }
 }

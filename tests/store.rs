@@ -419,6 +419,39 @@ fn integrity_finds_a_deleted_retrieval_row() {
 }
 
 #[test]
+fn owner_links_find_a_credentials_sub_users_and_integrity_checks_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path());
+    let (alice, bob, carol) = (
+        UserId::from_key("alice"),
+        UserId::from_key("bob"),
+        UserId::from_key("carol"),
+    );
+    store.link_owner(alice, carol).unwrap();
+    store.link_owner(alice, carol).unwrap();
+    store.link_owner(bob, carol).unwrap();
+    assert_eq!(store.sub_users(carol).unwrap(), {
+        let mut both = vec![alice, bob];
+        both.sort();
+        both
+    });
+    assert!(store.sub_users(alice).unwrap().is_empty());
+    assert_clean(&store);
+    store
+        .raw_put(Cf::Owners, &keys::user(bob), &keys::user(bob))
+        .unwrap();
+    store
+        .raw_put(Cf::Owners, &keys::user(alice), b"not an id")
+        .unwrap();
+    let found = checks(&store);
+    assert!(
+        found.contains(&"owner link names another user"),
+        "{found:?}"
+    );
+    assert!(found.contains(&"owner link decodes"), "{found:?}");
+}
+
+#[test]
 fn integrity_finds_a_bumped_count() {
     let dir = tempfile::tempdir().unwrap();
     let store = seeded(dir.path());

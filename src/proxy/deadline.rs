@@ -86,9 +86,10 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Deadline<T> {
         self.io.is_write_vectored()
     }
 
+    /// Not a sign of progress: a socket's flush completes at once whether the client reads or
+    /// not, so only writes move the deadline.
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let result = Pin::new(&mut self.io).poll_flush(cx);
-        self.progress(cx, result)
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

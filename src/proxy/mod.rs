@@ -523,9 +523,19 @@ async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
             })
             .transpose()
     };
-    let (user, path_param, version) = match (param("user"), param("path"), param("version")) {
-        (Ok(user), Ok(path), Ok(version)) => (user, path, version),
-        (Err(reason), _, _) | (_, Err(reason), _) | (_, _, Err(reason)) => {
+    let (user, credential_user, path_param, version) = match (
+        param("user"),
+        param("credential_user"),
+        param("path"),
+        param("version"),
+    ) {
+        (Ok(user), Ok(credential_user), Ok(path), Ok(version)) => {
+            (user, credential_user, path, version)
+        }
+        (Err(reason), _, _, _)
+        | (_, Err(reason), _, _)
+        | (_, _, Err(reason), _)
+        | (_, _, _, Err(reason)) => {
             return plain(StatusCode::BAD_REQUEST, &reason);
         }
     };
@@ -564,14 +574,22 @@ async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
             })
         }
         (&Method::POST, "/admin/purge") => {
-            let Some(user) = user else {
-                return plain(StatusCode::BAD_REQUEST, "purge needs ?user=KEY");
+            let (user, sub_users) = match (user, credential_user) {
+                (Some(user), None) => (user, false),
+                (None, Some(user)) => (user, true),
+                _ => {
+                    return plain(
+                        StatusCode::BAD_REQUEST,
+                        "purge needs one of ?user=KEY and ?credential_user=KEY",
+                    );
+                }
             };
             tokio::task::spawn_blocking(move || {
-                ops::purge(&state, &user).map(|rows| {
+                ops::purge(&state, &user, sub_users).map(|purged| {
                     (
                         StatusCode::OK,
-                        serde_json::json!({"user": user, "rows_removed": rows}),
+                        serde_json::json!({"user": user, "rows_removed": purged.rows,
+                            "sub_users_removed": purged.sub_users.len()}),
                     )
                 })
             })
@@ -680,6 +698,9 @@ struct Identity {
     /// The store's purge epoch when the request arrived: what it captures after a purge of
     /// the asker is dropped.
     since: u64,
+    /// The credential's own user when `x-perpetuity-user` narrows it: the sub-user is linked
+    /// to it before it is first written, so a purge of the credential finds it.
+    owner: Option<UserId>,
 }
 
 /// One of the [`ProxyConfig::max_concurrent`] slots for a request to `provider`, held until its
@@ -768,6 +789,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             .iter()
             .map(|key| UserId::from_key(key))
             .collect(),
+        owner: narrow.map(|_| UserId::from_key(&state.secret.user_key(&credential, None))),
         conversation: conversation
             .map(str::to_owned)
             .or_else(|| harness::session(format, &request.body, &parts.headers))
@@ -1217,7 +1239,8 @@ fn remember_in(
 }
 
 /// Store `text` as one message of `role` (named `name`) in the asker's conversation, now;
-/// dropped when the asker was purged since the request arrived.
+/// dropped when the asker was purged since the request arrived. A sub-user is linked to its
+/// credential's own user first, so a purge of the credential finds it.
 fn capture(
     memory: &crate::memory::Memory,
     identity: &Identity,
@@ -1225,6 +1248,11 @@ fn capture(
     name: Option<String>,
     text: String,
 ) -> Result<Vec<Vec<RowId>>, Error> {
+    if let Some(owner) = identity.owner {
+        memory
+            .store
+            .link_owner(UserId::from_key(&identity.user_key), owner)?;
+    }
     Ok(Capturer::new(&memory.dictionary).capture_since(
         &memory.store,
         &[Message {
@@ -1348,7 +1376,7 @@ fn recall_for(
     Ok(Some(Recalled {
         scanned: Some((recall.scanned_rows, recall.scan_us)),
         turn: Arc::new(TurnFrame {
-            user: ask.user,
+            scope: identity.scope.clone(),
             items: wire::frame_items(request.format, &recall.frame),
             retrieved: recall.retrieved.iter().map(|r| RowId(r.row)).collect(),
             shown: recall.frame.rows.clone(),

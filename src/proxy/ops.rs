@@ -15,6 +15,7 @@ use crate::arena::{self, Arena};
 use crate::integrity;
 use crate::latency;
 use crate::memory::Memory;
+use crate::store::Purged;
 use crate::swap;
 use crate::types::UserId;
 
@@ -323,14 +324,29 @@ pub fn integrity(state: &State) -> Result<integrity::Report, crate::error::Error
     Ok(report)
 }
 
-/// `POST /admin/purge?user=KEY`: remove a user's memory, then rebuild the arena without it.
-/// Writes are held back meanwhile. Returns the rows removed.
-pub fn purge(state: &State, user_key: &str) -> Result<u64, crate::error::Error> {
+/// `POST /admin/purge?user=KEY`: remove a user's memory, then rebuild the arena without it;
+/// with `sub_users` (`?credential_user=KEY`, KEY a credential's own user) its sub-users' too.
+/// Writes are held back meanwhile. Returns what was removed.
+pub fn purge(
+    state: &State,
+    user_key: &str,
+    sub_users: bool,
+) -> Result<Purged, crate::error::Error> {
     let _quiet = state.writes.write();
     let generation = state.generation();
     let memory = &generation.memory;
-    let removed = memory.store.purge_user(UserId::from_key(user_key))?;
-    state.turns.forget(UserId::from_key(user_key));
+    let user = UserId::from_key(user_key);
+    let removed = if sub_users {
+        memory.store.purge_credential(user)?
+    } else {
+        Purged {
+            rows: memory.store.purge_user(user)?,
+            sub_users: Vec::new(),
+        }
+    };
+    for &purged in removed.sub_users.iter().chain([&user]) {
+        state.turns.forget(purged);
+    }
     // A dark generation built before the purge holds the user's rows: drop it now where it is
     // not being built; one being built records the purge count it started at, and the flip
     // rebuilds it when that count has moved.

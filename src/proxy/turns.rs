@@ -32,8 +32,9 @@ pub type TurnKey = [u8; 32];
 /// What a turn's continuations reuse.
 #[derive(Debug)]
 pub struct TurnFrame {
-    /// Whose turn it is (a purge forgets its frames).
-    pub user: UserId,
+    /// Whose rows the frame may show: the asker's, then its group scope's other members'. A
+    /// purge of any of them forgets the frame, so no purged text is forwarded again.
+    pub scope: Vec<UserId>,
     /// The frame's items in the request's wire format, the last one ending with the question.
     pub items: Vec<Value>,
     /// The retrieved set (for the memory tools), best first.
@@ -119,10 +120,11 @@ impl Turns {
             .any(|(_, captured, _)| captured == key)
     }
 
-    /// Forget every frame and capture of `user` (its memory was purged).
+    /// Forget every frame that may show `user`'s rows (its own turns' and its group scope
+    /// teammates'), and its captures (its memory was purged).
     pub fn forget(&self, user: UserId) {
         let mut table = self.inner.lock();
-        table.frames.retain(|_, frame| frame.user != user);
+        table.frames.retain(|_, frame| !frame.scope.contains(&user));
         let Table {
             frames,
             order,

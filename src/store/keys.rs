@@ -9,6 +9,11 @@ pub fn user(user: UserId) -> [u8; 8] {
     user.0.to_be_bytes()
 }
 
+/// The inverse of [`user`].
+pub fn parse_user(key: &[u8]) -> Option<UserId> {
+    Some(UserId(u64::from_be_bytes(key.try_into().ok()?)))
+}
+
 /// The exclusive end of `user`'s key range. [`UserId`]s never take `u64::MAX`, so it exists.
 pub fn user_end(user: UserId) -> [u8; 8] {
     (user.0 + 1).to_be_bytes()
@@ -196,5 +201,6 @@ mod tests {
             Some((u, c, Role::Tool, r))
         );
         assert_eq!(parse_log(&log(r)), Some(r));
+        assert_eq!(parse_user(&user(u)), Some(u));
     }
 }

@@ -16,6 +16,7 @@
 //! | `chain` | user ++ conversation ++ row | empty | [`Store::write_captures`] |
 //! | `bindings` | user ++ conversation ++ role ++ row | name (UTF-8) | [`Store::write_captures`] |
 //! | `exclusions` | user ++ row | empty | [`Store::set_excluded`] |
+//! | `owners` | user | the user id of the credential a sub-user (`x-perpetuity-user`) narrows | [`Store::link_owner`] |
 //! | `meta` | name | value | [`Store::open`], [`Store::write_captures`] (`next_row`), the swap ([`Store::install_dark`], [`Store::rederive_step`], [`Store::flip`]), [`Store::probe`] (`probe`) |
 //! | `warm` | user ++ row | [`Activation`] of a reheated row, a copy of its `activation` entry | [`Store::patch_activation`]; [`Store::forget_cold`] removes cold ones |
 //!
@@ -84,6 +85,9 @@ pub enum Cf {
     DarkCounts,
     /// Rows a user excluded from its own recall (kept, never shown).
     Exclusions,
+    /// A sub-user's link to its credential's own user, so a purge of the credential can find
+    /// its sub-users without the credential being stored.
+    Owners,
 }
 
 /// The physical families of the two slots: `[retrieval, counts]` each.
@@ -93,7 +97,7 @@ const SLOTS: [[&str; 2]; 2] = [["retrieval", "counts"], ["retrieval_1", "counts_
 const ALL_KEYS_END: [u8; 17] = [0xff; 17];
 
 impl Cf {
-    pub const ALL: [Cf; 14] = [
+    pub const ALL: [Cf; 15] = [
         Cf::Users,
         Cf::Rows,
         Cf::Retrieval,
@@ -108,6 +112,7 @@ impl Cf {
         Cf::DarkRetrieval,
         Cf::DarkCounts,
         Cf::Exclusions,
+        Cf::Owners,
     ];
 
     /// The family's name in reports. The four slotted families are named by role
@@ -129,6 +134,7 @@ impl Cf {
             Cf::DarkRetrieval => "dark_retrieval",
             Cf::DarkCounts => "dark_counts",
             Cf::Exclusions => "exclusions",
+            Cf::Owners => "owners",
         }
     }
 
@@ -144,7 +150,7 @@ impl Cf {
     }
 
     /// Families whose keys all start with the user id.
-    const PER_USER: [Cf; 10] = [
+    const PER_USER: [Cf; 11] = [
         Cf::Users,
         Cf::Rows,
         Cf::Retrieval,
@@ -155,6 +161,7 @@ impl Cf {
         Cf::Bindings,
         Cf::Warm,
         Cf::Exclusions,
+        Cf::Owners,
     ];
 }
 
@@ -259,6 +266,15 @@ pub struct NewMessage {
     /// Peak of the born-hot activation.
     pub born_peak: f32,
     pub chunks: Vec<NewChunk>,
+}
+
+/// What [`Store::purge_credential`] removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Purged {
+    /// Rows removed, over the credential's own user and its sub-users.
+    pub rows: u64,
+    /// The sub-users purged with it.
+    pub sub_users: Vec<UserId>,
 }
 
 /// A raw key and value as RocksDB returns them.
@@ -1331,6 +1347,17 @@ impl Store {
             .collect()
     }
 
+    /// The rows any user of `scope` excluded: a group scope's search passes over each
+    /// member's exclusions among that member's rows (row ids are unique across users, so one
+    /// set holds them all).
+    pub fn scope_exclusions(&self, scope: &[UserId]) -> Result<HashSet<RowId>, StoreError> {
+        let mut excluded = HashSet::new();
+        for &user in scope {
+            excluded.extend(self.exclusions(user)?);
+        }
+        Ok(excluded)
+    }
+
     /// The warm index of a user: every reheated row still listed, with its activation, in row
     /// order. Rows born hot and never reheated are not listed (their state is the birth state).
     /// Read from memory after the user's first read since open.
@@ -1363,6 +1390,56 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// Record that `user` is a sub-user of the credential whose own user is `owner`, unless it
+    /// is recorded already: the single writer of the `owners` family. Written before the
+    /// sub-user's first capture, so every sub-user with rows can be found by
+    /// [`Store::sub_users`]; a link alone holds no text.
+    pub fn link_owner(&self, user: UserId, owner: UserId) -> Result<(), StoreError> {
+        let linked = keys::user(owner);
+        if self.get(Cf::Owners, &keys::user(user))?.as_deref() == Some(&linked[..]) {
+            return Ok(());
+        }
+        let _guard = self.writer.lock();
+        let mut batch = WriteBatch::default();
+        batch.put_cf(&self.cf(Cf::Owners), keys::user(user), linked);
+        self.write(batch)
+    }
+
+    /// The sub-users linked to `owner` ([`Store::link_owner`]), in id order.
+    pub fn sub_users(&self, owner: UserId) -> Result<Vec<UserId>, StoreError> {
+        let mut found = Vec::new();
+        for entry in self.iter_all(Cf::Owners) {
+            let (key, value) = entry?;
+            let (Some(user), Some(linked)) = (keys::parse_user(&key), keys::parse_user(&value))
+            else {
+                return Err(StoreError::Corrupt {
+                    cf: Cf::Owners.name(),
+                    key: hex_key(&key),
+                    source: CodecError {
+                        what: "owner link",
+                        reason: "key or value is not a user id".into(),
+                    },
+                });
+            };
+            if linked == owner {
+                found.push(user);
+            }
+        }
+        Ok(found)
+    }
+
+    /// [`Store::purge_user`] of every sub-user of `owner`, then of `owner` itself: a
+    /// credential's whole memory. Each user is purged as a unit; a purge stopped between two
+    /// users leaves the rest linked, so asking again completes it.
+    pub fn purge_credential(&self, owner: UserId) -> Result<Purged, StoreError> {
+        let sub_users = self.sub_users(owner)?;
+        let mut rows = 0;
+        for &user in sub_users.iter().chain([&owner]) {
+            rows += self.purge_user(user)?;
+        }
+        Ok(Purged { rows, sub_users })
     }
 
     /// Remove a user's memory as a unit: rows, retrieval rows, activation, log entries, clock,
