@@ -92,12 +92,14 @@ fn write_arena(store: &Store) {
 }
 
 fn files(store: &Store) -> (PathBuf, PathBuf) {
-    let dir = arena_dir(store.path(), common::dictionary().version());
+    let dir = arena_dir(store.path(), common::dictionary().version()).unwrap();
     (dir.join("pages.bin"), dir.join("terms.bin"))
 }
 
 fn sketches_file(store: &Store) -> PathBuf {
-    arena_dir(store.path(), common::dictionary().version()).join("sketches.bin")
+    arena_dir(store.path(), common::dictionary().version())
+        .unwrap()
+        .join("sketches.bin")
 }
 
 fn header(pages: &[u8]) -> PagesHeader {

@@ -240,7 +240,8 @@ fn base() -> &'static Base {
             arena
                 .catch_up(&store, &dictionary)
                 .expect("the arena catches up");
-            let arena_files = arena_dir(store.path(), dictionary.version());
+            let arena_files =
+                arena_dir(store.path(), dictionary.version()).expect("the shipped version names a folder");
             let read = |name| {
                 let mut bytes = std::fs::read(arena_files.join(name)).expect("an arena file reads");
                 let len = bytes.len();

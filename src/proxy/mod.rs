@@ -539,6 +539,7 @@ async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
     match work.await {
         Ok(Ok((status, body))) => json(status, &body),
         Ok(Err(err)) if err.is_swap_refusal() => plain(StatusCode::CONFLICT, &err.to_string()),
+        Ok(Err(err)) if err.is_bad_version() => plain(StatusCode::BAD_REQUEST, &err.to_string()),
         Ok(Err(err)) => plain(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
         Err(err) => plain(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
     }
