@@ -429,7 +429,15 @@ fn log_dictionary(dict: &Dictionary, started: Instant) {
     );
 }
 
+/// Make every file and folder this process creates its owner's alone, whatever umask it
+/// inherited: the store's files (RocksDB creates them with the process's umask) and the arena
+/// hold turns verbatim, and nearly every command opens or makes a data directory.
+fn private_files() {
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+}
+
 fn main() -> anyhow::Result<()> {
+    private_files();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
