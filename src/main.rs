@@ -12,7 +12,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use perpetuity::arena::Arena;
 use perpetuity::bench;
-use perpetuity::config::{self, ServeConfig};
+use perpetuity::config::{self, AdminToken, ServeConfig};
 use perpetuity::datasets::{self, Format};
 use perpetuity::dictionary::derive::{derive, embed};
 use perpetuity::dictionary::stats::FrequencyTable;
@@ -56,7 +56,7 @@ enum Command {
         /// The token the admin endpoints (`/admin/stats`, `/admin/integrity`, `/admin/purge`)
         /// require; without one they are disabled.
         #[arg(long, env = "PERPETUITY_ADMIN_TOKEN", hide_env_values = true)]
-        admin_token: Option<String>,
+        admin_token: Option<AdminToken>,
         /// Requests to the providers (chat and passed through) served at once; more are refused with 503.
         #[arg(long, env = "PERPETUITY_MAX_CONCURRENT", default_value_t = 256)]
         max_concurrent: usize,

@@ -40,7 +40,7 @@ use tokio::sync::mpsc;
 
 use crate::arena::Arena;
 use crate::capture::{Capturer, Message};
-use crate::config::FileConfig;
+use crate::config::{AdminToken, FileConfig};
 use crate::error::Error;
 use crate::memory::Memory;
 use crate::recall::{Ask, RecallConfig, recall};
@@ -81,7 +81,7 @@ pub struct ProxyConfig {
     /// with 503 in the provider's shape.
     pub max_concurrent: usize,
     /// The token the admin endpoints require; without one they are disabled.
-    pub admin_token: Option<String>,
+    pub admin_token: Option<AdminToken>,
     pub recall: RecallConfig,
     /// Whether the memory tools ride along with chat requests (a request's
     /// `x-perpetuity-tools: off` turns them off for it).
