@@ -523,6 +523,15 @@ impl Arena {
                 let cut = kept < held;
                 page.truncate(kept);
                 sketch.truncate(kept);
+                // Every kept row's entries must lie in the committed ones before anything reads
+                // them (sealing the page again below does): a page sealed over entries the
+                // header does not commit, with a valid checksum or not, is damage.
+                for i in 0..kept {
+                    let end = page.term_offsets[i].saturating_add(page.entries_of(i) as u64);
+                    if end > header.terms {
+                        return Err(bad("terms past the committed entries"));
+                    }
+                }
                 // A commit stopped while the codebook was recomputed leaves the page coded
                 // under a codebook the header does not name, sealed or not. Its codes are a
                 // function of its vectors: coded again under the committed codebook, the page
@@ -544,12 +553,6 @@ impl Arena {
                 let sealed_sketch = std::mem::replace(&mut page.sketch, sketch_sum);
                 if newer_seal && (cut || recoded) {
                     page.checksum = page_checksum(page, entries);
-                }
-                for i in 0..kept {
-                    let end = page.term_offsets[i].saturating_add(page.entries_of(i) as u64);
-                    if end > header.terms {
-                        return Err(bad("terms past the committed entries"));
-                    }
                 }
                 if page.checksum != page_checksum(page, entries) {
                     return Err(bad(if sealed_sketch == sketch_sum {
