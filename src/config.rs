@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use sha2::{Digest, Sha256};
+
 /// Where `serve` listens when not told otherwise: loopback only, so a fresh start exposes
 /// nothing beyond this machine.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
@@ -16,6 +18,56 @@ pub fn default_dictionaries_root() -> PathBuf {
     std::env::var_os("PERPETUITY_DICTIONARIES")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/dictionaries")))
+}
+
+/// The token the admin endpoints require. It never prints (its `Debug` is `[redacted]`, so
+/// neither does a configuration holding it) and is compared in constant time
+/// ([`AdminToken::matches`]).
+#[derive(Clone, serde::Deserialize)]
+#[serde(transparent)]
+pub struct AdminToken(String);
+
+impl AdminToken {
+    /// Whether no token was given (the admin endpoints then stay disabled).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether `given` is this token, in a time that tells nothing of where the two differ or
+    /// of how long `given` should be: both are hashed (SHA-256) and the digests compared
+    /// whole, every byte visited.
+    pub fn matches(&self, given: &str) -> bool {
+        let (ours, theirs) = (Sha256::digest(&self.0), Sha256::digest(given));
+        let differ = ours
+            .iter()
+            .zip(theirs.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        std::hint::black_box(differ) == 0
+    }
+}
+
+impl From<String> for AdminToken {
+    fn from(token: String) -> Self {
+        Self(token)
+    }
+}
+
+impl From<&str> for AdminToken {
+    fn from(token: &str) -> Self {
+        Self(token.to_owned())
+    }
+}
+
+impl PartialEq for AdminToken {
+    fn eq(&self, other: &Self) -> bool {
+        self.matches(&other.0)
+    }
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken([redacted])")
+    }
 }
 
 /// What `serve` needs to start.
@@ -41,7 +93,7 @@ pub struct FileConfig {
     pub sync_writes: Option<bool>,
     pub uncompressed: Option<bool>,
     pub scalar_kernels: Option<bool>,
-    pub admin_token: Option<String>,
+    pub admin_token: Option<AdminToken>,
     pub max_concurrent: Option<usize>,
     pub memory_tools: Option<bool>,
     pub tool_rounds: Option<usize>,
@@ -248,6 +300,32 @@ mod tests {
             proxy.groups.scope(&secret, "sk", Some("coder")),
             vec![key(Some("coder")), key(None), key(Some("planner"))]
         );
+    }
+
+    #[test]
+    fn the_admin_token_never_prints_and_matches_itself_only() {
+        const TOKEN: &str = "operator-7f3a9e";
+        let config = ProxyConfig {
+            admin_token: Some(TOKEN.into()),
+            ..ProxyConfig::default()
+        };
+        let printed = format!("{config:?}");
+        assert!(!printed.contains(TOKEN), "{printed}");
+        assert!(printed.contains("[redacted]"), "{printed}");
+        let file: FileConfig = toml::from_str(&format!("admin_token = \"{TOKEN}\"")).unwrap();
+        assert!(!format!("{file:?}").contains(TOKEN));
+        assert_eq!(file.admin_token, config.admin_token);
+        let token = AdminToken::from(TOKEN);
+        assert!(token.matches(TOKEN));
+        for wrong in [
+            "",
+            "operator-7f3a9f",
+            "operator-7f3a9",
+            "operator-7f3a9ee",
+            "x",
+        ] {
+            assert!(!token.matches(wrong), "{wrong}");
+        }
     }
 
     #[test]

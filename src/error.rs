@@ -35,6 +35,14 @@ impl Error {
     pub fn is_swap_refusal(&self) -> bool {
         matches!(self, Error::Store(StoreError::Swap { .. }))
     }
+
+    /// A dictionary version that cannot name a folder (class: client).
+    pub fn is_bad_version(&self) -> bool {
+        matches!(
+            self,
+            Error::Dictionary(DictionaryError::Version(_)) | Error::Arena(ArenaError::Version(_))
+        )
+    }
 }
 
 impl Error {

@@ -12,7 +12,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use perpetuity::arena::Arena;
 use perpetuity::bench;
-use perpetuity::config::{self, ServeConfig};
+use perpetuity::config::{self, AdminToken, ServeConfig};
 use perpetuity::datasets::{self, Format};
 use perpetuity::dictionary::derive::{derive, embed};
 use perpetuity::dictionary::stats::FrequencyTable;
@@ -56,7 +56,7 @@ enum Command {
         /// The token the admin endpoints (`/admin/stats`, `/admin/integrity`, `/admin/purge`)
         /// require; without one they are disabled.
         #[arg(long, env = "PERPETUITY_ADMIN_TOKEN", hide_env_values = true)]
-        admin_token: Option<String>,
+        admin_token: Option<AdminToken>,
         /// Requests to the providers (chat and passed through) served at once; more are refused with 503.
         #[arg(long, env = "PERPETUITY_MAX_CONCURRENT", default_value_t = 256)]
         max_concurrent: usize,
@@ -448,7 +448,15 @@ fn log_dictionary(dict: &Dictionary, started: Instant) {
     );
 }
 
+/// Make every file and folder this process creates its owner's alone, whatever umask it
+/// inherited: the store's files (RocksDB creates them with the process's umask) and the arena
+/// hold turns verbatim, and nearly every command opens or makes a data directory.
+fn private_files() {
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+}
+
 fn main() -> anyhow::Result<()> {
+    private_files();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::dictionary::{DEFAULT_VERSION, Dictionary, DictionaryError};
+use crate::dictionary::{BadVersion, DEFAULT_VERSION, Dictionary, DictionaryError, check_version};
 use crate::error::Error;
 use crate::store::{Store, StoreOptions};
 
@@ -19,15 +19,21 @@ pub fn uploads_dir(data: &Path) -> PathBuf {
     data.join("dictionaries")
 }
 
+/// The folder of dictionary `version` uploaded into data directory `data`; refused for a
+/// version that cannot name a folder ([`check_version`]).
+pub fn upload_dir(data: &Path, version: &str) -> Result<PathBuf, BadVersion> {
+    Ok(uploads_dir(data).join(check_version(version)?))
+}
+
 /// Load dictionary `version`: uploaded into `data`, else from `root`.
 pub fn load_dictionary(
     data: &Path,
     root: &Path,
     version: &str,
 ) -> Result<Dictionary, DictionaryError> {
-    let uploaded = uploads_dir(data);
-    if uploaded.join(version).is_dir() {
-        Dictionary::load_version(&uploaded, version)
+    let uploaded = upload_dir(data, version)?;
+    if uploaded.is_dir() {
+        Dictionary::load(&uploaded)
     } else {
         Dictionary::load_version(root, version)
     }

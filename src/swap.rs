@@ -15,9 +15,9 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::arena::{self, Arena};
-use crate::dictionary::Dictionary;
+use crate::dictionary::{Dictionary, DictionaryError};
 use crate::error::Error;
-use crate::memory::uploads_dir;
+use crate::memory::{upload_dir, uploads_dir};
 use crate::store::{DarkVersion, Store, StoreError};
 
 /// Rows re-derived and committed per store batch: a crash loses at most this much work, and a
@@ -125,26 +125,27 @@ pub fn install(store: &Store, source: &Path) -> Result<Arc<Dictionary>, Error> {
     if store.dictionary_version()?.as_deref() == Some(version.as_str()) {
         return Err(refused(format!("{version} is the serving version")).into());
     }
-    let uploads = uploads_dir(store.path());
-    upload(source, &uploads, &version)
-        .map_err(|(path, source)| SwapError::Upload { path, source })?;
-    let dictionary = Arc::new(Dictionary::load_version(&uploads, &version)?);
+    let target = upload(source, store.path(), &version)?;
+    let dictionary = Arc::new(Dictionary::load(&target)?);
     store.install_dark(Arc::clone(&dictionary))?;
     Ok(dictionary)
 }
 
-/// Copy every file of `source` into `uploads/.<version>.tmp/`, fsync them, and rename the
-/// folder to `uploads/<version>/` (replacing a retired upload of the same name).
-fn upload(source: &Path, uploads: &Path, version: &str) -> Result<(), (PathBuf, io::Error)> {
+/// Copy every file of `source` into `<data>/dictionaries/.<version>.tmp/`, fsync them, and
+/// rename the folder to `<data>/dictionaries/<version>/` (replacing a retired upload of the
+/// same name), which it returns. A version that cannot name a folder is refused before any
+/// file is touched ([`upload_dir`]).
+fn upload(source: &Path, data: &Path, version: &str) -> Result<PathBuf, Error> {
+    let target = upload_dir(data, version).map_err(DictionaryError::from)?;
+    let uploads = uploads_dir(data);
     let at = |path: &Path| {
         let path = path.to_path_buf();
-        move |e| (path, e)
+        move |source| Error::from(SwapError::Upload { path, source })
     };
     let temp = uploads.join(format!(".{version}.tmp"));
-    let target = uploads.join(version);
     for dir in [&temp, &target] {
         match std::fs::remove_dir_all(dir) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err((dir.clone(), e)),
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(at(dir)(e)),
             _ => {}
         }
     }
@@ -161,9 +162,10 @@ fn upload(source: &Path, uploads: &Path, version: &str) -> Result<(), (PathBuf, 
             .map_err(at(&to))?;
     }
     std::fs::rename(&temp, &target).map_err(at(&target))?;
-    std::fs::File::open(uploads)
+    std::fs::File::open(&uploads)
         .and_then(|f| f.sync_all())
-        .map_err(at(uploads))
+        .map_err(at(&uploads))?;
+    Ok(target)
 }
 
 /// The pool a re-derivation running beside serving derives on: half the cores (at least one),

@@ -92,12 +92,14 @@ fn write_arena(store: &Store) {
 }
 
 fn files(store: &Store) -> (PathBuf, PathBuf) {
-    let dir = arena_dir(store.path(), common::dictionary().version());
+    let dir = arena_dir(store.path(), common::dictionary().version()).unwrap();
     (dir.join("pages.bin"), dir.join("terms.bin"))
 }
 
 fn sketches_file(store: &Store) -> PathBuf {
-    arena_dir(store.path(), common::dictionary().version()).join("sketches.bin")
+    arena_dir(store.path(), common::dictionary().version())
+        .unwrap()
+        .join("sketches.bin")
 }
 
 fn header(pages: &[u8]) -> PagesHeader {
@@ -571,6 +573,61 @@ fn a_header_claiming_more_than_any_file_holds_is_rebuilt() {
         assert!(
             matches!(&opened, Opened::Rebuilt { reason: Unusable::Truncated { file, .. } } if *file == short),
             "{opened:?}"
+        );
+    }
+}
+
+/// A page with a valid checksum whose rows' entries lie past the entries the header commits (a
+/// crafted file: no crash leaves one), with rows cut from it so that the open seals it again:
+/// the open reports the damage and rebuilds, and panics nowhere, since every kept row's entries
+/// are checked against the committed count before anything reads them. Both ways: a header
+/// committing no entries and one row of the page; the page's first entry count raised within
+/// the written entries (past the committed ones) and the page sealed again over them.
+#[test]
+fn a_sealed_page_whose_entries_lie_past_the_committed_ones_is_rebuilt_without_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_rows(dir.path(), 100);
+    write_arena(&store);
+    let expected = reference(&store);
+    let good = read_files(&store);
+    let head = header(&good[0]);
+    let written: &[Entry] = bytemuck::cast_slice(
+        &good[2][TERMS_HEADER_BYTES..][..(good[2].len() - TERMS_HEADER_BYTES) / 12 * 12],
+    );
+    let first_page = PAGES_OFFSET..PAGES_OFFSET + std::mem::size_of::<Page>();
+    let first: Page = bytemuck::pod_read_unaligned(&good[0][first_page.clone()]);
+    assert!(first.rows >= 2);
+    assert_eq!(first.checksum, page_checksum(&first, written), "sealed");
+    // Committed: the page's first row, `terms` entries.
+    let cut = |terms: u64| {
+        let mut cut = head;
+        cut.watermark = first.row_ids[1];
+        cut.terms = terms;
+        cut.checksum = cut.compute_checksum();
+        cut
+    };
+    let raised = {
+        let mut page = first;
+        page.term_counts[0] += u32::try_from(head.terms).unwrap();
+        let end = page.term_offsets[0] + page.entries_of(0) as u64;
+        assert!(end > head.terms && end <= written.len() as u64);
+        page.checksum = page_checksum(&page, written);
+        page
+    };
+    for (header, page) in [(cut(0), first), (cut(head.terms), raised)] {
+        let mut files = good.clone();
+        write_header(&mut files[0], &header);
+        files[0][first_page.clone()].copy_from_slice(bytemuck::bytes_of(&page));
+        write_files(&store, &files);
+        let opened = open_and_check(&store, &expected);
+        assert_eq!(
+            opened,
+            Opened::Rebuilt {
+                reason: Unusable::Page {
+                    page: 0,
+                    what: "terms past the committed entries"
+                }
+            }
         );
     }
 }

@@ -657,10 +657,9 @@ async fn a_members_exclusions_hold_across_its_group_scope() {
     generation
         .arena
         .write()
-        .unwrap()
         .catch_up(&memory.store, &memory.dictionary)
         .unwrap();
-    let arena = generation.arena.read().unwrap();
+    let arena = generation.arena.read();
     let scope = [coder_user, planner_user];
     for call in [
         Call::Search {

@@ -1,7 +1,9 @@
 //! No secret is ever written down: an API-key canary sent through every route and error path of
-//! `perpetuity serve`, logging at trace level, appears in no log line, no file of the data
-//! directory (stored uncompressed, so stored text is found by a byte search) and no metrics
-//! output. Its own test binary because it starts and kills the server.
+//! `perpetuity serve` (a memory tool round the upstream refuses with an error echoing the
+//! request among them, whose user words are logged nowhere either), logging at trace level,
+//! appears in no log line, no file of the data directory (stored uncompressed, so stored text
+//! is found by a byte search) and no metrics output. Its own test binary because it starts and
+//! kills the server.
 
 mod common;
 
@@ -16,6 +18,8 @@ const KEY_CORE: &str = "5f3a9e1b7c2d4e60";
 /// A word every question carries, to show the grep does find what is stored.
 const STORED: &str = "Zanzibarquill";
 const ADMIN_TOKEN: &str = "secrets-test-admin";
+/// A word only the refused tool round's question carries, and the upstream's error echoes.
+const ECHOED: &str = "Quellmorrow";
 
 fn start(data: &Path, log: &Path, upstream: &str) -> Server {
     let log = std::fs::File::options()
@@ -236,6 +240,51 @@ fn calls(upstream_up: bool) -> Vec<Call> {
     calls
 }
 
+/// A chat request, whole and then streamed, whose first reply calls the memory search and
+/// whose next round the upstream refuses with an error that echoes the request: the key and
+/// the user's words. Returns the statuses the client got.
+fn refused_tool_rounds(server: &Server, upstream: &Upstream) -> Vec<u16> {
+    let search = r#"{"query": "weather"}"#;
+    let echo = serde_json::json!({"error": {"type": "invalid_request_error",
+        "message": format!("rejected request with key {KEY}: {ECHOED} asks about the tides.")}});
+    let called = serde_json::json!({"id": "chatcmpl-1", "object": "chat.completion",
+        "created": 1, "model": "gpt-4o",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant",
+            "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "memory_search", "arguments": search}}]}}]});
+    let called_streamed = format!(
+        "data: {}\n\ndata: {}\n\ndata: [DONE]\n\n",
+        serde_json::json!({"choices": [{"index": 0, "delta": {"role": "assistant",
+            "tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                "function": {"name": "memory_search", "arguments": search}}]}}]}),
+        serde_json::json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+    );
+    [false, true]
+        .into_iter()
+        .map(|stream| {
+            let first = if stream {
+                sse_answer(&called_streamed)
+            } else {
+                json_answer(200, called.clone())
+            };
+            for answer in [first, json_answer(400, echo.clone())] {
+                upstream.answer(answer.unwrap());
+            }
+            let body = serde_json::json!({"model": "gpt-4o", "stream": stream,
+                "messages": [{"role": "user", "content": format!("{ECHOED} asks about the tides.")}]});
+            server
+                .request(
+                    "POST",
+                    "/v1/chat/completions",
+                    &[("authorization", &format!("Bearer {KEY}"))],
+                    body.to_string().as_bytes(),
+                )
+                .unwrap()
+                .status
+        })
+        .collect()
+}
+
 fn send_all(server: &Server, upstream: &Upstream, calls: Vec<Call>) -> Vec<u16> {
     calls
         .into_iter()
@@ -265,6 +314,18 @@ fn an_api_key_is_in_no_log_line_no_data_file_and_no_metric() {
     let statuses = send_all(&server, &upstream, calls(true));
     assert!(statuses.contains(&200) && statuses.contains(&400) && statuses.contains(&401));
     assert_eq!(upstream.received().len(), 10, "the forwarded calls");
+    assert_eq!(
+        refused_tool_rounds(&server, &upstream),
+        [400, 200],
+        "the refused round's own status whole; streamed, an error event after the 200"
+    );
+    let rounds = &upstream.received()[10..];
+    assert_eq!(
+        rounds.len(),
+        4,
+        "each request's first round and its refused second"
+    );
+    assert!(rounds[1].text().contains("memory_search") && rounds[1].text().contains(ECHOED));
     let metrics = server.request("GET", "/metrics", &[], b"").unwrap().text();
     server.kill();
 
@@ -291,6 +352,12 @@ fn an_api_key_is_in_no_log_line_no_data_file_and_no_metric() {
         !common::files_containing(&data, STORED.as_bytes()).is_empty(),
         "the data directory's bytes show what is stored"
     );
+    assert!(
+        log_text.contains("the upstream refused a memory tool round"),
+        "the refused rounds were logged"
+    );
+    let echoed: Vec<&str> = log_text.lines().filter(|l| l.contains(ECHOED)).collect();
+    assert!(echoed.is_empty(), "the user's words logged: {echoed:#?}");
     for needle in [KEY, KEY_CORE] {
         let in_log: Vec<&str> = log_text.lines().filter(|l| l.contains(needle)).collect();
         assert!(in_log.is_empty(), "{needle} logged: {in_log:#?}");

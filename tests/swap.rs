@@ -71,10 +71,10 @@ fn seed(user_key: &str, messages: usize) -> Vec<Message> {
 /// The version name the default version's table is installed under again.
 const AGAIN: &str = "same-table";
 
-/// A copy of the default version's folder under another version name (the same table).
-fn same_table(dir: &Path, version: &str) -> PathBuf {
+/// A copy of the default version's folder in `target` under another version name (the same
+/// table).
+fn same_table(target: PathBuf, version: &str) -> PathBuf {
     let source = default_dictionaries_root().join(DEFAULT_VERSION);
-    let target = dir.join(version);
     std::fs::create_dir_all(&target).unwrap();
     for entry in std::fs::read_dir(&source).unwrap() {
         let entry = entry.unwrap();
@@ -136,7 +136,7 @@ fn rederiving_under_the_same_table_changes_nothing_but_the_tag() {
     let counts = entries(&memory.store, Cf::Counts);
     let retrieval = entries(&memory.store, Cf::Retrieval);
 
-    let table = same_table(tables.path(), AGAIN);
+    let table = same_table(tables.path().join(AGAIN), AGAIN);
     let installed = swap::install(&memory.store, &table).unwrap();
     // Half-derived is progress, not damage.
     let step = memory.store.rederive_step(100).unwrap();
@@ -388,4 +388,114 @@ async fn a_swap_under_concurrent_queries_and_captures_is_atomic_and_complete() {
         listed["versions"],
         json!([{"version": "v2", "state": "serving"}, {"version": DEFAULT_VERSION, "state": "retired"}])
     );
+}
+
+/// A sentinel file in a folder of its own.
+fn sentinel(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let file = dir.join("keep");
+    std::fs::write(&file, b"still here").unwrap();
+    file
+}
+
+/// A dictionary whose version would name a folder outside `<data>/dictionaries/` (the data
+/// directory itself, a folder beside it or above it, an absolute path) is refused at every
+/// entry, the command line and the admin endpoint (400), before any file is touched: the
+/// store and every sentinel stay as they were. The functions that turn a version into a folder
+/// refuse the same names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_that_names_a_path_outside_its_folder_is_refused_everywhere() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    let tables = root.path().join("tables");
+    let capture = |memory: &perpetuity::memory::Memory| {
+        Capturer::new(&memory.dictionary)
+            .capture(&memory.store, &seed("hostile-version-user", 40))
+            .unwrap();
+        memory.store.next_row()
+    };
+    let stored = capture(&common::memory(&data));
+    let absolute = root.path().join("absolute");
+    let sentinels = [
+        sentinel(&data.join("victim")),
+        sentinel(&root.path().join("victim")),
+        sentinel(&absolute),
+    ];
+    let hostile = [
+        "..".to_owned(),
+        "../victim".to_owned(),
+        "../../victim".to_owned(),
+        absolute.to_str().unwrap().to_owned(),
+        ".hidden".to_owned(),
+        "a/b".to_owned(),
+        "x".repeat(65),
+    ];
+    let check_untouched = |data: &Path| {
+        for file in &sentinels {
+            assert_eq!(std::fs::read(file).unwrap(), b"still here", "{file:?}");
+        }
+        let memory = common::memory(data);
+        assert_eq!(memory.store.next_row(), stored, "the store is intact");
+        assert!(
+            swap::list(&memory.store)
+                .unwrap()
+                .iter()
+                .all(|listed| listed.version == DEFAULT_VERSION),
+            "nothing was installed"
+        );
+    };
+    for (i, version) in hostile.iter().enumerate() {
+        let table = same_table(tables.join(i.to_string()), version);
+        let out = common::perpetuity(&[
+            "dict",
+            "install",
+            "--data",
+            data.to_str().unwrap(),
+            table.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{version} installed: {stderr}");
+        assert!(
+            stderr.contains("cannot name a folder"),
+            "{version}: {stderr}"
+        );
+        check_untouched(&data);
+        assert!(perpetuity::arena::arena_dir(&data, version).is_err());
+        assert!(perpetuity::arena::remove_version(&data, version).is_err());
+        assert!(perpetuity::memory::upload_dir(&data, version).is_err());
+        assert!(
+            perpetuity::dictionary::Dictionary::load_version(&tables.join("0"), version).is_err()
+        );
+    }
+    check_untouched(&data);
+
+    // The admin endpoint: 400, and the serving process's own data directory intact.
+    let h = Harness::start(|config| config.admin_token = Some(ADMIN.1.into())).await;
+    let served = capture(&h.state.generation().memory);
+    for (i, version) in hostile.iter().enumerate() {
+        let table = tables.join(i.to_string());
+        let (status, body) = admin(
+            &h,
+            "POST",
+            &format!("/admin/dictionary/install?path={}", table.display()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{version}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("cannot name a folder"),
+            "{version}: {body}"
+        );
+    }
+    let (status, report) = admin(&h, "GET", "/admin/integrity").await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    let (_, listed) = admin(&h, "GET", "/admin/dictionary").await;
+    assert_eq!(
+        listed["versions"],
+        json!([{"version": DEFAULT_VERSION, "state": "serving"}])
+    );
+    assert_eq!(h.state.generation().memory.store.next_row(), served);
+    for file in &sentinels {
+        assert_eq!(std::fs::read(file).unwrap(), b"still here", "{file:?}");
+    }
 }

@@ -153,7 +153,7 @@ fn a_torn_arena_is_named_rebuilt_and_never_answers_wrong() {
     chat(&server, &upstream, question, true);
     let expected = last_frame(&upstream);
     drop(server);
-    let dir_files = arena_dir(&data, DEFAULT_VERSION);
+    let dir_files = arena_dir(&data, DEFAULT_VERSION).unwrap();
     let files = ArenaFiles::NAMES.map(|name| dir_files.join(name));
 
     let (mut detected, mut harmless) = (0, Vec::new());

@@ -189,10 +189,11 @@ async fn a_stream_in_flight_across_its_users_purge_stores_nothing_after_it() {
 
     let key = h.state.secret.user_key(credential, None);
     let state = std::sync::Arc::clone(&h.state);
-    let removed = tokio::task::spawn_blocking(move || perpetuity::proxy::ops::purge(&state, &key, false))
-        .await
-        .unwrap()
-        .unwrap();
+    let removed =
+        tokio::task::spawn_blocking(move || perpetuity::proxy::ops::purge(&state, &key, false))
+            .await
+            .unwrap()
+            .unwrap();
     assert_eq!(removed.rows, 3, "the two turns and the live question");
     go.send(()).unwrap();
     let rest = body.collect().await.unwrap().to_bytes();

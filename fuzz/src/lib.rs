@@ -8,9 +8,12 @@ use std::sync::OnceLock;
 
 use perpetuity::arena::codebook::Codebook;
 use perpetuity::arena::file::{
-    MappedFile, PagesHeader, SLOTS, codebook_range, header_range, read_header,
+    Entry, MappedFile, PAGES_OFFSET, PagesHeader, SKETCHES_OFFSET, SLOTS, TERMS_HEADER_BYTES,
+    codebook_range, header_range, read_header,
 };
-use perpetuity::arena::{Arena, ArenaFiles, Side, arena_dir};
+use perpetuity::arena::{
+    Arena, ArenaFiles, PAGE_ROWS, Page, Side, Sketch, arena_dir, page_checksum,
+};
 use perpetuity::bench::synthetic_messages;
 use perpetuity::config::default_dictionaries_root;
 use perpetuity::dictionary::format::Table;
@@ -243,7 +246,8 @@ fn base() -> &'static Base {
             arena
                 .catch_up(&store, &dictionary)
                 .expect("the arena catches up");
-            let arena_files = arena_dir(store.path(), dictionary.version());
+            let arena_files = arena_dir(store.path(), dictionary.version())
+                .expect("the shipped version names a folder");
             let read = |name| {
                 let mut bytes = std::fs::read(arena_files.join(name)).expect("an arena file reads");
                 let len = bytes.len();
@@ -264,8 +268,45 @@ fn base() -> &'static Base {
     })
 }
 
+/// Seal again every page the header counts, as a commit does: its sketch's sum, then its
+/// checksum over its rows' entries among those written in `terms.bin`. A page whose rows'
+/// entries do not all lie in the file is left as it is (sealing would read past the file).
+fn seal_pages(files: &mut [MappedFile; 3]) {
+    let Ok(header) = read_header(files[0].bytes()) else {
+        return;
+    };
+    let [pages, sketches, terms] = files;
+    let entry_bytes = std::mem::size_of::<Entry>();
+    let written = (terms.bytes().len() - TERMS_HEADER_BYTES) / entry_bytes;
+    let entries: &[Entry] =
+        bytemuck::cast_slice(&terms.bytes()[TERMS_HEADER_BYTES..][..written * entry_bytes]);
+    let (page_bytes, sketch_bytes) = (std::mem::size_of::<Page>(), std::mem::size_of::<Sketch>());
+    let count = usize::try_from(header.pages)
+        .unwrap_or(usize::MAX)
+        .min((pages.bytes().len() - PAGES_OFFSET) / page_bytes)
+        .min((sketches.bytes().len() - SKETCHES_OFFSET) / sketch_bytes);
+    for p in 0..count {
+        let at = PAGES_OFFSET + p * page_bytes;
+        let mut page: Page = bytemuck::pod_read_unaligned(&pages.bytes()[at..at + page_bytes]);
+        let sketch: Sketch = bytemuck::pod_read_unaligned(
+            &sketches.bytes()[SKETCHES_OFFSET + p * sketch_bytes..][..sketch_bytes],
+        );
+        let rows = page.rows as usize;
+        let inside = rows <= PAGE_ROWS
+            && (0..rows).all(|i| {
+                page.term_offsets[i].saturating_add(page.entries_of(i) as u64) <= written as u64
+            });
+        if inside {
+            page.sketch = sketch.checksum();
+            page.checksum = page_checksum(&page, entries);
+            pages.bytes_mut()[at..at + page_bytes].copy_from_slice(bytemuck::bytes_of(&page));
+        }
+    }
+}
+
 /// A real arena's three files with the input's changes: byte 0's low bit says whether to seal
-/// the header and codebook checksums again afterwards; then records of five bytes `[what,
+/// the header and codebook checksums again afterwards, its next bit whether to seal every page
+/// again ([`seal_pages`]), so the checks behind the checksums are reached; then records of five bytes `[what,
 /// offset (3 bytes, little-endian), length]` and `length` bytes to write there (`what`: bit 1
 /// cuts the file at the offset instead, zeroing the rest as a short file reads; the other bits,
 /// modulo 3, pick the file: `pages.bin`, `sketches.bin`, `terms.bin`). The reader answers an arena or a typed reason, never panics; an arena
@@ -304,6 +345,9 @@ pub fn arena(data: &[u8]) {
         header.checksum = header.compute_checksum();
         bytes[slot].copy_from_slice(bytemuck::bytes_of(&header));
         bytes[book].copy_from_slice(bytemuck::bytes_of(&codebook));
+    }
+    if flags & 2 != 0 {
+        seal_pages(&mut files);
     }
     let [pages, sketches, terms] = files;
     let header = &base.header;

@@ -45,10 +45,10 @@ use bytemuck::Zeroable;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use crate::dictionary::Dictionary;
 use crate::dictionary::derive::{Embedding, RetrievalRow, embed_tokens};
 use crate::dictionary::stats::FrequencyStats;
 use crate::dictionary::stats::FrequencyTable;
+use crate::dictionary::{BadVersion, Dictionary, check_version};
 use crate::scan::kernels::prefetch;
 use crate::store::{Cf, Row, Store, StoreError};
 use crate::types::{ConversationId, RowId, TokenId, UserId};
@@ -89,6 +89,9 @@ pub enum ArenaError {
     /// Class: configuration. The dictionary has more dimensions than the page layout holds.
     #[error("dictionary has {found} dimensions; the arena layout holds at most {DIMS}")]
     Dimensions { found: usize },
+    /// Class: client. A dictionary version that cannot name the arena's folder.
+    #[error(transparent)]
+    Version(#[from] BadVersion),
     /// Class: internal. An arena file could not be created, grown or removed.
     #[error("arena file {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
@@ -236,9 +239,10 @@ impl std::fmt::Debug for Arena {
     }
 }
 
-/// The folder of the arena for dictionary `version` in data directory `data`.
-pub fn arena_dir(data: &Path, version: &str) -> PathBuf {
-    data.join("arena").join(version)
+/// The folder of the arena for dictionary `version` in data directory `data`; refused for a
+/// version that cannot name a folder ([`check_version`]).
+pub fn arena_dir(data: &Path, version: &str) -> Result<PathBuf, ArenaError> {
+    Ok(data.join("arena").join(check_version(version)?))
 }
 
 /// Remove every arena of data directory `data` (a purge does: the arena is rebuilt from the
@@ -249,7 +253,7 @@ pub fn remove_all(data: &Path) -> Result<(), ArenaError> {
 
 /// Remove the arena of dictionary `version` (a retired version's, after a flip).
 pub fn remove_version(data: &Path, version: &str) -> Result<(), ArenaError> {
-    remove_dir(arena_dir(data, version))
+    remove_dir(arena_dir(data, version)?)
 }
 
 fn remove_dir(dir: PathBuf) -> Result<(), ArenaError> {
@@ -338,7 +342,7 @@ impl Arena {
                 found: dictionary.dims(),
             });
         }
-        let dir = arena_dir(store.path(), dictionary.version());
+        let dir = arena_dir(store.path(), dictionary.version())?;
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| ArenaError::Io { path, source }
@@ -519,6 +523,15 @@ impl Arena {
                 let cut = kept < held;
                 page.truncate(kept);
                 sketch.truncate(kept);
+                // Every kept row's entries must lie in the committed ones before anything reads
+                // them (sealing the page again below does): a page sealed over entries the
+                // header does not commit, with a valid checksum or not, is damage.
+                for i in 0..kept {
+                    let end = page.term_offsets[i].saturating_add(page.entries_of(i) as u64);
+                    if end > header.terms {
+                        return Err(bad("terms past the committed entries"));
+                    }
+                }
                 // A commit stopped while the codebook was recomputed leaves the page coded
                 // under a codebook the header does not name, sealed or not. Its codes are a
                 // function of its vectors: coded again under the committed codebook, the page
@@ -540,12 +553,6 @@ impl Arena {
                 let sealed_sketch = std::mem::replace(&mut page.sketch, sketch_sum);
                 if newer_seal && (cut || recoded) {
                     page.checksum = page_checksum(page, entries);
-                }
-                for i in 0..kept {
-                    let end = page.term_offsets[i].saturating_add(page.entries_of(i) as u64);
-                    if end > header.terms {
-                        return Err(bad("terms past the committed entries"));
-                    }
                 }
                 if page.checksum != page_checksum(page, entries) {
                     return Err(bad(if sealed_sketch == sketch_sum {

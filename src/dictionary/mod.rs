@@ -34,11 +34,42 @@ pub const DEFAULT_VERSION: &str = "v3";
 /// The only dtype this build reads: int8 values, one f32 scale per row.
 const DTYPE_NAME: &str = "i8_row_scale";
 
+/// The longest dictionary version name, in bytes.
+pub const MAX_VERSION_BYTES: usize = 64;
+
+/// A dictionary version refused because it cannot safely name a folder.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "dictionary version {0:?} cannot name a folder: it must be 1 to {MAX_VERSION_BYTES} of A-Z a-z 0-9 . _ - and not start with a dot"
+)]
+pub struct BadVersion(pub String);
+
+/// `version` when it can name a folder of its own: 1 to [`MAX_VERSION_BYTES`] of `A-Z a-z 0-9
+/// . _ -`, not starting with a dot. A version names folders (`<data>/arena/<version>/`,
+/// `<data>/dictionaries/<version>/`, which a swap removes and replaces), so every path built
+/// from one is built through here: `..`, `../x` or an absolute path would reach outside the
+/// data directory, and a leading dot is kept for the upload's hidden temporary folder.
+pub fn check_version(version: &str) -> Result<&str, BadVersion> {
+    let named = (1..=MAX_VERSION_BYTES).contains(&version.len())
+        && !version.starts_with('.')
+        && version
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if named {
+        Ok(version)
+    } else {
+        Err(BadVersion(version.to_owned()))
+    }
+}
+
 /// Errors loading or using a dictionary. Every variant is class *corruption* (the shipped or
 /// uploaded data is unusable) except [`DictionaryError::Io`] on a missing folder, which is a
 /// configuration error the operator fixes.
 #[derive(Debug, thiserror::Error)]
 pub enum DictionaryError {
+    /// Class: client. A version (asked for, or in a header) that cannot name a folder.
+    #[error(transparent)]
+    Version(#[from] BadVersion),
     /// A file could not be read.
     #[error("cannot read {path}: {source}")]
     Io {
@@ -194,13 +225,14 @@ pub struct Dictionary {
 impl Dictionary {
     /// Load `root/<version>/`.
     pub fn load_version(root: &Path, version: &str) -> Result<Self, DictionaryError> {
-        Self::load(&root.join(version))
+        Self::load(&root.join(check_version(version)?))
     }
 
     /// Load and validate the dictionary in `dir`.
     pub fn load(dir: &Path) -> Result<Self, DictionaryError> {
         let manifest_path = dir.join(MANIFEST_FILE);
         let manifest = read_manifest(&manifest_path)?;
+        check_version(&manifest.version)?;
         let corrupt = |path: &Path, reason: String| DictionaryError::Corrupt {
             path: path.to_path_buf(),
             reason,
@@ -232,13 +264,6 @@ impl Dictionary {
                 ),
             ));
         }
-        if manifest.version.is_empty() || manifest.version.len() > usize::from(u8::MAX) {
-            return Err(corrupt(
-                &manifest_path,
-                "version must be 1..=255 bytes".into(),
-            ));
-        }
-
         let table_path = dir.join(TABLE_FILE);
         let recorded = manifest.files.get(TABLE_FILE).ok_or_else(|| {
             corrupt(

@@ -42,7 +42,7 @@ use tokio::sync::mpsc;
 
 use crate::arena::Arena;
 use crate::capture::{Capturer, Message};
-use crate::config::FileConfig;
+use crate::config::{AdminToken, FileConfig};
 use crate::error::Error;
 use crate::memory::Memory;
 use crate::recall::{Ask, RecallConfig, recall};
@@ -85,7 +85,7 @@ pub struct ProxyConfig {
     /// with 503 in the provider's shape.
     pub max_concurrent: usize,
     /// The token the admin endpoints require; without one they are disabled.
-    pub admin_token: Option<String>,
+    pub admin_token: Option<AdminToken>,
     pub recall: RecallConfig,
     /// Whether the memory tools ride along with chat requests (a request's
     /// `x-perpetuity-tools: off` turns them off for it).
@@ -604,6 +604,7 @@ async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
     match work.await {
         Ok(Ok((status, body))) => json(status, &body),
         Ok(Err(err)) if err.is_swap_refusal() => plain(StatusCode::CONFLICT, &err.to_string()),
+        Ok(Err(err)) if err.is_bad_version() => plain(StatusCode::BAD_REQUEST, &err.to_string()),
         Ok(Err(err)) => plain(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
         Err(err) => plain(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
     }
@@ -730,22 +731,16 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     };
     let started = std::time::Instant::now();
     let (parts, body) = req.into_parts();
-    let query_key = parts.uri.query().and_then(|q| {
-        q.split('&')
-            .find_map(|pair| pair.strip_prefix("key="))
-            .filter(|k| !k.is_empty())
-            .map(str::to_owned)
-    });
-    let credential = provider.credential(&parts.headers).or(match provider {
-        Provider::Gemini => query_key,
-        Provider::OpenAi | Provider::Anthropic => None,
-    });
-    let Some(credential) = credential else {
-        return failure(
-            provider,
-            Failure::Authentication,
-            "no API key: send the provider's credential (Authorization: Bearer; x-api-key for Anthropic; x-goog-api-key or ?key= for Gemini)",
-        );
+    let credential = match provider.credential(&parts.headers, parts.uri.query()) {
+        Ok(Some(credential)) => credential,
+        Ok(None) => {
+            return failure(
+                provider,
+                Failure::Authentication,
+                "no API key: send the provider's credential (Authorization: Bearer; x-api-key for Anthropic; x-goog-api-key or ?key= for Gemini)",
+            );
+        }
+        Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
     };
     if provider == Provider::Anthropic && !parts.headers.contains_key("anthropic-version") {
         return failure(
@@ -1001,12 +996,16 @@ fn yes() -> bool {
 async fn exclusions(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
     let (parts, body) = req.into_parts();
     let provider = Provider::from_headers(&parts.headers).unwrap_or(Provider::OpenAi);
-    let Some(credential) = provider.credential(&parts.headers) else {
-        return failure(
-            provider,
-            Failure::Authentication,
-            "no API key: exclusions belong to the credential's memory (send it as for a chat request)",
-        );
+    let credential = match provider.credential(&parts.headers, parts.uri.query()) {
+        Ok(Some(credential)) => credential,
+        Ok(None) => {
+            return failure(
+                provider,
+                Failure::Authentication,
+                "no API key: exclusions belong to the credential's memory (send it as for a chat request)",
+            );
+        }
+        Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
     };
     let narrow = match utf8_header(&parts.headers, USER_HEADER) {
         Ok(narrow) => narrow.map(str::to_owned),

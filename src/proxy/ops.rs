@@ -279,7 +279,7 @@ pub fn render_metrics(state: &State) -> String {
 /// Whether `headers` carry the configured admin token (`Authorization: Bearer` or
 /// `x-perpetuity-admin-token`), compared in constant time. No token configured: never.
 pub fn is_admin(state: &State, headers: &HeaderMap) -> bool {
-    let Some(token) = state.config.admin_token.as_deref() else {
+    let Some(token) = &state.config.admin_token else {
         return false;
     };
     let given = headers
@@ -288,12 +288,7 @@ pub fn is_admin(state: &State, headers: &HeaderMap) -> bool {
         .and_then(|v| v.to_str().ok())
         .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim())
         .unwrap_or("");
-    given.len() == token.len()
-        && given
-            .bytes()
-            .zip(token.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+    token.matches(given)
 }
 
 /// `GET /admin/stats`.

@@ -2,6 +2,7 @@
 
 use hyper::HeaderMap;
 use hyper::StatusCode;
+use hyper::header::HeaderValue;
 use serde_json::{Value, json};
 
 /// A provider API the proxy speaks.
@@ -70,27 +71,66 @@ impl Provider {
             Some(Self::Gemini)
         } else if headers.contains_key("x-api-key") || headers.contains_key("anthropic-version") {
             Some(Self::Anthropic)
-        } else if bearer(headers).is_some() {
+        } else if headers
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(bearer)
+            .is_some()
+        {
             Some(Self::OpenAi)
         } else {
             None
         }
     }
 
-    /// The caller's credential as this provider carries it, if present.
-    pub fn credential(self, headers: &HeaderMap) -> Option<String> {
-        let header = |name: &str| {
+    /// The caller's credential as this provider carries it (`query` is the request's query
+    /// string: Gemini's `?key=`): `Ok(None)` when absent. A request that carries two different
+    /// credentials (`x-api-key` and a Bearer token for Anthropic, `x-goog-api-key` and `?key=`
+    /// for Gemini, or one header twice) is refused with the places that disagree, never their
+    /// values: the memory must belong to the key the provider checks, and which one that is
+    /// is the provider's choice, not the proxy's to guess.
+    pub fn credential(
+        self,
+        headers: &HeaderMap,
+        query: Option<&str>,
+    ) -> Result<Option<String>, String> {
+        let header = |name: &'static str| {
             headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
+                .get_all(name)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
-                .map(str::to_owned)
+                .map(move |v| (name, v.to_owned()))
         };
-        match self {
-            Self::OpenAi => bearer(headers),
-            Self::Anthropic => header("x-api-key").or_else(|| bearer(headers)),
-            Self::Gemini => header("x-goog-api-key"),
+        let bearers = || {
+            headers
+                .get_all(hyper::header::AUTHORIZATION)
+                .iter()
+                .filter_map(bearer)
+                .map(|token| ("Authorization: Bearer", token))
+        };
+        let carried: Vec<(&str, String)> = match self {
+            Self::OpenAi => bearers().collect(),
+            Self::Anthropic => header("x-api-key").chain(bearers()).collect(),
+            Self::Gemini => header("x-goog-api-key")
+                .chain(
+                    query
+                        .into_iter()
+                        .flat_map(|q| q.split('&'))
+                        .filter_map(|pair| pair.strip_prefix("key="))
+                        .filter(|key| !key.is_empty())
+                        .map(|key| ("?key=", key.to_owned())),
+                )
+                .collect(),
+        };
+        let Some((first_place, first)) = carried.first() else {
+            return Ok(None);
+        };
+        match carried.iter().find(|(_, credential)| credential != first) {
+            Some((place, _)) => Err(format!(
+                "the request carries two different credentials ({first_place} and {place}): send one, since the memory belongs to the key the provider checks"
+            )),
+            None => Ok(Some(first.clone())),
         }
     }
 
@@ -138,9 +178,9 @@ impl Provider {
     }
 }
 
-/// The token of an `Authorization: Bearer` header.
-fn bearer(headers: &HeaderMap) -> Option<String> {
-    let value = headers.get(hyper::header::AUTHORIZATION)?.to_str().ok()?;
+/// The token of an `Authorization: Bearer` header's value.
+fn bearer(value: &HeaderValue) -> Option<String> {
+    let value = value.to_str().ok()?;
     let (scheme, token) = value.trim().split_once(' ')?;
     (scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty())
         .then(|| token.trim().to_owned())
@@ -149,7 +189,6 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hyper::header::HeaderValue;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
@@ -164,14 +203,14 @@ mod tests {
         let openai = headers(&[("authorization", "Bearer sk-1")]);
         assert_eq!(Provider::from_headers(&openai), Some(Provider::OpenAi));
         assert_eq!(
-            Provider::OpenAi.credential(&openai).as_deref(),
-            Some("sk-1")
+            Provider::OpenAi.credential(&openai, None),
+            Ok(Some("sk-1".to_owned()))
         );
         let old_sdk = headers(&[("x-api-key", "ak-1"), ("anthropic-version", "2023-06-01")]);
         assert_eq!(Provider::from_headers(&old_sdk), Some(Provider::Anthropic));
         assert_eq!(
-            Provider::Anthropic.credential(&old_sdk).as_deref(),
-            Some("ak-1")
+            Provider::Anthropic.credential(&old_sdk, None),
+            Ok(Some("ak-1".to_owned()))
         );
         let new_sdk = headers(&[
             ("authorization", "Bearer ak-2"),
@@ -179,8 +218,8 @@ mod tests {
         ]);
         assert_eq!(Provider::from_headers(&new_sdk), Some(Provider::Anthropic));
         assert_eq!(
-            Provider::Anthropic.credential(&new_sdk).as_deref(),
-            Some("ak-2")
+            Provider::Anthropic.credential(&new_sdk, None),
+            Ok(Some("ak-2".to_owned()))
         );
         let gemini = headers(&[("x-goog-api-key", "g-1")]);
         assert_eq!(Provider::from_headers(&gemini), Some(Provider::Gemini));
@@ -191,6 +230,48 @@ mod tests {
         assert_eq!(
             Provider::from_headers(&headers(&[("authorization", "Bearer  ")])),
             None
+        );
+    }
+
+    #[test]
+    fn two_different_credentials_are_refused_and_the_same_one_twice_is_not() {
+        let both = headers(&[("x-api-key", "ak-1"), ("authorization", "Bearer ak-1")]);
+        assert_eq!(
+            Provider::Anthropic.credential(&both, None),
+            Ok(Some("ak-1".to_owned()))
+        );
+        let split = headers(&[("x-api-key", "ak-1"), ("authorization", "Bearer ak-2")]);
+        let refused = Provider::Anthropic.credential(&split, None).unwrap_err();
+        assert!(
+            refused.contains("x-api-key and Authorization: Bearer"),
+            "{refused}"
+        );
+        assert!(!refused.contains("ak-"), "{refused}");
+        let mut twice = headers(&[("x-api-key", "ak-1")]);
+        twice.append("x-api-key", HeaderValue::from_static("ak-2"));
+        assert!(Provider::Anthropic.credential(&twice, None).is_err());
+        let google = headers(&[("x-goog-api-key", "g-1")]);
+        assert_eq!(
+            Provider::Gemini.credential(&google, Some("alt=sse&key=g-1")),
+            Ok(Some("g-1".to_owned()))
+        );
+        assert!(
+            Provider::Gemini
+                .credential(&google, Some("key=g-2&alt=sse"))
+                .is_err()
+        );
+        assert_eq!(
+            Provider::Gemini.credential(&HeaderMap::new(), Some("alt=sse&key=g-2")),
+            Ok(Some("g-2".to_owned()))
+        );
+        assert_eq!(
+            Provider::Gemini.credential(&HeaderMap::new(), Some("key=")),
+            Ok(None)
+        );
+        // OpenAI checks the Bearer token only; an `x-api-key` beside it names nothing.
+        assert_eq!(
+            Provider::OpenAi.credential(&split, None),
+            Ok(Some("ak-2".to_owned()))
         );
     }
 

@@ -1292,8 +1292,23 @@ async fn kept_alive<T>(
 struct Refused {
     /// The upstream's own error answer (status, headers, body), when one came.
     answer: Option<(hyper::http::response::Parts, Bytes)>,
-    /// What happened, for the log and for an error of our own when no answer came.
+    /// What happened, for an error of our own when the upstream's answer cannot be passed on.
     message: String,
+}
+
+impl Refused {
+    /// Log the refusal at WARN: the upstream's status and the size of its body, never the
+    /// body itself, which may echo the request (the credential, the user's words).
+    fn log(&self) {
+        match &self.answer {
+            Some((parts, body)) => tracing::warn!(
+                status = %parts.status,
+                body_bytes = body.len(),
+                "the upstream refused a memory tool round"
+            ),
+            None => tracing::warn!(message = %self.message, "a memory tool round failed"),
+        }
+    }
 }
 
 /// Call the upstream for the next round.
@@ -1448,7 +1463,7 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
         match next {
             Ok(next) => body = next.into_body(),
             Err(refused) => {
-                tracing::warn!(message = %refused.message, "a memory tool round failed");
+                refused.log();
                 for event in splice.refusal(&refused) {
                     if relay_to(&tx, &mut reader, event).await.is_err() {
                         break;
@@ -1544,7 +1559,7 @@ async fn whole(
                         continue;
                     }
                     Err(refused) => {
-                        tracing::warn!(message = %refused.message, "a memory tool round failed");
+                        refused.log();
                         let Some((refusal, body)) = refused.answer else {
                             return failure(provider, Failure::Upstream, &refused.message);
                         };

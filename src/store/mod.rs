@@ -210,6 +210,32 @@ pub enum StoreError {
     /// the batch is written.
     #[error("a message of {chunks} chunks is too long to store (at most {max} chunks of 256 tokens)", max = MAX_CHUNKS)]
     TooLong { chunks: usize },
+    /// Class: configuration. The data directory could not be created, or not be made its
+    /// owner's alone ([`DATA_DIR_MODE`]).
+    #[error("data directory {path}: {source}")]
+    Directory {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// The mode of a data directory: its owner's alone, since the store and the arena inside it
+/// hold the turns verbatim. A directory found with group or other bits is tightened to it at
+/// open; what is created inside it is private through the process's umask (`main.rs`).
+pub const DATA_DIR_MODE: u32 = 0o700;
+
+/// Create the data directory `path` (and its missing parents) with [`DATA_DIR_MODE`], or
+/// tighten an existing one to it.
+fn private_dir(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DATA_DIR_MODE)
+        .create(path)?;
+    if std::fs::metadata(path)?.permissions().mode() & 0o777 != DATA_DIR_MODE {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(DATA_DIR_MODE))?;
+    }
+    Ok(())
 }
 
 /// The most chunks one message is stored in: a row numbers its chunk in 16 bits.
@@ -407,8 +433,13 @@ fn add_i64(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Op
 }
 
 impl Store {
-    /// Open (or create) the store in `path`.
+    /// Open (or create) the store in `path`, a directory made (or tightened to)
+    /// [`DATA_DIR_MODE`] first.
     pub fn open(path: &Path, options: &StoreOptions) -> Result<Self, StoreError> {
+        private_dir(path).map_err(|source| StoreError::Directory {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let rocks = |source| StoreError::Rocks {
             path: path.to_path_buf(),
             source,
