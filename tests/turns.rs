@@ -375,9 +375,16 @@ async fn attachments_reach_the_model_in_place_and_are_stored_as_placeholders() {
         .clone();
     assert_eq!(live[0], image, "the image, where it was");
     let words = live[1]["text"].as_str().unwrap();
+    // A credential's first request: its question is written once the provider answers, so
+    // its frame shows the question as a probe does, unlabelled, last (`proxy.md`).
     assert!(
-        words.contains("[user] What is in this picture?\n[image attached: image/png, "),
-        "the frame's text takes the words' place, the stored turn last: {words}"
+        words.starts_with("What is in this picture?\n[image attached: image/png, 72 bytes, "),
+        "the frame's text takes the words' place, the question with its placeholders: {words}"
+    );
+    assert_eq!(
+        words.matches("What is in this picture?").count(),
+        1,
+        "{words}"
     );
     assert_eq!(live[2], document);
 

@@ -849,7 +849,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     };
     let tools = switches.tools(&state.config, format);
     let mut tool_base = None;
-    let (outbound, memory_status, turn) = match remembered.map(|r| r.map(|r| r.recall)) {
+    let (outbound, mut memory_status, turn) = match remembered.map(|r| r.map(|r| r.recall)) {
         Some(Ok(Ok(Some(recalled)))) => {
             if let Some((rows, us)) = recalled.scanned {
                 state.metrics.scanned(rows, Duration::from_micros(us));
@@ -902,11 +902,25 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         {
             tracing::info!(status = %refused.status(), "the provider refused a credential that owns no memory: nothing of the request is stored");
         } else {
-            let (state, identity) = (Arc::clone(&state), identity.clone());
-            question_stored =
-                tokio::task::spawn_blocking(move || capture_deferred(&state, &identity, deferred))
-                    .await
-                    .unwrap_or(false);
+            let (waited, identity) = (Arc::clone(&state), identity.clone());
+            match tokio::task::spawn_blocking(move || {
+                capture_deferred(&waited, &identity, deferred)
+            })
+            .await
+            {
+                Ok(Ok(stored)) => question_stored = stored,
+                Ok(Err(err)) => {
+                    tracing::error!(%err, "capturing what waited for the provider failed");
+                    state.health.report("capturing a request", &err);
+                    state.metrics.count(ops::Event::MemoryUnavailable);
+                    memory_status = "unavailable";
+                }
+                Err(err) => {
+                    tracing::error!(%err, "the capture task failed");
+                    state.metrics.count(ops::Event::MemoryUnavailable);
+                    memory_status = "unavailable";
+                }
+            }
         }
     }
     let upstream = match upstream {
@@ -1306,31 +1320,24 @@ fn round_rows(request: &wire::Request, turn: &TurnFrame) -> Vec<String> {
     texts
 }
 
-/// Write the captures that waited for the provider (which has accepted the credential);
+/// Write the captures that waited for the provider (which has not refused the credential);
 /// whether the turn's question is among what was stored.
-fn capture_deferred(state: &State, identity: &Identity, deferred: Deferred) -> bool {
+fn capture_deferred(state: &State, identity: &Identity, deferred: Deferred) -> Result<bool, Error> {
     let _writing = state.writes.read();
     let generation = state.generation();
     let mut question = deferred.question;
     for (i, (role, text)) in deferred.messages.into_iter().enumerate() {
-        match capture(&generation.memory, identity, role, None, text) {
-            Ok(ids) if i == 0 && question => {
-                question = ids.first().is_some_and(|ids| !ids.is_empty());
-                if let (true, Some(key)) = (question, deferred.key) {
-                    state
-                        .turns
-                        .note_captured(key, UserId::from_key(&identity.user_key));
-                }
-            }
-            Ok(_) => {}
-            Err(err) => {
-                tracing::error!(%err, "capturing what waited for the provider failed");
-                state.health.report("capturing a request", &err);
-                return false;
+        let ids = capture(&generation.memory, identity, role, None, text)?;
+        if i == 0 && question {
+            question = ids.first().is_some_and(|ids| !ids.is_empty());
+            if let (true, Some(key)) = (question, deferred.key) {
+                state
+                    .turns
+                    .note_captured(key, UserId::from_key(&identity.user_key));
             }
         }
     }
-    question
+    Ok(question)
 }
 
 /// Catch the arena up and recall for the live question (`Ok(None)` when recall is off or

@@ -1210,6 +1210,16 @@ impl Loop {
         let state = &self.state;
         let _writing = state.writes.read();
         let generation = state.generation();
+        // What was stored since the turn's frame was recalled (a continuation reuses the
+        // frame without a search; a new credential's question is written after its recall).
+        let memory = &generation.memory;
+        if let Err(err) = generation
+            .arena
+            .write()
+            .catch_up(&memory.store, &memory.dictionary)
+        {
+            tracing::error!(%err, "catching the arena up for a memory tool failed");
+        }
         let arena = generation.arena.read();
         let mut results = Vec::with_capacity(calls.len());
         for call in calls {
