@@ -561,6 +561,11 @@ impl Arena {
                         "sketch checksum mismatch"
                     }));
                 }
+                // A checksum vouches only for the sketch sum it was sealed with: the sketch
+                // must also name the page's rows, or stage one would read another page's.
+                if sketch.rows != page.rows || sketch.row_ids[..kept] != page.row_ids[..kept] {
+                    return Err(bad("sketch does not name the page's rows"));
+                }
                 rows += kept as u64;
             }
         }
