@@ -243,3 +243,30 @@ async fn the_older_anthropic_sdk_sends_x_api_key_and_shares_the_newer_ones_memor
         newer[0].text()
     );
 }
+
+/// The OpenAI SDK retries a 429 by itself: the retried question is stored once, its reply once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sdks_own_retry_after_a_429_stores_the_question_once() {
+    let Some(python) = sdk_python() else {
+        return;
+    };
+    let h = Harness::start(|_| {}).await;
+    h.answer(error(
+        429,
+        serde_json::json!({"error": {"message": "scripted", "type": "requests", "param": null, "code": "rate_limit_exceeded"}}),
+    ));
+    h.answer(common::upstream::chat_reply("Noted."));
+    common::run_sdk_script(
+        python,
+        "retry.py",
+        format!("http://{}", h.proxy),
+        std::path::PathBuf::new(),
+        &[],
+        "retry checks passed",
+    )
+    .await;
+    assert_eq!(h.received().len(), 2, "the SDK retried once");
+    let rows = h.rows_of("sk-sdk-retry", 2);
+    let said: Vec<&str> = rows.iter().map(|r| r.text.as_str()).collect();
+    assert_eq!(said, ["My bike lock code is 3391, remember it.", "Noted."]);
+}

@@ -731,16 +731,13 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     };
     let started = std::time::Instant::now();
     let (parts, body) = req.into_parts();
-    let credential = match provider.credential(&parts.headers, parts.uri.query()) {
-        Ok(Some(credential)) => credential,
-        Ok(None) => {
-            return failure(
-                provider,
-                Failure::Authentication,
-                "no API key: send the provider's credential (Authorization: Bearer; x-api-key for Anthropic; x-goog-api-key or ?key= for Gemini)",
-            );
-        }
-        Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
+    let credential = match credential_of(
+        provider,
+        &parts,
+        "no API key: send the provider's credential (Authorization: Bearer; x-api-key for Anthropic; x-goog-api-key or ?key= for Gemini)",
+    ) {
+        Ok(credential) => credential,
+        Err(refused) => return *refused,
     };
     if provider == Provider::Anthropic && !parts.headers.contains_key("anthropic-version") {
         return failure(
@@ -988,6 +985,28 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
 /// Where a credential's user reads and changes its exclusions.
 pub const EXCLUSIONS_PATH: &str = "/perpetuity/exclusions";
 
+/// The request's one credential for `provider`: none is 401 (`missing` says what to send), two
+/// different ones 400, each in the provider's shape.
+fn credential_of(
+    provider: Provider,
+    parts: &hyper::http::request::Parts,
+    missing: &str,
+) -> Result<String, Box<Response<Body>>> {
+    match provider.credential(&parts.headers, parts.uri.query()) {
+        Ok(Some(credential)) => Ok(credential),
+        Ok(None) => Err(Box::new(failure(
+            provider,
+            Failure::Authentication,
+            missing,
+        ))),
+        Err(reason) => Err(Box::new(failure(
+            provider,
+            Failure::InvalidRequest,
+            &reason,
+        ))),
+    }
+}
+
 /// `POST /perpetuity/exclusions`' body: rows to exclude (or include again, with
 /// `"excluded": false`), by id or as every row of a conversation.
 #[derive(serde::Deserialize)]
@@ -1010,16 +1029,13 @@ fn yes() -> bool {
 async fn exclusions(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
     let (parts, body) = req.into_parts();
     let provider = Provider::from_headers(&parts.headers).unwrap_or(Provider::OpenAi);
-    let credential = match provider.credential(&parts.headers, parts.uri.query()) {
-        Ok(Some(credential)) => credential,
-        Ok(None) => {
-            return failure(
-                provider,
-                Failure::Authentication,
-                "no API key: exclusions belong to the credential's memory (send it as for a chat request)",
-            );
-        }
-        Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
+    let credential = match credential_of(
+        provider,
+        &parts,
+        "no API key: exclusions belong to the credential's memory (send it as for a chat request)",
+    ) {
+        Ok(credential) => credential,
+        Err(refused) => return *refused,
     };
     let narrow = match utf8_header(&parts.headers, USER_HEADER) {
         Ok(narrow) => narrow.map(str::to_owned),
