@@ -23,6 +23,13 @@ pub const VOCAB_SIZE: u32 = 199_998;
 /// at once and counting starts over.
 const COUNTED_BYTES: usize = 32 << 20;
 
+/// The longest run of white space, or of anything but white space, that is encoded in one
+/// go. A longer run (a megabyte of one letter, a wall of spaces) is one pre-token of
+/// o200k_base, and merging its bytes costs about 60 bytes of memory per byte; it is encoded
+/// as consecutive runs of this many bytes instead ([`runs`]), which changes its tokens only
+/// at each cut. No word of any language comes near it.
+const RUN_BYTES: usize = 256;
+
 /// Pieces of text already counted, and their bytes.
 #[derive(Default)]
 struct Counted {
@@ -60,10 +67,10 @@ impl Tokenizer {
 
     /// Text to token ids. Special-token text is encoded as ordinary text, never as a control
     /// token: stored content can never smuggle in a special token.
+    /// A run of over [`RUN_BYTES`] is encoded in parts ([`runs`]).
     pub fn encode(&self, text: &str) -> Vec<TokenId> {
-        self.bpe
-            .encode_ordinary(text)
-            .into_iter()
+        runs(text)
+            .flat_map(|run| self.bpe.encode_ordinary(run))
             .map(TokenId)
             .collect()
     }
@@ -84,7 +91,9 @@ impl Tokenizer {
             .map(|piece| {
                 let known = COUNTED.lock().counts.get(piece).copied();
                 known.unwrap_or_else(|| {
-                    let tokens = self.bpe.encode_ordinary(piece).len();
+                    let tokens = runs(piece)
+                        .map(|run| self.bpe.encode_ordinary(run).len())
+                        .sum();
                     let mut counted = COUNTED.lock();
                     if counted.bytes + piece.len() > COUNTED_BYTES {
                         *counted = Counted::default();
@@ -134,6 +143,38 @@ impl Tokenizer {
             hex(&hasher.finalize())
         })
     }
+}
+
+/// `text` cut inside every run of white space, or of anything but white space, every
+/// [`RUN_BYTES`] bytes (at a character's boundary) from the run's start. A cut of [`pieces`]
+/// falls where a run of white space ends, so cutting a piece gives the cuts that cutting the
+/// whole text gives.
+fn runs(text: &str) -> impl Iterator<Item = &str> {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        let rest = &text[start..];
+        if rest.is_empty() {
+            return None;
+        }
+        if rest.len() <= RUN_BYTES {
+            start = text.len();
+            return Some(rest);
+        }
+        let mut run_start = 0;
+        let mut white = None;
+        let end = rest
+            .char_indices()
+            .find_map(|(at, c)| {
+                if white != Some(c.is_whitespace()) {
+                    white = Some(c.is_whitespace());
+                    run_start = at;
+                }
+                (at - run_start >= RUN_BYTES).then_some(at)
+            })
+            .unwrap_or(rest.len());
+        start += end;
+        Some(&rest[..end])
+    })
 }
 
 /// `text` cut before every `[` that follows a line break ([`Tokenizer::count`]).
@@ -210,7 +251,15 @@ mod tests {
             Just("日本語"),
             Just("Ünïcödé"),
             Just("🙂"),
+        ]
+        .prop_map(String::from);
+        // Runs long enough to be encoded in parts.
+        let long = prop_oneof![
+            (1..3 * RUN_BYTES).prop_map(|n| "x".repeat(n)),
+            (1..3 * RUN_BYTES).prop_map(|n| " ".repeat(n)),
+            (1..RUN_BYTES).prop_map(|n| "é".repeat(n)),
         ];
+        let fragment = prop_oneof![9 => fragment, 1 => long];
         proptest::collection::vec(fragment, 0..60).prop_map(|parts| parts.concat())
     }
 
@@ -224,6 +273,28 @@ mod tests {
             // Again, from the counts kept.
             proptest::prop_assert_eq!(tok.count(&text), expected);
         }
+    }
+
+    #[test]
+    fn a_long_run_is_encoded_in_parts_that_decode_to_it() {
+        let tok = Tokenizer::new();
+        let text = format!(
+            "a {} b{}",
+            "x".repeat(5 * RUN_BYTES + 3),
+            " ".repeat(RUN_BYTES + 1)
+        );
+        let parts: Vec<&str> = runs(&text).collect();
+        assert_eq!(parts.concat(), text);
+        assert!(parts.len() >= 7, "{}", parts.len());
+        let (letters, spaces) = ("x".repeat(RUN_BYTES + 1), " ".repeat(RUN_BYTES + 1));
+        assert!(
+            parts
+                .iter()
+                .all(|part| !part.contains(&letters) && !part.contains(&spaces))
+        );
+        assert_eq!(tok.decode_lossy(&tok.encode(&text)), text);
+        let accented = "é".repeat(RUN_BYTES);
+        assert!(runs(&accented).all(|part| part.chars().all(|c| c == 'é')));
     }
 
     #[test]

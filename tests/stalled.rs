@@ -1,4 +1,4 @@
-//! Clients that stop reading, over real HTTP on loopback: 64 clients with a 1 KiB receive
+//! Clients that stop reading, over real HTTP on loopback: 256 clients with a 1 KiB receive
 //! window ask for a 10 MB streamed reply and never read it. They hold every slot at first;
 //! each connection is closed once its client has taken no byte for the stream idle timeout,
 //! every slot comes back, and a client that reads is served again. Its own test binary: a
@@ -15,11 +15,11 @@ use serde_json::json;
 
 use common::upstream::{Harness, body_of};
 
-const STALLED: usize = 64;
+const STALLED: usize = 256;
 const IDLE: Duration = Duration::from_secs(4);
-/// How long 64 streams may take on a slow 2-core machine to fill their buffers, past which
-/// the idle timeout starts (73 s on machine A, loaded); before the fix the slots never came
-/// back.
+/// How long 256 streams may take on a slow 2-core machine to fill their buffers, reach the
+/// idle timeout and store what each received (81 s on machine A); before the fix the slots
+/// never came back.
 const FILLING: Duration = Duration::from_secs(300);
 const REPLY_BYTES: usize = 10 << 20;
 
