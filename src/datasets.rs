@@ -1,11 +1,14 @@
-//! Public benchmark files as messages and questions: LoCoMo (`locomo10.json`) and LongMemEval
-//! (a JSON list of questions, each with its haystack of sessions).
+//! Public benchmark files as messages and questions: LoCoMo (`locomo10.json`), LongMemEval
+//! (a JSON list of questions, each with its haystack of sessions) and RealMem (one file per
+//! persona, or a folder of them).
 //!
-//! Each LoCoMo conversation or LongMemEval question becomes one user (key = `sample_id` or
-//! `question_id`); sessions become conversations; speakers become names; session dates become
-//! timestamps; the file's own turn ids (`dia_id`, or `session_id:index`) stay on the rows so an
-//! evaluation can find the evidence. A file is parsed and checked whole before anything is
-//! returned: a bad file yields an error naming the file and the position, and no messages.
+//! Each LoCoMo conversation, LongMemEval question or RealMem persona becomes one user (key =
+//! `sample_id`, `question_id` or `person_name`); sessions become conversations; speakers
+//! become names; session dates become timestamps; the file's own turn ids (`dia_id`, or
+//! `session:index`) stay on the rows so an evaluation can find the evidence. A RealMem query is
+//! a turn of the history: it is asked after the messages before it ([`Question::replay_at`]).
+//! A file is parsed and checked whole before anything is returned: a bad file yields an error
+//! naming the file and the position, and no messages.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -22,6 +25,18 @@ use crate::types::Role;
 pub enum Format {
     Locomo,
     Longmemeval,
+    Realmem,
+}
+
+impl Format {
+    /// The name `--format` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Locomo => "locomo",
+            Self::Longmemeval => "longmemeval",
+            Self::Realmem => "realmem",
+        }
+    }
 }
 
 /// A dataset file could not be used. Class: client (the file is bad); nothing is returned.
@@ -64,6 +79,9 @@ pub struct Question {
     pub unresolved_evidence: Vec<String>,
     /// When the question is asked, in Unix milliseconds, if the file says.
     pub timestamp_ms: Option<i64>,
+    /// Asked after this many of the dataset's messages are captured, and before the rest (a
+    /// RealMem query, whose own turn is the message at this index); `None`: after them all.
+    pub replay_at: Option<usize>,
 }
 
 /// A parsed file.
@@ -74,15 +92,40 @@ pub struct Dataset {
     pub questions: Vec<Question>,
 }
 
-/// Read and check `path` as `format`.
+/// Read and check `path` as `format`. A RealMem path may be a folder: its `.json` files are
+/// read in name order, one persona each.
 pub fn load(format: Format, path: &Path) -> Result<Dataset, DatasetError> {
-    let bytes = std::fs::read(path).map_err(|source| DatasetError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| DatasetError::Io { path, source }
+    };
+    if format == Format::Realmem && path.is_dir() {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(path).map_err(io(path))? {
+            let file = entry.map_err(io(path))?.path();
+            if file.extension().is_some_and(|e| e == "json") {
+                files.push(file);
+            }
+        }
+        files.sort();
+        if files.is_empty() {
+            return Err(invalid(path, "folder".into(), "holds no .json file".into()));
+        }
+        let mut out = Dataset::default();
+        for file in files {
+            realmem(&file, &std::fs::read(&file).map_err(io(&file))?, &mut out)?;
+        }
+        return Ok(out);
+    }
+    let bytes = std::fs::read(path).map_err(io(path))?;
     match format {
         Format::Locomo => locomo(path, &bytes),
         Format::Longmemeval => longmemeval(path, &bytes),
+        Format::Realmem => {
+            let mut out = Dataset::default();
+            realmem(path, &bytes, &mut out)?;
+            Ok(out)
+        }
     }
 }
 
@@ -115,6 +158,8 @@ fn parse_time(text: &str, format: &str) -> Option<i64> {
 const LOCOMO_TIME: &str = "%I:%M %p on %d %B, %Y";
 /// LongMemEval's date format, e.g. `2023/05/20 (Sat) 02:21`.
 const LONGMEMEVAL_TIME: &str = "%Y/%m/%d (%a) %H:%M";
+/// RealMem's session date, e.g. `2025-12-20 (Saturday)`, read at midnight.
+const REALMEM_DATE: &str = "%Y-%m-%d (%A) %H:%M";
 
 #[derive(Deserialize)]
 struct LocomoSample {
@@ -227,6 +272,7 @@ fn locomo(path: &Path, bytes: &[u8]) -> Result<Dataset, DatasetError> {
                 evidence_sessions: Vec::new(),
                 unresolved_evidence: Vec::new(),
                 timestamp_ms: None,
+                replay_at: None,
             };
             for raw in &qa.evidence {
                 for id in locomo_evidence_ids(raw) {
@@ -335,9 +381,194 @@ fn longmemeval(path: &Path, bytes: &[u8]) -> Result<Dataset, DatasetError> {
                 .question_date
                 .as_deref()
                 .and_then(|d| parse_time(d, LONGMEMEVAL_TIME)),
+            replay_at: None,
         });
     }
     Ok(out)
+}
+
+#[derive(Deserialize)]
+struct RealmemFile {
+    #[serde(rename = "_metadata")]
+    metadata: RealmemMetadata,
+    dialogues: Vec<RealmemSession>,
+}
+
+#[derive(Deserialize)]
+struct RealmemMetadata {
+    person_name: String,
+}
+
+#[derive(Deserialize)]
+struct RealmemSession {
+    session_uuid: String,
+    current_time: String,
+    #[serde(default)]
+    extracted_memory: Vec<RealmemMemory>,
+    dialogue_turns: Vec<RealmemTurn>,
+}
+
+/// A memory point the generator extracted (never stored: it only locates evidence turns).
+#[derive(Deserialize)]
+struct RealmemMemory {
+    content: String,
+    #[serde(default)]
+    source_content_snapshot: String,
+}
+
+#[derive(Deserialize)]
+struct RealmemTurn {
+    speaker: String,
+    content: String,
+    #[serde(default)]
+    is_query: bool,
+    #[serde(default)]
+    category_name: Option<String>,
+    #[serde(default)]
+    memory_used: Vec<RealmemUsed>,
+    #[serde(default)]
+    memory_session_uuids: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct RealmemUsed {
+    session_uuid: String,
+    content: String,
+}
+
+/// Snapshots shorter than this are not matched inside a turn (only equal to one).
+const REALMEM_MIN_EXCERPT: usize = 80;
+
+/// The turn of `session` that a memory point used by a query came from: the point is found by
+/// its content among the session's extracted memory, and its snapshot must equal exactly one
+/// turn's text, or (80 characters or more) lie inside exactly one turn's. `None` where either
+/// step is not certain: the snapshot is empty, edited or matches several turns.
+fn realmem_evidence_turn(session: &RealmemSession, used: &RealmemUsed) -> Option<usize> {
+    let point = session
+        .extracted_memory
+        .iter()
+        .find(|point| point.content == used.content)?;
+    let snapshot = point.source_content_snapshot.trim();
+    let unique = |matches: Vec<usize>| (matches.len() == 1).then(|| matches[0]);
+    let turns = &session.dialogue_turns;
+    unique(
+        (0..turns.len())
+            .filter(|&i| turns[i].content.trim() == snapshot && !snapshot.is_empty())
+            .collect(),
+    )
+    .or_else(|| {
+        (snapshot.len() >= REALMEM_MIN_EXCERPT)
+            .then(|| {
+                unique(
+                    (0..turns.len())
+                        .filter(|&i| turns[i].content.contains(snapshot))
+                        .collect(),
+                )
+            })
+            .flatten()
+    })
+}
+
+/// One RealMem persona, appended to `out`: its sessions in the file's order (the order of
+/// their evidence; a session dated before the one before it takes that one's date), every
+/// turn a message with
+/// source id `session_uuid:index`, and each query a question asked at its own turn. Its
+/// evidence sessions are the reply's `memory_session_uuids`; its evidence turns are the turns
+/// of the reply's `memory_used` points ([`realmem_evidence_turn`]), given only when every point
+/// is found; the points that are not are listed as unresolved.
+fn realmem(path: &Path, bytes: &[u8], out: &mut Dataset) -> Result<(), DatasetError> {
+    let file: RealmemFile = parse_json(path, bytes)?;
+    let invalid = |at, message| invalid(path, at, message);
+    let user = file.metadata.person_name;
+    let by_uuid: HashMap<&str, &RealmemSession> = file
+        .dialogues
+        .iter()
+        .map(|session| (session.session_uuid.as_str(), session))
+        .collect();
+    let mut previous = i64::MIN;
+    for session in &file.dialogues {
+        let uuid = &session.session_uuid;
+        let at = format!("{user} session {uuid}");
+        let date = format!("{} 00:00", session.current_time);
+        let start = parse_time(&date, REALMEM_DATE).ok_or_else(|| {
+            invalid(
+                at.clone(),
+                format!("unreadable date {:?}", session.current_time),
+            )
+        })?;
+        // The file's order is the replay's: every query's evidence precedes it there, not
+        // always in date order (one persona has sessions dated a day before the one before).
+        let start = start.max(previous);
+        previous = start;
+        let turns = &session.dialogue_turns;
+        for (i, turn) in turns.iter().enumerate() {
+            let (role, name) = match turn.speaker.as_str() {
+                "User" => (Role::User, Some(user.replace('_', " "))),
+                "Assistant" => (Role::Assistant, None),
+                other => {
+                    return Err(invalid(
+                        format!("{at} turn {i}"),
+                        format!("unknown speaker {other:?}"),
+                    ));
+                }
+            };
+            let timestamp_ms = Some(start + i as i64 * 1000);
+            if turn.is_query {
+                let reply = turns
+                    .get(i + 1)
+                    .filter(|reply| reply.speaker == "Assistant");
+                let used = reply.map_or(&[][..], |reply| &reply.memory_used[..]);
+                let mut question = Question {
+                    user_key: user.clone(),
+                    question: turn.content.clone(),
+                    category: turn.category_name.clone().unwrap_or_default(),
+                    evidence_turns: Vec::new(),
+                    evidence_sessions: Vec::new(),
+                    unresolved_evidence: Vec::new(),
+                    timestamp_ms,
+                    replay_at: Some(out.messages.len()),
+                };
+                for uuid in reply
+                    .into_iter()
+                    .flat_map(|reply| &reply.memory_session_uuids)
+                {
+                    if !question.evidence_sessions.contains(uuid) {
+                        question.evidence_sessions.push(uuid.clone());
+                    }
+                }
+                for point in used {
+                    let found = by_uuid
+                        .get(point.session_uuid.as_str())
+                        .and_then(|source| realmem_evidence_turn(source, point));
+                    match found {
+                        Some(turn) => {
+                            let id = format!("{}:{turn}", point.session_uuid);
+                            if !question.evidence_turns.contains(&id) {
+                                question.evidence_turns.push(id);
+                            }
+                        }
+                        None => question
+                            .unresolved_evidence
+                            .push(format!("{}: {}", point.session_uuid, point.content)),
+                    }
+                }
+                if !question.unresolved_evidence.is_empty() {
+                    question.evidence_turns.clear();
+                }
+                out.questions.push(question);
+            }
+            out.messages.push(Message {
+                user_key: user.clone(),
+                conversation: uuid.clone(),
+                role,
+                name,
+                timestamp_ms,
+                source_turn: Some(format!("{uuid}:{i}")),
+                text: turn.content.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

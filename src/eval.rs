@@ -1,10 +1,11 @@
 //! The evaluation harness (`perpetuity eval`): retrieval quality on a benchmark file, measured
 //! through the path the proxy serves from (store → arena → search).
 //!
-//! The file is ingested into one pooled memory (every LoCoMo conversation or LongMemEval
-//! question is its own user; one store, one arena, one shared frequency statistic). Every
-//! question that has evidence is then asked as its user in probe mode: prepared and searched,
-//! never captured. The retrieved rows are mapped back to the file's turns (the rows' source
+//! The file is ingested into one pooled memory (every LoCoMo conversation, LongMemEval
+//! question or RealMem persona is its own user; one store, one arena, one shared frequency
+//! statistic). Every question that has evidence is asked as its user in probe mode: prepared
+//! and searched, never captured; after the whole file, or for RealMem, as the file is replayed,
+//! when the messages before the query's own turn are captured ([`replay`]). The retrieved rows are mapped back to the file's turns (the rows' source
 //! turn ids; the chunks of one turn count once, at their best rank) and sessions (the rows'
 //! conversations), and scored at both levels. Beside each figure stand plain BM25 over the same
 //! user's rows in the same run, and the same two systems with each user alone in an isolated
@@ -124,6 +125,13 @@ pub enum EvalError {
         users: usize,
         first: String,
     },
+    /// Class: client. The file's questions are asked partway through its history, which a
+    /// memory already holding rows cannot replay.
+    #[error(
+        "{path} already holds rows, but this file's questions are asked as its history is replayed; \
+         evaluate into an empty data directory"
+    )]
+    ReplayNotEmpty { path: PathBuf },
     /// Class: corruption. A stored row has no retrieval row.
     #[error("row {row} of user {user:016x} has no retrieval row")]
     MissingRetrieval { user: u64, row: u64 },
@@ -505,53 +513,49 @@ struct Shown {
 }
 
 /// What the harness reads of one store: each row's turn and session, and each asked user's
-/// retrieval rows for the baseline, under the store's statistic.
+/// retrieval rows for the baseline, read as the store grows ([`Corpus::catch_up`]).
+#[derive(Default)]
 struct Corpus {
     units: HashMap<RowId, (Turn, String)>,
     rows: HashMap<UserId, Vec<(RowId, RetrievalRow)>>,
     stored_turns: HashSet<(UserId, String)>,
-    stats: FrequencyTable,
     /// Each user's latest turn time: the "now" a probe's frame is rendered at.
     latest: HashMap<UserId, i64>,
+    /// Rows from here on are not read yet.
+    next: RowId,
 }
 
 impl Corpus {
-    fn read(store: &Store, users: &[UserId]) -> Result<Self, EvalError> {
-        let mut corpus = Self {
-            units: HashMap::new(),
-            rows: HashMap::new(),
-            stored_turns: HashSet::new(),
-            stats: store.frequency_table()?,
-            latest: HashMap::new(),
-        };
-        for &user in users {
-            let mut rows = Vec::new();
-            for row in store.rows_of(user) {
-                let row = row?;
-                let retrieval =
-                    store
-                        .retrieval(user, row.id)?
-                        .ok_or(EvalError::MissingRetrieval {
-                            user: user.0,
-                            row: row.id.0,
-                        })?;
-                if let Some(at) = row.timestamp_ms {
-                    let latest = corpus.latest.entry(user).or_insert(at);
-                    *latest = (*latest).max(at);
-                }
-                let turn = match row.source_turn {
-                    Some(id) => {
-                        corpus.stored_turns.insert((user, id.clone()));
-                        Turn::Source(id)
-                    }
-                    None => Turn::Unlabelled(row.message),
-                };
-                corpus.units.insert(row.id, (turn, row.conversation));
-                rows.push((row.id, retrieval));
+    /// Read the rows of `users` captured since the last call.
+    fn catch_up(&mut self, store: &Store, users: &HashSet<UserId>) -> Result<(), EvalError> {
+        for row in store.rows_since(self.next) {
+            let row = row?;
+            self.next = RowId(row.id.0 + 1);
+            let user = row.user;
+            if !users.contains(&user) {
+                continue;
             }
-            corpus.rows.insert(user, rows);
+            let retrieval = store
+                .retrieval(user, row.id)?
+                .ok_or(EvalError::MissingRetrieval {
+                    user: user.0,
+                    row: row.id.0,
+                })?;
+            if let Some(at) = row.timestamp_ms {
+                let latest = self.latest.entry(user).or_insert(at);
+                *latest = (*latest).max(at);
+            }
+            let turn = match row.source_turn {
+                Some(id) => {
+                    self.stored_turns.insert((user, id.clone()));
+                    Turn::Source(id)
+                }
+                None => Turn::Unlabelled(row.message),
+            };
+            self.units.insert(row.id, (turn, row.conversation));
+            self.rows.entry(user).or_default().push((row.id, retrieval));
         }
-        Ok(corpus)
+        Ok(())
     }
 
     fn ranked(&self, rows: impl IntoIterator<Item = RowId>) -> Ranked {
@@ -565,15 +569,21 @@ impl Corpus {
         }
     }
 
-    /// The baseline: every row of `user` scored by plain BM25 under the store's statistic, the
-    /// best `depth` by score descending, then row id ascending.
-    fn bm25(&self, user: UserId, query: &RetrievalRow, depth: usize) -> Vec<RowId> {
+    /// The baseline: every row of `user` scored by plain BM25 under the statistic `stats`,
+    /// the best `depth` by score descending, then row id ascending.
+    fn bm25(
+        &self,
+        stats: &FrequencyTable,
+        user: UserId,
+        query: &RetrievalRow,
+        depth: usize,
+    ) -> Vec<RowId> {
         let idf: Vec<f32> = query
             .terms
             .iter()
-            .map(|&(term, _)| Bm25::idf(&self.stats, term))
+            .map(|&(term, _)| Bm25::idf(stats, term))
             .collect();
-        let mean_len = mean_row_len(&self.stats);
+        let mean_len = mean_row_len(stats);
         let mut scored: Vec<(f32, RowId)> = self
             .rows
             .get(&user)
@@ -643,9 +653,12 @@ impl Probe<'_> {
         Ok(Answers {
             frame,
             ours: self.corpus.ranked(hits.into_iter().map(|hit| hit.row)),
-            bm25: self
-                .corpus
-                .ranked(self.corpus.bm25(user, &query.retrieval, depth)),
+            bm25: self.corpus.ranked(self.corpus.bm25(
+                self.arena.stats(),
+                user,
+                &query.retrieval,
+                depth,
+            )),
             elapsed,
         })
     }
@@ -739,31 +752,17 @@ fn is_abstention(format: Format, question: &Question) -> bool {
     format == Format::Longmemeval && question.user_key.ends_with(ABSTENTION_SUFFIX)
 }
 
-/// Ingest the file into the pooled memory, or check that a memory holding rows already has
-/// every user of the file. Returns the ingest rate, if there was an ingest.
-fn fill(
-    memory: &Memory,
-    dataset: &Dataset,
-    users: &[&str],
-    progress: &mut impl FnMut(&Progress),
-) -> Result<Option<f64>, EvalError> {
-    let store = &memory.store;
+/// Check that a memory already holding rows has every user of the file, and that no question
+/// must be asked partway through the file (a replay needs an empty memory). Returns whether
+/// the memory holds rows.
+fn reused(store: &Store, dataset: &Dataset, users: &[&str]) -> Result<bool, EvalError> {
     if store.rows_since(RowId(0)).next().transpose()?.is_none() {
-        let mut throttle = Throttle::default();
-        let summary = ingest::ingest(
-            store,
-            &memory.dictionary,
-            &dataset.messages,
-            |summary, messages| {
-                if throttle.due(summary.messages as usize == messages) {
-                    progress(&Progress::Ingest {
-                        summary: *summary,
-                        messages,
-                    });
-                }
-            },
-        )?;
-        return Ok(Some(summary.rows_per_second()));
+        return Ok(false);
+    }
+    if dataset.questions.iter().any(|q| q.replay_at.is_some()) {
+        return Err(EvalError::ReplayNotEmpty {
+            path: store.path().to_path_buf(),
+        });
     }
     let mut missing = Vec::new();
     for &key in users {
@@ -779,18 +778,17 @@ fn fill(
             first: (*first).to_owned(),
         });
     }
-    progress(&Progress::Reused);
-    Ok(None)
+    Ok(true)
 }
 
 /// The conversation the replayed agent session's tool rows are captured in.
 pub const AGENT_CONVERSATION: &str = "agent session";
 
-/// Capture the tool rows of the replayed agent session ([`crate::proxy::prefix::tool_rows`])
-/// in every user's memory, after what the file holds.
-fn add_agent_session(memory: &Memory, users: &[&str]) -> Result<(), EvalError> {
+/// The tool rows of the replayed agent session ([`crate::proxy::prefix::tool_rows`]), for
+/// every user.
+fn agent_session(users: &[&str]) -> Vec<Message> {
     let rows = crate::proxy::prefix::tool_rows(6, 5);
-    let messages: Vec<Message> = users
+    users
         .iter()
         .flat_map(|user| {
             rows.iter().map(|text| Message {
@@ -803,35 +801,124 @@ fn add_agent_session(memory: &Memory, users: &[&str]) -> Result<(), EvalError> {
                 text: text.clone(),
             })
         })
-        .collect();
-    ingest::ingest(&memory.store, &memory.dictionary, &messages, |_, _| {})?;
-    Ok(())
+        .collect()
 }
 
-/// Ask `asked` (indexes into the file's questions) of the pooled memory, in order.
-fn ask_pooled(
-    probe: &Probe<'_>,
-    dataset: &Dataset,
-    asked: &[usize],
+/// The messages a replay captures: `ranges` of `all`, in order, and `before_questions`
+/// captured just before the first question is asked.
+struct History<'a> {
+    all: &'a [Message],
+    ranges: Vec<std::ops::Range<usize>>,
+    before_questions: Vec<Message>,
+}
+
+/// What a replay leaves: the answers (in the order asked), the caught-up arena and corpus,
+/// and the ingest (`None` when nothing was captured).
+struct Replayed {
+    answers: Vec<Answers>,
+    arena: Arena,
+    corpus: Corpus,
+    ingested: Option<IngestSummary>,
+}
+
+/// Capture `history` into `store` in order and ask `asked` (indexes into `questions`) on the
+/// way, in probe mode: a question with a replay point once the messages before it are
+/// captured, the others once all are. The arena and the corpus are caught up before each
+/// point's questions, so nothing said after a question is searched or counted in the baseline.
+#[allow(clippy::too_many_arguments)]
+fn replay(
+    store: &Store,
+    dictionary: &Dictionary,
+    kernels: &Kernels,
+    frame: Option<(&Memory, &RecallConfig)>,
+    history: History<'_>,
+    (questions, asked): (&[Question], &[usize]),
     depth: usize,
     progress: &mut impl FnMut(&Progress),
-) -> Result<Vec<Answers>, StoreError> {
-    let mut throttle = Throttle::default();
-    let mut answers = Vec::with_capacity(asked.len());
-    for (n, &q) in asked.iter().enumerate() {
-        answers.push(probe.ask(&dataset.questions[q], depth)?);
-        if throttle.due(n + 1 == asked.len()) {
-            progress(&Progress::Questions {
-                asked: n + 1,
-                total: asked.len(),
-            });
+) -> Result<Replayed, EvalError> {
+    let end = history.all.len();
+    let point = |a: usize| questions[asked[a]].replay_at.unwrap_or(end);
+    let mut order: Vec<usize> = (0..asked.len()).collect();
+    order.sort_by_key(|&a| point(a));
+    let users: HashSet<UserId> = history
+        .ranges
+        .iter()
+        .flat_map(|range| &history.all[range.clone()])
+        .chain(&history.before_questions)
+        .map(|m| UserId::from_key(&m.user_key))
+        .chain(
+            asked
+                .iter()
+                .map(|&q| UserId::from_key(&questions[q].user_key)),
+        )
+        .collect();
+    let total =
+        history.ranges.iter().map(|r| r.len()).sum::<usize>() + history.before_questions.len();
+    let (mut arena, mut corpus) = (Arena::new(), Corpus::default());
+    let mut ingested: Option<IngestSummary> = None;
+    let mut capture = |messages: &[Message]| -> Result<(), StoreError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let before = ingested.unwrap_or_default();
+        let mut throttle = Throttle::default();
+        let summary = ingest::ingest(store, dictionary, messages, |summary, _| {
+            let so_far = before.plus(summary);
+            if throttle.due(so_far.messages as usize == total) {
+                progress(&Progress::Ingest {
+                    summary: so_far,
+                    messages: total,
+                });
+            }
+        })?;
+        ingested = Some(before.plus(&summary));
+        Ok(())
+    };
+    let (mut done, mut next) = (0, 0);
+    let mut answers: Vec<Option<Answers>> = vec![None; asked.len()];
+    let mut before_questions = Some(history.before_questions);
+    loop {
+        let at = order.get(next).map_or(end, |&a| point(a));
+        for range in &history.ranges {
+            let part = range.start.max(done)..range.end.min(at);
+            if !part.is_empty() {
+                capture(&history.all[part])?;
+            }
+        }
+        done = at;
+        if let Some(messages) = before_questions.take() {
+            capture(&messages)?;
+        }
+        arena.catch_up(store, dictionary)?;
+        corpus.catch_up(store, &users)?;
+        if next == order.len() {
+            break;
+        }
+        let probe = Probe {
+            dictionary,
+            arena: &arena,
+            kernels,
+            corpus: &corpus,
+            frame,
+        };
+        while let Some(&a) = order.get(next).filter(|&&a| point(a) == at) {
+            answers[a] = Some(probe.ask(&questions[asked[a]], depth)?);
+            next += 1;
         }
     }
-    Ok(answers)
+    Ok(Replayed {
+        answers: answers
+            .into_iter()
+            .map(|a| a.expect("every asked question is answered"))
+            .collect(),
+        arena,
+        corpus,
+        ingested,
+    })
 }
 
 /// Ask `asked` (indexes into the file's questions) with each of their users alone in a fresh
-/// memory: the user's messages ingested into a scratch store, its own arena and statistic.
+/// memory: the user's messages replayed into a scratch store, its own arena and statistic.
 /// Answers come back in the order of `asked`.
 fn ask_isolated(
     dictionary: &Dictionary,
@@ -841,9 +928,13 @@ fn ask_isolated(
     depth: usize,
     progress: &mut impl FnMut(&Progress),
 ) -> Result<Vec<Answers>, EvalError> {
-    let mut runs: HashMap<&str, Vec<&[Message]>> = HashMap::new();
+    let mut runs: HashMap<&str, Vec<std::ops::Range<usize>>> = HashMap::new();
+    let mut start = 0;
     for run in dataset.messages.chunk_by(|a, b| a.user_key == b.user_key) {
-        runs.entry(run[0].user_key.as_str()).or_default().push(run);
+        runs.entry(run[0].user_key.as_str())
+            .or_default()
+            .push(start..start + run.len());
+        start += run.len();
     }
     // Only users with something to ask get a memory (not those of abstention questions).
     let users: Vec<&str> = first_occurrences(
@@ -857,25 +948,27 @@ fn ask_isolated(
         let scratch = ScratchDir::new(&format!("isolated-{u}"))?;
         let store = Store::open(scratch.path(), &StoreOptions::default())?;
         store.bind_dictionary(dictionary.version())?;
-        for run in runs.get(key).into_iter().flatten() {
-            ingest::ingest(&store, dictionary, run, |_, _| {})?;
-        }
-        let mut arena = Arena::new();
-        arena.catch_up(&store, dictionary)?;
-        let corpus = Corpus::read(&store, &[UserId::from_key(key)])?;
-        let probe = Probe {
-            dictionary,
-            arena: &arena,
-            kernels,
-            corpus: &corpus,
-            frame: None,
-        };
-        for &q in asked
+        let of_user: Vec<usize> = asked
             .iter()
-            .filter(|&&q| dataset.questions[q].user_key == key)
-        {
-            answers.insert(q, probe.ask(&dataset.questions[q], depth)?);
-        }
+            .copied()
+            .filter(|&q| dataset.questions[q].user_key == key)
+            .collect();
+        let history = History {
+            all: &dataset.messages,
+            ranges: runs.remove(key).unwrap_or_default(),
+            before_questions: Vec::new(),
+        };
+        let replayed = replay(
+            &store,
+            dictionary,
+            kernels,
+            None,
+            history,
+            (&dataset.questions, &of_user),
+            depth,
+            &mut |_| {},
+        )?;
+        answers.extend(of_user.into_iter().zip(replayed.answers));
         if throttle.due(u + 1 == users.len()) {
             progress(&Progress::Isolated {
                 users: u + 1,
@@ -914,9 +1007,9 @@ pub fn run(
             .map(|q| q.user_key.as_str())
             .chain(dataset.messages.iter().map(|m| m.user_key.as_str())),
     );
-    let ingest_rows_per_s = fill(memory, &dataset, &users, &mut progress)?;
-    if agent_session && ingest_rows_per_s.is_some() {
-        add_agent_session(memory, &users)?;
+    let reused = reused(&memory.store, &dataset, &users)?;
+    if reused {
+        progress(&Progress::Reused);
     }
 
     let mut counts = Counts::default();
@@ -936,19 +1029,35 @@ pub fn run(
 
     let kernels = Kernels::detect(false);
     tracing::info!(kernels = %kernels.describe(), "scan kernels chosen");
-    let mut arena = Arena::new();
-    arena.catch_up(&memory.store, &memory.dictionary)?;
-    let user_ids: Vec<UserId> = users.iter().map(|key| UserId::from_key(key)).collect();
-    let corpus = Corpus::read(&memory.store, &user_ids)?;
     let recall_config = RecallConfig::default();
-    let probe = Probe {
-        dictionary: &memory.dictionary,
-        arena: &arena,
-        kernels: &kernels,
-        corpus: &corpus,
-        frame: Some((memory, &recall_config)),
+    let history = History {
+        all: &dataset.messages,
+        ranges: if reused {
+            Vec::new()
+        } else {
+            std::iter::once(0..dataset.messages.len()).collect()
+        },
+        before_questions: if agent_session && !reused {
+            self::agent_session(&users)
+        } else {
+            Vec::new()
+        },
     };
-    let pooled = ask_pooled(&probe, &dataset, &asked, ranked_rows, &mut progress)?;
+    let Replayed {
+        answers: pooled,
+        arena,
+        corpus,
+        ingested,
+    } = replay(
+        &memory.store,
+        &memory.dictionary,
+        &kernels,
+        Some((memory, &recall_config)),
+        history,
+        (&dataset.questions, &asked),
+        ranked_rows,
+        &mut progress,
+    )?;
     let mut latency = latency::histogram();
     for answers in &pooled {
         latency::record(&mut latency, answers.elapsed);
@@ -1025,11 +1134,7 @@ pub fn run(
             || file.display().to_string(),
             |name| name.to_string_lossy().into_owned(),
         ),
-        format: match format {
-            Format::Locomo => "locomo",
-            Format::Longmemeval => "longmemeval",
-        }
-        .to_owned(),
+        format: format.name().to_owned(),
         dictionary: memory.dictionary.version().to_owned(),
         questions: dataset.questions.len(),
         counts,
@@ -1050,7 +1155,7 @@ pub fn run(
             p50: latency::ms(&latency, 0.5),
             p99: latency::ms(&latency, 0.99),
         },
-        ingest_rows_per_s,
+        ingest_rows_per_s: ingested.map(|summary| summary.rows_per_second()),
         arena: ArenaSize {
             rows: arena.rows(),
             bytes_per_row: Arena::bytes_per_row(),

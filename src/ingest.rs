@@ -25,6 +25,16 @@ pub struct IngestSummary {
 }
 
 impl IngestSummary {
+    /// Two ingests as one: counts and time added.
+    pub fn plus(&self, other: &Self) -> Self {
+        Self {
+            messages: self.messages + other.messages,
+            rows: self.rows + other.rows,
+            tokens: self.tokens + other.tokens,
+            elapsed: self.elapsed + other.elapsed,
+        }
+    }
+
     pub fn rows_per_second(&self) -> f64 {
         self.rows as f64 / self.elapsed.as_secs_f64().max(f64::EPSILON)
     }

@@ -1,6 +1,7 @@
 //! The evaluation harness end to end on real RocksDB in temp dirs: the hand-written
-//! LongMemEval file (`tests/data/longmemeval_small.json`) with figures derived by hand, a
-//! reused data directory, the command line's JSON, and sanity bounds on LoCoMo.
+//! LongMemEval file (`tests/data/longmemeval_small.json`) and RealMem folder
+//! (`tests/data/realmem_small/`) with figures derived by hand, a reused data directory, the
+//! command line's JSON, and sanity bounds on LoCoMo and RealMem.
 
 mod common;
 
@@ -19,6 +20,10 @@ const EPS: f64 = 1e-9;
 
 fn small_file() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/longmemeval_small.json")
+}
+
+fn small_realmem() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/realmem_small")
 }
 
 /// The value at `path` in `json`, which must exist.
@@ -429,4 +434,113 @@ fn an_agent_session_adds_its_tool_rows_to_every_user() {
                 .all(|(row, text)| row.starts_with(text.as_str()))
         );
     }
+}
+
+/// The small RealMem folder, derived by hand. `Ada_Small` (even): a kayak named Driftwood
+/// (session 1), a sister Marguerite moving to Lisbon (session 2), then two queries in session
+/// 3, then a session dated a day earlier than session 3 that repeats both queries' words. Its
+/// second query's memory point has a snapshot that no turn holds, so it is scored at the
+/// session level only and its point is listed as unresolved. `Bo_Small` (odd): a bassoon in
+/// the Riverside orchestra, then a query about it.
+///
+/// Replayed, each query is asked before its own turn and before the later session are
+/// captured, so every evidence turn and session is first at k = 1 for every system. Had the
+/// whole history been captured first, the later session (and the query's own turn) would
+/// outrank the evidence of both of Ada's queries.
+#[test]
+fn realmem_queries_are_asked_at_their_point_in_the_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = common::memory(dir.path());
+    let report = eval::run(
+        &memory,
+        Format::Realmem,
+        &small_realmem(),
+        &[1],
+        false,
+        |_| {},
+    )
+    .expect("the harness runs");
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["format"], "realmem");
+    assert_eq!((report.questions, report.users), (3, 2));
+    assert_eq!(
+        json["counts"],
+        serde_json::json!({"asked": 3, "abstention": 0, "without_evidence": 0, "evidence_unresolved": 0})
+    );
+    assert_eq!(
+        json["unresolved_evidence"],
+        serde_json::json!([{"user": "Ada_Small", "question": 1,
+            "evidence": "ada-s2: 【Family】 Sister Marguerite moves to Lisbon."}])
+    );
+    assert_eq!(json["unstored_evidence"], serde_json::json!([]));
+    assert_eq!(report.arena.rows, 13, "9 + 4 turns, one row each");
+    for system in ["overall", "bm25", "isolated", "isolated_bm25"] {
+        assert_eq!(at(&json, &[system, "turn", "questions"]), 2);
+        assert_eq!(at(&json, &[system, "session", "questions"]), 3);
+        for level in ["turn", "session"] {
+            assert_near(&json, &[system, level, "recall_all@1"], 1.0);
+            assert_near(&json, &[system, level, "mrr"], 1.0);
+        }
+    }
+    assert_near(&json, &["overall", "frame", "evidence_in_frame"], 1.0);
+    for half in ["even", "odd"] {
+        assert_eq!(
+            at(&json, &["halves", half, "overall", "turn", "questions"]),
+            1
+        );
+    }
+
+    // A replay needs an empty memory: the same folder again is refused, nothing changed.
+    let refused = eval::run(
+        &memory,
+        Format::Realmem,
+        &small_realmem(),
+        &[1],
+        false,
+        |_| {},
+    );
+    assert!(
+        matches!(refused, Err(EvalError::ReplayNotEmpty { .. })),
+        "{refused:?}"
+    );
+}
+
+#[test]
+fn realmem_every_query_is_accounted_for() {
+    let Some(folder) = common::realmem_dir("realmem_every_query_is_accounted_for") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let memory = common::memory(dir.path());
+    let report = eval::run(
+        &memory,
+        Format::Realmem,
+        &folder,
+        &DEFAULT_KS,
+        false,
+        |_| {},
+    )
+    .unwrap();
+    let json = serde_json::to_value(&report).unwrap();
+    // Five personas, 728 queries, every one with at least one evidence session. The memory
+    // points whose source turn is not certain are listed, and their queries are scored at the
+    // session level only.
+    assert_eq!((report.questions, report.users), (728, 5));
+    assert_eq!(report.counts.asked, 728);
+    assert_eq!(at(&json, &["overall", "session", "questions"]), 728);
+    let turn_questions = number(&json, &["overall", "turn", "questions"]);
+    assert!(
+        turn_questions > 600.0,
+        "{turn_questions} scored at turn level"
+    );
+    assert!(report.unstored_evidence.is_empty());
+    for system in ["overall", "bm25"] {
+        for level in ["turn", "session"] {
+            let any = number(&json, &[system, level, "recall_any@10"]);
+            let all = number(&json, &[system, level, "recall_all@10"]);
+            assert!((0.0..=1.0).contains(&any) && any >= all, "{system} {level}");
+        }
+    }
+    // The baseline is sound: BM25 finds an evidence session in the top 10 for most queries.
+    assert!(number(&json, &["bm25", "session", "recall_any@10"]) > 0.6);
 }

@@ -51,8 +51,19 @@ pub fn dictionary_dir() -> PathBuf {
 
 /// `locomo10.json` from the shared data folder, or `None` with a SKIP line naming the test.
 pub fn locomo_file(test: &str) -> Option<PathBuf> {
-    let path = shared_dir()?.join("data/locomo/locomo10.json");
-    if path.is_file() {
+    shared_data(test, "data/locomo/locomo10.json")
+}
+
+/// The five RealMem personas' folder in the shared data folder, or `None` (with a SKIP line
+/// naming `test`) when it is absent.
+pub fn realmem_dir(test: &str) -> Option<PathBuf> {
+    shared_data(test, "data/realmem/dataset")
+}
+
+/// `relative` in the shared data folder, or `None` (with a SKIP line naming `test`).
+fn shared_data(test: &str, relative: &str) -> Option<PathBuf> {
+    let path = shared_dir()?.join(relative);
+    if path.exists() {
         Some(path)
     } else {
         eprintln!("SKIP {test}: {} is absent", path.display());
