@@ -18,7 +18,7 @@ use crate::heat;
 use crate::memory::Memory;
 use crate::retrieve::{PreparedQuery, Retrieved, search_without};
 use crate::scan::kernels::Kernels;
-use crate::store::{Activation, BoundNames, Row, StoreError};
+use crate::store::{Activation, BoundNames, Row, Store, StoreError};
 use crate::tokens::Tokenizer;
 use crate::types::{ConversationId, Role, RowId, TermId, UserId};
 
@@ -38,6 +38,9 @@ pub struct RecallConfig {
     pub conversation_lift: f32,
     /// Added to the score of a row whose speaker the question names, in the frame's order.
     pub speaker_lift: f32,
+    /// Conversations in the frame's order whose first turn joins the retrieved set, right
+    /// after the conversation's best row ([`with_openers`]).
+    pub openers: usize,
     /// The top hits of the question that join the mandatory set.
     pub mandatory_hits: usize,
     /// Tokens of the current conversation's most recent stretch in the mandatory set (its last
@@ -57,6 +60,7 @@ impl Default for RecallConfig {
             reach: 256,
             conversation_lift: 0.7,
             speaker_lift: 0.05,
+            openers: 10,
             mandatory_hits: 3,
             recent_tokens: 1_000,
             warm_floor: 0.05,
@@ -90,8 +94,8 @@ pub struct Ask<'a> {
 /// What one recall produced.
 #[derive(Debug, Clone, Serialize)]
 pub struct Recall {
-    /// The full retrieved set (`reach` rows), best first in the frame's order, with the
-    /// lifted scores; the first `depth` were reheated.
+    /// The full retrieved set (`reach` rows, and the openers of `openers` conversations), best
+    /// first in the frame's order, with the lifted scores; the first `depth` were reheated.
     pub retrieved: Vec<RetrievedRow>,
     /// The budget the spread of the scores gave (the frame's cap).
     pub budget: usize,
@@ -141,14 +145,16 @@ pub fn recall(
     };
     let conversations: Vec<(UserId, u64)> = found
         .iter()
-        .map(|hit| {
-            let conversation = arena.slot(hit.row).map_or(0, |slot| {
-                arena.page(slot.page).conversations[slot.index as usize]
-            });
-            (hit.user, conversation)
-        })
+        .map(|hit| (hit.user, conversation_in(arena, hit.row)))
         .collect();
-    let ordered = frame_order(found, &conversations, &named, config);
+    let ordered = with_openers(
+        store,
+        arena,
+        frame_order(found, &conversations, &named, config),
+        ask.conversation.map(ConversationId::from_key),
+        &excluded,
+        config.openers,
+    )?;
     let hits = &ordered[..ordered.len().min(config.depth)];
     let scanned_rows = arena.scope_rows(ask.scope);
     let clock = store.clock(ask.user)?;
@@ -263,6 +269,55 @@ pub fn recall(
         scan_us,
         frame,
     })
+}
+
+/// The conversation of `row` as the arena holds it (0 for a row it does not hold).
+fn conversation_in(arena: &Arena, row: RowId) -> u64 {
+    arena.slot(row).map_or(0, |slot| {
+        arena.page(slot.page).conversations[slot.index as usize]
+    })
+}
+
+/// `ordered` (the frame's order) with the first turn of each of its first `openers`
+/// conversations (other than the one being continued, whose turns the request carries)
+/// inserted right after that conversation's best row, with its score, where it is not in
+/// `ordered` already and not excluded. A conversation's opening states what it is about (an
+/// agent session's task, the user's request), and a retrieved turn of it is read in its light:
+/// on RealMem a third of the evidence turns open their session and rank far below their
+/// session's best row (`docs/benchmarks.md`).
+fn with_openers(
+    store: &Store,
+    arena: &Arena,
+    ordered: Vec<Retrieved>,
+    current: Option<ConversationId>,
+    excluded: &HashSet<RowId>,
+    openers: usize,
+) -> Result<Vec<Retrieved>, StoreError> {
+    let mut present: HashSet<RowId> = ordered.iter().map(|hit| hit.row).collect();
+    let mut opened: HashSet<(UserId, u64)> = HashSet::new();
+    let mut out = Vec::with_capacity(ordered.len() + openers);
+    for hit in ordered {
+        let conversation = ConversationId(conversation_in(arena, hit.row));
+        let (user, score) = (hit.user, hit.score);
+        out.push(hit);
+        if Some(conversation) == current
+            || opened.len() == openers
+            || !opened.insert((user, conversation.0))
+        {
+            continue;
+        }
+        if let Some(first) = store.first_row_of(user, conversation)?
+            && !excluded.contains(&first)
+            && present.insert(first)
+        {
+            out.push(Retrieved {
+                row: first,
+                user,
+                score,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// The frame's order of a search's `hits` (best first): each row's score lifted by

@@ -481,3 +481,50 @@ fn a_speaker_the_question_names_comes_first() {
     assert!(park_first("Where does Finn walk the dog?"));
     assert!(!park_first(eli));
 }
+
+/// A conversation's first turn joins the frame after the conversation's best row: the
+/// question matches a later turn only ("the aphids"), and the turn that says what the
+/// conversation is about (the rose garden) is shown with it. Without openers, a reach of two
+/// rows leaves it out; the conversation being continued gets no opener (the request holds it).
+#[test]
+fn a_retrieved_turn_brings_its_conversations_opening_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = common::memory(dir.path());
+    let garden = [
+        "I am planning a rose garden along the south wall this spring.",
+        "Climbing roses suit a south wall; give them a trellis.",
+        "Something is eating the leaves, tiny green aphids everywhere.",
+        "Spray the aphids with soapy water in the evening.",
+    ];
+    let mut messages = Vec::new();
+    for (hour, text) in garden.iter().enumerate() {
+        let (role, name) = if hour % 2 == 0 {
+            (Role::User, "Alice")
+        } else {
+            (Role::Assistant, "Guide")
+        };
+        messages.push(turn("alice", "garden", role, name, hour as i64, text));
+    }
+    // Then far more than a birth's heat lasts: the garden's turns are cold unless retrieved.
+    let long = "The weather report goes on and on. ".repeat(30_000);
+    messages.push(turn("alice", "chat", Role::User, "Alice", 9, &long));
+    Capturer::new(&memory.dictionary)
+        .capture(&memory.store, &messages)
+        .unwrap();
+    let narrow = |openers| RecallConfig {
+        reach: 2,
+        depth: 2,
+        openers,
+        ..RecallConfig::default()
+    };
+    let question = "How do I get rid of the aphids?";
+    let without = text(&run(&memory, &narrow(0), &ask("news", question, true)));
+    assert!(without.contains("soapy water"), "{without}");
+    assert!(!without.contains("rose garden"), "{without}");
+    let with = run(&memory, &narrow(1), &ask("news", question, true));
+    assert!(text(&with).contains("rose garden"), "{}", text(&with));
+    assert_eq!(with.retrieved.len(), 3, "two rows and the opener");
+    // Continuing the garden conversation itself: no opener is added.
+    let current = run(&memory, &narrow(1), &ask("garden", question, true));
+    assert_eq!(current.retrieved.len(), 2);
+}

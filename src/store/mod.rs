@@ -1038,6 +1038,26 @@ impl Store {
             .map(move |item| self.chain_row(item))
     }
 
+    /// The first row of a conversation (from its chain), if it has any.
+    pub fn first_row_of(
+        &self,
+        user: UserId,
+        conversation: ConversationId,
+    ) -> Result<Option<RowId>, StoreError> {
+        let prefix = keys::chain_prefix(user, conversation);
+        let mut read = ReadOptions::default();
+        read.set_iterate_upper_bound(keys::chain(user, conversation, RowId(u64::MAX)).to_vec());
+        self.db
+            .iterator_cf_opt(
+                &self.cf(Cf::Chain),
+                read,
+                IteratorMode::From(&prefix, Direction::Forward),
+            )
+            .next()
+            .map(|item| self.chain_row(item))
+            .transpose()
+    }
+
     /// The row a `chain` entry (as an iterator yields it) names.
     fn chain_row(&self, item: Result<KeyValue, rocksdb::Error>) -> Result<RowId, StoreError> {
         let (key, _) = item.map_err(|e| self.rocks(e))?;
