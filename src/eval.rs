@@ -97,6 +97,10 @@ pub struct EvalArgs {
     /// data directory only).
     #[arg(long)]
     pub agent_session: bool,
+    /// Also write one JSON line per asked question to this file: where each evidence turn and
+    /// session ranked, ours and BM25, and whether the frame showed it.
+    #[arg(long, value_name = "FILE")]
+    pub per_question: Option<PathBuf>,
 }
 
 /// An evaluation could not run.
@@ -439,12 +443,70 @@ pub struct ArenaSize {
     pub bytes: usize,
 }
 
+/// One asked question as the pooled memory answered it (`--per-question`): the rank (from 0)
+/// of each of its evidence turns and sessions among the ranked units, ours and BM25 (`None`
+/// where it was not retrieved), whether the frame showed each evidence turn, and the frame's
+/// tokens.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QuestionRanks {
+    /// The question's index in the file, from 0.
+    pub question: usize,
+    pub user: String,
+    pub category: String,
+    pub evidence_turns: Vec<String>,
+    pub evidence_sessions: Vec<String>,
+    pub ours_turns: Vec<Option<usize>>,
+    pub bm25_turns: Vec<Option<usize>>,
+    pub ours_sessions: Vec<Option<usize>>,
+    pub bm25_sessions: Vec<Option<usize>>,
+    pub in_frame: Vec<bool>,
+    pub frame_tokens: Option<usize>,
+}
+
+impl QuestionRanks {
+    fn new(index: usize, question: &Question, answers: &Answers) -> Self {
+        let turns: Vec<Turn> = question
+            .evidence_turns
+            .iter()
+            .map(|id| Turn::Source(id.clone()))
+            .collect();
+        let ranks = |ranked: &[Turn]| {
+            turns
+                .iter()
+                .map(|turn| ranked.iter().position(|t| t == turn))
+                .collect()
+        };
+        let session_ranks = |ranked: &[String]| {
+            question
+                .evidence_sessions
+                .iter()
+                .map(|session| ranked.iter().position(|s| s == session))
+                .collect()
+        };
+        Self {
+            question: index,
+            user: question.user_key.clone(),
+            category: question.category.clone(),
+            evidence_turns: question.evidence_turns.clone(),
+            evidence_sessions: question.evidence_sessions.clone(),
+            ours_turns: ranks(&answers.ours.turns),
+            bm25_turns: ranks(&answers.bm25.turns),
+            ours_sessions: session_ranks(&answers.ours.sessions),
+            bm25_sessions: session_ranks(&answers.bm25.sessions),
+            in_frame: answers.frame.as_ref().map_or_else(Vec::new, |shown| {
+                turns.iter().map(|t| shown.turns.contains(t)).collect()
+            }),
+            frame_tokens: answers.frame.as_ref().map(|shown| shown.tokens),
+        }
+    }
+}
+
 /// What `perpetuity eval` measured; `--json` prints it (names in docs/eval.md).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
     /// The file's name.
     pub dataset: String,
-    /// `locomo` or `longmemeval`.
+    /// `locomo`, `longmemeval` or `realmem`.
     pub format: String,
     /// The serving dictionary's version.
     pub dictionary: String,
@@ -478,6 +540,10 @@ pub struct Report {
     pub unresolved_evidence: Vec<EvidenceNote>,
     /// Evidence turns the pooled memory holds no row for.
     pub unstored_evidence: Vec<EvidenceNote>,
+    /// Every asked question's ranks, in the file's order (not in `--json`; `--per-question`
+    /// writes them).
+    #[serde(skip)]
+    pub per_question: Vec<QuestionRanks>,
 }
 
 /// A retrieved row's turn: the file's turn id, or for a row captured without one, its message.
@@ -1164,6 +1230,11 @@ pub fn run(
         users: users.len(),
         unresolved_evidence,
         unstored_evidence,
+        per_question: asked
+            .iter()
+            .zip(&pooled)
+            .map(|(&q, answers)| QuestionRanks::new(q, &dataset.questions[q], answers))
+            .collect(),
         ks,
     })
 }

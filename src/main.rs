@@ -567,6 +567,15 @@ fn main() -> anyhow::Result<()> {
                 args.agent_session,
                 |p| eprintln!("eval: {p}"),
             )?;
+            if let Some(path) = &args.per_question {
+                let mut lines = String::new();
+                for ranks in &report.per_question {
+                    lines.push_str(&serde_json::to_string(ranks)?);
+                    lines.push('\n');
+                }
+                std::fs::write(path, lines)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+            }
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

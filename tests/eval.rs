@@ -258,9 +258,13 @@ fn a_data_directory_with_rows_is_reused_or_refused() {
 
 #[test]
 fn command_line_prints_the_documented_json_and_cleans_up() {
+    let out = tempfile::tempdir().unwrap();
+    let per_question = out.path().join("questions.jsonl");
     let child = Command::new(env!("CARGO_BIN_EXE_perpetuity"))
         .args(["eval", "--format", "longmemeval", "--k", "1,10", "--json"])
         .arg(small_file())
+        .arg("--per-question")
+        .arg(&per_question)
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -288,6 +292,14 @@ fn command_line_prints_the_documented_json_and_cleans_up() {
     number(&json, &["overall", "frame", "evidence_in_frame"]);
     assert!(at(&json, &["bm25", "frame", "evidence_in_frame"]).is_null());
     assert!(at(&json, &["by_category", "multi-session", "turn"]).is_object());
+    // One line per asked question (three: the abstention question is not asked).
+    let lines: Vec<Value> = std::fs::read_to_string(&per_question)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("each line is one JSON object"))
+        .collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[0]["ours_turns"], serde_json::json!([0]));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("eval: ingest"),
@@ -483,6 +495,46 @@ fn realmem_queries_are_asked_at_their_point_in_the_history() {
         }
     }
     assert_near(&json, &["overall", "frame", "evidence_in_frame"], 1.0);
+    // Per question: Ada's queries (0, 1), then Bo's (2); each evidence unit first everywhere,
+    // and the second query has sessions only (its point did not resolve).
+    let ranks: Vec<_> = report
+        .per_question
+        .iter()
+        .map(|r| {
+            (
+                r.question,
+                r.user.as_str(),
+                r.ours_turns.clone(),
+                r.bm25_turns.clone(),
+                r.ours_sessions.clone(),
+                r.in_frame.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ranks,
+        [
+            (
+                0,
+                "Ada_Small",
+                vec![Some(0)],
+                vec![Some(0)],
+                vec![Some(0)],
+                vec![true]
+            ),
+            (1, "Ada_Small", vec![], vec![], vec![Some(0)], vec![]),
+            (
+                2,
+                "Bo_Small",
+                vec![Some(0)],
+                vec![Some(0)],
+                vec![Some(0)],
+                vec![true]
+            ),
+        ]
+    );
+    assert_eq!(report.per_question[0].evidence_turns, ["ada-s1:0"]);
+    assert!(json.get("per_question").is_none(), "not part of --json");
     for half in ["even", "odd"] {
         assert_eq!(
             at(&json, &["halves", half, "overall", "turn", "questions"]),
