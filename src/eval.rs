@@ -465,11 +465,7 @@ pub struct QuestionRanks {
 
 impl QuestionRanks {
     fn new(index: usize, question: &Question, answers: &Answers) -> Self {
-        let turns: Vec<Turn> = question
-            .evidence_turns
-            .iter()
-            .map(|id| Turn::Source(id.clone()))
-            .collect();
+        let turns = evidence_turns(question);
         let ranks = |ranked: &[Turn]| {
             turns
                 .iter()
@@ -551,6 +547,15 @@ pub struct Report {
 enum Turn {
     Source(String),
     Unlabelled(RowId),
+}
+
+/// A question's evidence turns as the ranked units name them.
+fn evidence_turns(question: &Question) -> Vec<Turn> {
+    question
+        .evidence_turns
+        .iter()
+        .map(|id| Turn::Source(id.clone()))
+        .collect()
 }
 
 /// A ranked answer at both levels, best first, each unit at its first occurrence.
@@ -742,11 +747,7 @@ struct Scored {
 
 impl Scored {
     fn new(question: &Question, ranked: &Ranked, frame: Option<&Shown>, ks: &[usize]) -> Self {
-        let turns: Vec<Turn> = question
-            .evidence_turns
-            .iter()
-            .map(|id| Turn::Source(id.clone()))
-            .collect();
+        let turns = evidence_turns(question);
         let sessions = first_occurrences(question.evidence_sessions.iter().cloned());
         Self {
             turn: (!turns.is_empty()).then(|| question_metrics(&ranked.turns, &turns, ks)),

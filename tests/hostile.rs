@@ -6,13 +6,13 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
 use serde_json::{Value, json};
 
-use common::upstream::{Answer, Harness, body_of};
+use common::upstream::{self, Answer, Harness, body_of};
 
 const LIMIT: usize = 1 << 20;
 const TIMEOUT: Duration = Duration::from_millis(800);
@@ -308,23 +308,13 @@ async fn slow_and_idle_clients_are_cut_off_at_the_timeout() {
     );
 }
 
-/// A raw upstream that reads a request, writes `reply`, then holds the connection open for
-/// `hold` (or closes it at once).
-fn raw_upstream(reply: &'static [u8], hold: Duration) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 65536];
-                let _ = stream.read(&mut buf);
-                let _ = stream.write_all(reply);
-                std::thread::sleep(hold);
-            });
-        }
-    });
-    url
+/// A raw upstream that writes `reply`, then holds the connection open for `hold` (or closes
+/// it at once).
+fn holding_upstream(reply: &'static [u8], hold: Duration) -> String {
+    upstream::raw_upstream(move |mut stream| {
+        let _ = stream.write_all(reply);
+        std::thread::sleep(hold);
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -356,7 +346,7 @@ async fn an_upstream_that_hangs_or_drops_gets_a_timeout_and_the_partial_reply_is
         ),
     ];
     for (case, reply, hold, stream, status) in cases {
-        let upstream = raw_upstream(reply, hold);
+        let upstream = holding_upstream(reply, hold);
         let h = harness(|config| config.openai = upstream).await;
         let seeded = seed_through_anthropic(&h).await;
         let started = Instant::now();
@@ -493,30 +483,6 @@ async fn a_question_too_long_to_store_is_refused_and_the_memory_stays_ready() {
     }
 }
 
-/// An upstream stream of `total` bytes of `chunk`, sent as fast as the proxy reads it.
-fn endless_upstream(head: &'static [u8], chunk: &'static [u8], total: usize) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 65536];
-                let _ = stream.read(&mut buf);
-                let _ = stream.write_all(head);
-                let mut sent = 0;
-                while sent < total {
-                    if stream.write_all(chunk).is_err() {
-                        return;
-                    }
-                    sent += chunk.len();
-                }
-            });
-        }
-    });
-    url
-}
-
 /// An upstream that streams 64 MiB with no blank line: the event is refused at the limit (the
 /// stream ends with an error event in the caller's shape), in bounded time and memory, with
 /// and without the memory tools' splice.
@@ -524,7 +490,7 @@ fn endless_upstream(head: &'static [u8], chunk: &'static [u8], total: usize) -> 
 async fn an_upstream_event_without_end_is_refused_at_the_limit_in_bounded_time_and_memory() {
     let _heavy = HEAVY.lock().await;
     let chunk: &'static [u8] = Box::leak(vec![b'x'; 64 << 10].into_boxed_slice());
-    let upstream = endless_upstream(
+    let upstream = upstream::endless_upstream(
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: ",
         chunk,
         64 << 20,

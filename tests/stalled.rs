@@ -6,14 +6,14 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
 use serde_json::json;
 
-use common::upstream::{Harness, body_of};
+use common::upstream::{self, Harness, body_of};
 
 const STALLED: usize = 256;
 const IDLE: Duration = Duration::from_secs(4);
@@ -25,30 +25,15 @@ const REPLY_BYTES: usize = 10 << 20;
 
 /// An upstream that answers every request with a 10 MB chat stream of 16 KiB events.
 fn streaming_upstream() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
     let event = format!(
         "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
         "x".repeat(16 << 10)
     );
-    let event: &'static [u8] = Box::leak(event.into_bytes().into_boxed_slice());
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 65536];
-                let _ = stream.read(&mut buf);
-                let _ = stream.write_all(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
-                );
-                let mut sent = 0;
-                while sent < REPLY_BYTES && stream.write_all(event).is_ok() {
-                    sent += event.len();
-                }
-            });
-        }
-    });
-    url
+    upstream::endless_upstream(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
+        Box::leak(event.into_bytes().into_boxed_slice()),
+        REPLY_BYTES,
+    )
 }
 
 fn chat(question: &str, stream: bool) -> Vec<u8> {

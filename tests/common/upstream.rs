@@ -346,3 +346,36 @@ pub fn header<'a>(response: &'a Response<Incoming>, name: &str) -> &'a str {
         .get(name)
         .map_or("", |v| v.to_str().unwrap())
 }
+
+/// A bare upstream on loopback below HTTP, for the tests of what a broken or hostile one does:
+/// for every connection it reads the request (one read), then hands the socket to `answer` on
+/// a thread of its own. Returns its URL.
+pub fn raw_upstream(answer: impl Fn(std::net::TcpStream) + Copy + Send + 'static) -> String {
+    use std::io::Read as _;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                let _ = stream.read(&mut buf);
+                answer(stream);
+            });
+        }
+    });
+    url
+}
+
+/// A [`raw_upstream`] that writes `head`, then `chunk` again and again until `total` bytes or
+/// until the socket refuses more.
+pub fn endless_upstream(head: &'static [u8], chunk: &'static [u8], total: usize) -> String {
+    raw_upstream(move |mut stream| {
+        use std::io::Write as _;
+        let _ = stream.write_all(head);
+        let mut sent = 0;
+        while sent < total && stream.write_all(chunk).is_ok() {
+            sent += chunk.len();
+        }
+    })
+}
