@@ -54,6 +54,18 @@ const HARNESS_TOOLS: [(&str, &str); 3] = [
 ];
 /// One client run's limit.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
+/// The interactive Claude Code run's limit: its start, then each line answered
+/// (`tests/harness/claude_interactive.py`).
+const INTERACTIVE_TIMEOUT: Duration = Duration::from_secs(240);
+/// The lines typed into Claude Code's interactive interface: a fact, the compaction, a question.
+const INTERACTIVE_LINES: [&str; 3] = [
+    "Please remember that my cat is called Zanzibar.",
+    "/compact",
+    "What is my cat called?",
+];
+/// What Claude Code's compaction request asks (`src/proxy/harness.rs`).
+const COMPACTION_REQUEST: &str =
+    "Your task is to create a detailed summary of the conversation so far";
 /// The system prompt of the library drivers.
 const DRIVER_SYSTEM: &str = "You are a terse assistant.";
 /// The drivers' `get_weather` schema as openai-node, the AI SDK, the OpenAI Python SDK and the
@@ -543,8 +555,8 @@ fn command(
     (command, stdin)
 }
 
-/// Run `command` to its end within `CLIENT_TIMEOUT` (killed past it): status, stdout, stderr.
-fn run_bounded(mut command: Command, stdin: Vec<u8>) -> (bool, String, String) {
+/// Run `command` to its end within `limit` (killed past it): status, stdout, stderr.
+fn run_bounded(mut command: Command, stdin: Vec<u8>, limit: Duration) -> (bool, String, String) {
     let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -562,7 +574,7 @@ fn run_bounded(mut command: Command, stdin: Vec<u8>) -> (bool, String, String) {
         if let Some(status) = child.try_wait().unwrap() {
             break Some(status);
         }
-        if started.elapsed() > CLIENT_TIMEOUT {
+        if started.elapsed() > limit {
             child.kill().unwrap();
             child.wait().unwrap();
             break None;
@@ -571,7 +583,7 @@ fn run_bounded(mut command: Command, stdin: Vec<u8>) -> (bool, String, String) {
     };
     let (out, mut err) = (out.join().unwrap(), err.join().unwrap());
     if status.is_none() {
-        err.push_str(&format!("\n(killed after {CLIENT_TIMEOUT:?})"));
+        err.push_str(&format!("\n(killed after {limit:?})"));
     }
     (status.is_some_and(|s| s.success()), out, err)
 }
@@ -596,9 +608,10 @@ async fn session(
         prompt,
         image,
     );
-    let (ok, out, err) = tokio::task::spawn_blocking(move || run_bounded(command, stdin))
-        .await
-        .unwrap();
+    let (ok, out, err) =
+        tokio::task::spawn_blocking(move || run_bounded(command, stdin, CLIENT_TIMEOUT))
+            .await
+            .unwrap();
     assert!(
         ok,
         "the client failed\nstdout:\n{out}\nstderr:\n{}",
@@ -1014,4 +1027,131 @@ async fn litellm_anthropic_loop_and_memory_work_through_the_proxy() {
         DRIVER_SCHEMA_SPACED,
     );
     exercise("litellm anthropic", client).await;
+}
+
+/// Claude Code in its interactive interface, typed into as a person would: the session's title
+/// and `/compact` (side calls) reach the upstream as they came and are not remembered; the
+/// conversation after the compaction holds only the user's words, and its request is shown the
+/// fact the compaction summarised away, from the memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_interactive_titles_and_compaction_pass_through_unremembered() {
+    let installed = installed();
+    if ready(Runner::ClaudeCode, &installed).is_none() {
+        return;
+    }
+    if Command::new("python3").arg("--version").output().is_err() {
+        println!("SKIP: python3 is not on PATH (it drives the interactive interface)");
+        return;
+    }
+    let h = Harness::start(|_| {}).await;
+    h.respond_with(Arc::new(answer));
+    let dirs = dirs();
+    let key = "ak-harness-claude-interactive";
+    let mut command = clean("python3");
+    command
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/claude_interactive.py"))
+        .arg(installed.npm.join("node_modules/.bin/claude"))
+        .arg(&dirs.work)
+        .arg(&dirs.home)
+        .args(INTERACTIVE_LINES)
+        .env("ANTHROPIC_BASE_URL", format!("http://{}", h.proxy))
+        .env("ANTHROPIC_API_KEY", key)
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("DISABLE_TELEMETRY", "1")
+        .env("DISABLE_ERROR_REPORTING", "1")
+        .env("LANG", "C.UTF-8")
+        .current_dir(&dirs.work);
+    let (ok, out, err) =
+        tokio::task::spawn_blocking(move || run_bounded(command, Vec::new(), INTERACTIVE_TIMEOUT))
+            .await
+            .unwrap();
+    assert!(
+        ok,
+        "the driver failed\nstdout:\n{out}\nstderr:\n{}",
+        tail(&err)
+    );
+    let screen = std::fs::read(dirs.home.join("tty.log")).unwrap_or_default();
+    let screen = String::from_utf8_lossy(&screen);
+    let requests: Vec<Received> = h
+        .received()
+        .into_iter()
+        .filter(|r| wire_of(&r.path) == Some(Wire::Messages))
+        .collect();
+    let offers_tools = |body: &Value| body["tools"].as_array().is_some_and(|t| !t.is_empty());
+    let titles: Vec<Value> = requests
+        .iter()
+        .map(Received::json)
+        .filter(|body| body["output_config"]["format"]["schema"]["properties"]["title"].is_object())
+        .collect();
+    let compactions: Vec<Value> = requests
+        .iter()
+        .map(Received::json)
+        .filter(|body| {
+            body["messages"]
+                .as_array()
+                .and_then(|m| m.last())
+                .is_some_and(|last| last["content"].to_string().contains(COMPACTION_REQUEST))
+        })
+        .collect();
+    assert!(
+        !titles.is_empty() && !compactions.is_empty(),
+        "the interface sent {} title and {} compaction requests (it runs as recorded in \
+         tests/harness/recorded/claude-code-5.json and -6.json); screen:\n{}",
+        titles.len(),
+        compactions.len(),
+        tail(&screen)
+    );
+    for body in titles.iter().chain(&compactions) {
+        let tools = tool_names(body);
+        assert!(
+            !tools.iter().any(|t| t.starts_with("memory_")),
+            "a side call was given the memory tools: {tools:?}"
+        );
+    }
+    for title in &titles {
+        assert_eq!(
+            (
+                title["messages"].as_array().map(Vec::len),
+                title["tools"].clone()
+            ),
+            (Some(1), json!([])),
+            "a title request reaches the upstream as Claude Code sent it: one message, no frame, no tools"
+        );
+    }
+
+    let rows = h.rows_of(key, 4);
+    let users: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.role == Role::User)
+        .map(|r| r.text.as_str())
+        .collect();
+    assert_eq!(
+        users,
+        [INTERACTIVE_LINES[0], INTERACTIVE_LINES[2]],
+        "the user's rows are the two prompts' words, nothing of the title, the compaction or its summary"
+    );
+    for row in &rows {
+        for side in [
+            "<session>",
+            COMPACTION_REQUEST,
+            "This session is being continued",
+            "/compact",
+        ] {
+            assert!(
+                !row.text.contains(side),
+                "row {:?} stores {side:?}: {:?}",
+                row.id,
+                tail(&row.text)
+            );
+        }
+    }
+    let last = requests
+        .iter()
+        .rev()
+        .find(|r| r.text().contains(INTERACTIVE_LINES[2]) && offers_tools(&r.json()))
+        .expect("the question after the compaction reached the upstream");
+    assert!(
+        last.text().contains("Zanzibar"),
+        "the request after the compaction is shown the fact from the memory"
+    );
 }

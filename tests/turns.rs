@@ -552,8 +552,24 @@ async fn a_quota_probe_passes_through_unremembered() {
 }
 
 /// A request recorded from a real harness (`tests/harness/recorded/`), parsed as the proxy
-/// parses it, with the session its headers and body name.
+/// parses it, with the session its headers and body name; it must not be a side call.
 fn recorded(name: &str) -> (wire::Request, Option<String>) {
+    let (request, headers, session) = recorded_with_headers(name);
+    assert!(
+        !harness::is_side_call(&request.body, &request.messages, &headers),
+        "{name}"
+    );
+    (request, session)
+}
+
+/// Whether the recorded request `name` is a side call.
+fn recorded_side_call(name: &str) -> bool {
+    let (request, headers, _) = recorded_with_headers(name);
+    harness::is_side_call(&request.body, &request.messages, &headers)
+}
+
+/// A recorded request, parsed, with its headers and the session they and its body name.
+fn recorded_with_headers(name: &str) -> (wire::Request, hyper::HeaderMap, Option<String>) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/harness/recorded")
         .join(format!("{name}.json"));
@@ -572,8 +588,7 @@ fn recorded(name: &str) -> (wire::Request, Option<String>) {
     }
     let request = wire::parse(format, file["body"].to_string().as_bytes(), None).unwrap();
     let session = harness::session(format, &request.body, &headers);
-    assert!(!harness::is_side_call(&request.body, &headers), "{name}");
-    (request, session)
+    (request, headers, session)
 }
 
 #[test]
@@ -605,6 +620,17 @@ fn recorded_harness_requests_read_as_the_users_words_in_their_session() {
     let (next, again) = recorded("claude-code-3");
     assert!(next.question_is_new());
     assert_eq!(again, session);
+    // Interactive: the session's title and `/compact` are side calls; the prompt after the
+    // compaction is the user's words alone, the summary and the command's record context.
+    assert!(recorded_side_call("claude-code-5"), "the title request");
+    assert!(recorded_side_call("claude-code-6"), "the compaction");
+    let (compacted, session) = recorded("claude-code-7");
+    assert_eq!(
+        compacted.question.as_deref(),
+        Some("What is my cat called?")
+    );
+    assert!(compacted.question_is_new());
+    assert!(session.unwrap().starts_with("session:"));
     let (image, _) = recorded("claude-code-4");
     let stored = image.question.unwrap();
     assert!(

@@ -30,32 +30,36 @@ pub enum Kind {
     Agent,
 }
 
-/// The opening of a user message that holds a project's instructions file (Codex: `# AGENTS.md
-/// instructions for <dir>` then the file in `<INSTRUCTIONS>`).
-const INSTRUCTION_FILE_HEADINGS: [&str; 1] = ["# AGENTS.md instructions for "];
+/// Openings of a user-role text that is harness context as a whole: a project's instructions
+/// file (Codex: `# AGENTS.md instructions for <dir>` then the file in `<INSTRUCTIONS>`), and the
+/// summary that opens a compacted conversation (Claude Code, after `/compact` or on its own
+/// near the context limit: a model's summary of turns the memory holds verbatim).
+const CONTEXT_OPENINGS: [&str; 2] = [
+    "# AGENTS.md instructions for ",
+    "This session is being continued from a previous conversation that ran out of context.",
+];
 
 /// Words in the tag name of a block that is harness context as a whole: `<environment_context>`
 /// (Codex), `<system-reminder>` (Claude Code), `<user_instructions>` (older Codex),
-/// `<local-command-caveat>` (Claude Code), and others of the same make.
-const CONTEXT_TAG_WORDS: [&str; 5] = [
+/// `<local-command-caveat>`, and `<command-name>` and `<local-command-stdout>` (Claude Code's
+/// record of a command the user ran in it, such as `/compact`), and others of the same make.
+const CONTEXT_TAG_WORDS: [&str; 6] = [
     "context",
     "instruction",
     "reminder",
     "caveat",
     "environment",
+    "command",
 ];
 
 /// The tag whose elements Claude Code puts inside a user's text (and as blocks of their own).
 const REMINDER_TAG: &str = "system-reminder";
 
-/// Whether `text` is harness context as a whole: an instructions file's heading, or one or
+/// Whether `text` is harness context as a whole: one of the [`CONTEXT_OPENINGS`], or one or
 /// more XML-style elements the first of which has a context tag.
 pub fn is_context(text: &str) -> bool {
     let text = text.trim();
-    if INSTRUCTION_FILE_HEADINGS
-        .iter()
-        .any(|h| text.starts_with(h))
-    {
+    if CONTEXT_OPENINGS.iter().any(|h| text.starts_with(h)) {
         return true;
     }
     let Some(tag) = opening_tag(text) else {
@@ -144,12 +148,53 @@ pub fn session(
 /// conversation, another kind for its compaction and other side calls).
 const CODEX_TURN_METADATA: &str = "x-codex-turn-metadata";
 
-/// Whether a request is a harness's side call, passed through unremembered: a quota probe
-/// (`max_tokens` 1: Claude Code's, and no real turn asks for one token), or a Codex request
-/// whose metadata names a kind other than `turn`.
-pub fn is_side_call(body: &serde_json::Map<String, Value>, headers: &HeaderMap) -> bool {
+/// The header and value Claude Code names itself with on every request.
+const CLAUDE_CODE_APP: (&str, &str) = ("x-app", "cli");
+
+/// What Claude Code's request to compact a conversation asks, after the conversation itself
+/// (it opens "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.").
+const COMPACTION_REQUEST: &str =
+    "Your task is to create a detailed summary of the conversation so far";
+
+/// Whether a request (its `body` without the conversation, and the conversation's `messages`)
+/// is a harness's side call, passed through unremembered: a quota probe
+/// (`max_tokens` 1: Claude Code's, and no real turn asks for one token); a Claude Code request
+/// that offers no tools (its session titles: every turn of its conversation offers its tools)
+/// or whose last message asks for the conversation's summary (its compaction); or a Codex
+/// request whose metadata names a kind other than `turn`.
+pub fn is_side_call(
+    body: &serde_json::Map<String, Value>,
+    messages: &[Value],
+    headers: &HeaderMap,
+) -> bool {
     if body.get("max_tokens").and_then(Value::as_u64) == Some(1) {
         return true;
+    }
+    let (name, value) = CLAUDE_CODE_APP;
+    if headers
+        .get(name)
+        .is_some_and(|v| v.as_bytes() == value.as_bytes())
+    {
+        let offers_tools = body
+            .get("tools")
+            .and_then(Value::as_array)
+            .is_some_and(|tools| !tools.is_empty());
+        let compacts = messages
+            .last()
+            .and_then(|last| last.get("content"))
+            .is_some_and(|content| match content {
+                Value::String(text) => text.contains(COMPACTION_REQUEST),
+                Value::Array(blocks) => blocks.iter().any(|block| {
+                    block
+                        .get("text")
+                        .and_then(Value::as_str)
+                        .is_some_and(|text| text.contains(COMPACTION_REQUEST))
+                }),
+                _ => false,
+            });
+        if !offers_tools || compacts {
+            return true;
+        }
     }
     headers
         .get(CODEX_TURN_METADATA)
@@ -248,10 +293,12 @@ mod tests {
         let none = HeaderMap::new();
         assert!(is_side_call(
             &body(serde_json::json!({"max_tokens": 1})),
+            &[],
             &none
         ));
         assert!(!is_side_call(
             &body(serde_json::json!({"max_tokens": 32000})),
+            &[],
             &none
         ));
         let mut headers = HeaderMap::new();
@@ -259,12 +306,52 @@ mod tests {
             CODEX_TURN_METADATA,
             r#"{"session_id":"s","request_kind":"compact"}"#.parse().unwrap(),
         );
-        assert!(is_side_call(&serde_json::Map::new(), &headers));
+        assert!(is_side_call(&serde_json::Map::new(), &[], &headers));
         headers.insert(
             CODEX_TURN_METADATA,
             r#"{"session_id":"s","request_kind":"turn"}"#.parse().unwrap(),
         );
-        assert!(!is_side_call(&serde_json::Map::new(), &headers));
+        assert!(!is_side_call(&serde_json::Map::new(), &[], &headers));
+    }
+
+    #[test]
+    fn claude_codes_titles_and_compactions_are_side_calls_and_its_turns_are_not() {
+        let mut claude_code = HeaderMap::new();
+        claude_code.insert("x-app", "cli".parse().unwrap());
+        let with_tools =
+            serde_json::json!({"tools": [{"name": "Bash", "input_schema": {"type": "object"}}]});
+        let with_tools = with_tools.as_object().unwrap();
+        let no_tools = serde_json::json!({"tools": []});
+        let no_tools = no_tools.as_object().unwrap();
+        let asked = [serde_json::json!({"role": "user", "content": "Fix the parser."})];
+        assert!(!is_side_call(with_tools, &asked, &claude_code));
+        assert!(is_side_call(no_tools, &asked, &claude_code), "a title");
+        assert!(
+            !is_side_call(no_tools, &asked, &HeaderMap::new()),
+            "a library's request without tools is a turn"
+        );
+        let compact = format!("CRITICAL: Respond with TEXT ONLY.\n\n{COMPACTION_REQUEST}.");
+        let as_string = [serde_json::json!({"role": "user", "content": compact})];
+        assert!(is_side_call(with_tools, &as_string, &claude_code));
+        let as_block =
+            [serde_json::json!({"role": "user", "content": [{"type": "text", "text": compact}]})];
+        assert!(is_side_call(with_tools, &as_block, &claude_code));
+    }
+
+    #[test]
+    fn a_compacted_conversations_summary_and_command_record_are_context() {
+        assert!(is_context(
+            "This session is being continued from a previous conversation that ran out of context. The summary below covers the earlier portion of the conversation."
+        ));
+        assert!(is_context(
+            "<command-name>/compact</command-name>\n  <command-message>compact</command-message>\n  <command-args></command-args>\n"
+        ));
+        assert!(is_context(
+            "<local-command-stdout>Compacted</local-command-stdout>\n"
+        ));
+        assert!(!is_context(
+            "Was this session continued from a previous conversation?"
+        ));
     }
 
     #[test]

@@ -758,7 +758,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
     };
     let switches = Switches::from(&parts.headers);
-    let switches = if harness::is_side_call(&request.body, &parts.headers) {
+    let switches = if harness::is_side_call(&request.body, &request.messages, &parts.headers) {
         switches.side_call()
     } else {
         switches
