@@ -3,7 +3,9 @@
 # default) and fails on the first crash; the crashing input is left in fuzz/artifacts/TARGET/.
 # Installs what it lacks: the nightly toolchain (minimal profile) and cargo-fuzz at the pinned
 # version. `FUZZ_SECONDS=600 tools/fuzz-smoke.sh` is the long run; `FUZZ_TARGETS="sse arena"`
-# runs some targets only. docs/reliability.md lists the targets and what each asserts.
+# runs some targets only; `tools/fuzz-smoke.sh --rocksdb-lib-dir` only prints the folder of the
+# RocksDB library it would link (below). docs/reliability.md lists the targets and what each
+# asserts.
 #
 # The fuzz build has its own target directory (its compiler flags differ). It links the RocksDB
 # library the main release build already compiled in $CARGO_TARGET_DIR (or target/), when there
@@ -19,6 +21,15 @@ corpus="${FUZZ_CORPUS:-/var/tmp/perpetuity-fuzz-corpus}"
 shared="${PERPETUITY_SHARED:-../shared}"
 export CARGO_TERM_COLOR=never
 
+# The fuzz workspace builds in fuzz/, so the folder it is handed must not be relative to here.
+main_target="${CARGO_TARGET_DIR:-target}"
+case "$main_target" in /*) ;; *) main_target="$PWD/$main_target" ;; esac
+built=$(ls -t "$main_target"/release/build/librocksdb-sys-*/out/librocksdb.a 2>/dev/null | head -n 1 || true)
+if [ "${1:-}" = "--rocksdb-lib-dir" ]; then
+  # Only say which RocksDB the fuzz build would link (.ci/run checks it), and fail if none.
+  [ -n "$built" ] && echo "${built%/librocksdb.a}"
+  exit $(( ${#built} == 0 ))
+fi
 rustup toolchain list | grep -q "^${toolchain}" ||
   rustup toolchain install "$toolchain" --profile minimal
 [ "$(cargo fuzz --version 2>/dev/null)" = "cargo-fuzz ${cargo_fuzz}" ] ||
@@ -29,7 +40,6 @@ if [ "$(rocksdb_version Cargo.lock)" != "$(rocksdb_version fuzz/Cargo.lock)" ]; 
   echo "fuzz/Cargo.lock names another librocksdb-sys than Cargo.lock: update it" >&2
   exit 1
 fi
-built=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/build/librocksdb-sys-*/out/librocksdb.a 2>/dev/null | head -n 1 || true)
 if [ -n "$built" ]; then
   export ROCKSDB_LIB_DIR="${built%/librocksdb.a}" ROCKSDB_STATIC=1
   echo "fuzz: linking the RocksDB of the main build ($ROCKSDB_LIB_DIR)"
