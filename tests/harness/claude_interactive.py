@@ -19,6 +19,9 @@ import time
 # Seconds of a still screen that end a wait, and the longest wait for one line.
 STILL_SECONDS = 3.0
 LINE_SECONDS = 45.0
+# The longest wait for the interface to draw its input prompt, and the prompt's glyph.
+START_SECONDS = 60.0
+PROMPT = "\u276f".encode()
 
 
 def main():
@@ -46,11 +49,13 @@ def main():
         os.execve(claude, [claude, "--allowedTools", "Bash(echo:*)"], env)
     log = open(os.path.join(home, "tty.log"), "wb")
 
-    def wait_still(longest):
-        """Read the screen until it has been still for STILL_SECONDS, or `longest` passed."""
+    screen = bytearray()
+
+    def read(longest, done):
+        """Read the screen until `done(seconds since it last changed)`, or `longest` passed."""
         end = time.time() + longest
         last = time.time()
-        while time.time() < end and time.time() - last < STILL_SECONDS:
+        while time.time() < end and not done(time.time() - last):
             ready, _, _ = select.select([fd], [], [], 0.2)
             if ready:
                 try:
@@ -61,7 +66,12 @@ def main():
                     return
                 log.write(data)
                 log.flush()
+                screen.extend(data)
                 last = time.time()
+
+    def wait_still(longest):
+        """Read the screen until it has been still for STILL_SECONDS, or `longest` passed."""
+        read(longest, lambda still: still >= STILL_SECONDS)
 
     def type_line(line):
         for ch in line:
@@ -70,7 +80,10 @@ def main():
         wait_still(1.0)
         os.write(fd, b"\r")
 
-    wait_still(20.0)
+    # Typing starts once the input prompt is drawn and the screen has settled: on a slow
+    # machine the interface can be silent for seconds while it starts.
+    read(START_SECONDS, lambda _: PROMPT in screen)
+    wait_still(STILL_SECONDS + 1.0)
     for line in lines:
         type_line(line)
         # The screen moves on at once (the line, a spinner); it is still once answered.
