@@ -398,8 +398,8 @@ impl Candidate {
 }
 
 /// The first pass: `picks` in priority order (mandatory first, then the warmest for the room
-/// they take, newer first among equals; [`priority`]), keeping every mandatory one and the others while the estimate fits `cap`.
-/// Returns indices into `picks`, in priority order. A caller can run it on turns whose text is
+/// they take, newer first among equals; [`priority`]), keeping every mandatory one and the
+/// others while the estimate fits `cap`. Returns indices into `picks`, in priority order. A caller can run it on turns whose text is
 /// not read yet, and read only what it keeps.
 ///
 /// A user may hold tens of thousands of warm rows and a frame keeps about a hundred, so the
@@ -457,9 +457,8 @@ fn priority(a: &Pick, b: &Pick) -> std::cmp::Ordering {
 
 /// Select from `candidates` ([`select`]) and render under `cap` tokens as counted by `count`;
 /// then, while the exact count is over the cap, drop the last optional turns in [`select`]'s
-/// order and render
-/// again. The result is within the cap unless the mandatory set alone exceeds it, and then it
-/// holds exactly the mandatory set. `outside` is what a caller's own first pass already left
+/// order and render again. The result is within the cap unless the mandatory set alone exceeds
+/// it, and then it holds exactly the mandatory set. `outside` is what a caller's own first pass already left
 /// out (it counts in the omission line).
 pub fn fit(
     candidates: Vec<Candidate>,

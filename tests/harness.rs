@@ -33,6 +33,7 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 
 use common::upstream::{Answer, Harness, Received};
+use perpetuity::proxy::harness::COMPACTION_REQUEST;
 use perpetuity::types::Role;
 
 /// What the first session tells, and the fact the second must be shown.
@@ -63,9 +64,6 @@ const INTERACTIVE_LINES: [&str; 3] = [
     "/compact",
     "What is my cat called?",
 ];
-/// What Claude Code's compaction request asks (`src/proxy/harness.rs`).
-const COMPACTION_REQUEST: &str =
-    "Your task is to create a detailed summary of the conversation so far";
 /// The system prompt of the library drivers.
 const DRIVER_SYSTEM: &str = "You are a terse assistant.";
 /// The drivers' `get_weather` schema as openai-node, the AI SDK, the OpenAI Python SDK and the

@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use hyper::HeaderMap;
 use serde_json::Value;
 
-use super::wire::Format;
+use super::wire::{self, Format};
 
 /// What one item of a request's conversation list is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,7 +153,7 @@ const CLAUDE_CODE_APP: (&str, &str) = ("x-app", "cli");
 
 /// What Claude Code's request to compact a conversation asks, after the conversation itself
 /// (it opens "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.").
-const COMPACTION_REQUEST: &str =
+pub const COMPACTION_REQUEST: &str =
     "Your task is to create a detailed summary of the conversation so far";
 
 /// Whether a request (its `body` without the conversation, and the conversation's `messages`)
@@ -182,16 +182,8 @@ pub fn is_side_call(
         let compacts = messages
             .last()
             .and_then(|last| last.get("content"))
-            .is_some_and(|content| match content {
-                Value::String(text) => text.contains(COMPACTION_REQUEST),
-                Value::Array(blocks) => blocks.iter().any(|block| {
-                    block
-                        .get("text")
-                        .and_then(Value::as_str)
-                        .is_some_and(|text| text.contains(COMPACTION_REQUEST))
-                }),
-                _ => false,
-            });
+            .and_then(wire::text_of)
+            .is_some_and(|text| text.contains(COMPACTION_REQUEST));
         if !offers_tools || compacts {
             return true;
         }
