@@ -31,7 +31,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::arena::{Arena, ArenaError, Opened, Sketch};
+use crate::arena::signature::signature;
+use crate::arena::{Arena, ArenaError, CodeBytes, Opened, Sketch};
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::{RetrievalRow, derive};
 use crate::dictionary::stats::{Count, FrequencyTable};
@@ -581,8 +582,8 @@ pub fn check_arena(store: &Store, arena: &Arena, report: &mut Report) -> Result<
                 i,
                 row.id.0,
                 retrieval.term_len() as u32,
-                &arena.codebook().encode(page.vector(i), page.scales[i]),
-                retrieval.terms.iter().map(|&(term, _)| term),
+                &CodeBytes::from(&arena.codebook().encode(page.vector(i), page.scales[i])),
+                &signature(retrieval.terms.iter().map(|&(term, _)| term)),
             );
             let sketch = arena.sketch(slot.page);
             if sketch.rows != page.rows || !sketch.same_row(&sketched, i) {

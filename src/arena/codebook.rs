@@ -17,6 +17,10 @@ const MEDIAN_BINS: usize = 4096;
 /// Pages per task when the codebook is computed: partial sums are combined in page order, so
 /// the result does not depend on the thread count.
 const CHUNK_PAGES: usize = 64;
+/// Rows a codebook's statistics are taken over at most: past this, every `n`-th page, so that
+/// a recompute at a million rows reads a sample of them, not all (re-encoding reads all).
+/// Per-dimension means and medians over this many rows are as good as over all of them.
+pub const CODEBOOK_SAMPLE_ROWS: u64 = 65_536;
 
 /// The 2-bit codebook: the rows' mean `μ`, the per-dimension median `τ` of `|d|`, and the mean
 /// `|d|` at or below it (`lo`) and above it (`hi`). 4,160 bytes.
@@ -27,7 +31,8 @@ pub struct Codebook {
     pub median: [f32; DIMS],
     pub lo: [f32; DIMS],
     pub hi: [f32; DIMS],
-    /// Rows it was computed over; 0 before the arena first held a row.
+    /// Rows the arena held when it was computed (its statistics are over at most
+    /// [`CODEBOOK_SAMPLE_ROWS`] of them); 0 before the arena first held a row.
     pub rows: u64,
     pub reserved: [u8; 52],
     /// CRC-32 of the codebook with this field zero.
@@ -46,14 +51,14 @@ pub struct RowCode {
 }
 
 /// The held rows' vectors, each as int8 values and a scale, in page order.
-fn rows(pages: &[Page]) -> impl Iterator<Item = (&[i8], f32)> {
+fn rows<'a>(pages: &[&'a Page]) -> impl Iterator<Item = (&'a [i8], f32)> {
     pages
         .iter()
         .flat_map(|page| (0..page.rows as usize).map(move |i| (page.vector(i), page.scales[i])))
 }
 
 /// `f` over chunks of [`CHUNK_PAGES`] pages on the rayon pool, the results in page order.
-fn per_chunk<T: Send>(pages: &[Page], f: impl Fn(&[Page]) -> T + Sync + Send) -> Vec<T> {
+fn per_chunk<T: Send>(pages: &[&Page], f: impl Fn(&[&Page]) -> T + Sync + Send) -> Vec<T> {
     pages.par_chunks(CHUNK_PAGES).map(f).collect()
 }
 
@@ -65,15 +70,20 @@ impl Codebook {
         book
     }
 
-    /// The codebook of the rows held by `pages`. Deterministic: the same rows in the same
+    /// The codebook of the rows held by `pages`, its statistics over every `n`-th page where
+    /// they hold more than [`CODEBOOK_SAMPLE_ROWS`]. Deterministic: the same rows in the same
     /// pages give the same codebook on any number of threads.
     pub fn compute(pages: &[Page]) -> Self {
-        let count: u64 = pages.iter().map(|p| u64::from(p.rows)).sum();
-        if count == 0 {
+        let held: u64 = pages.iter().map(|p| u64::from(p.rows)).sum();
+        if held == 0 {
             return Self::empty();
         }
+        let step = held.div_ceil(CODEBOOK_SAMPLE_ROWS) as usize;
+        let sample: Vec<&Page> = pages.iter().step_by(step).collect();
+        let pages = &sample[..];
+        let count: u64 = pages.iter().map(|p| u64::from(p.rows)).sum();
         let mut book = Self::zeroed();
-        book.rows = count;
+        book.rows = held;
         let n = count as f64;
 
         let sums = per_chunk(pages, |chunk| {
@@ -238,6 +248,7 @@ impl Codebook {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arena::PAGE_ROWS;
 
     fn page_of(rows: &[[i8; DIMS]]) -> Page {
         let mut page = Page::zeroed();
@@ -273,6 +284,28 @@ mod tests {
         assert!((code.alpha - 1.0).abs() < 1e-5, "{}", code.alpha);
         let code = book.encode(&rows[1], 0.01);
         assert_eq!((code.signs[0] & 1, code.magnitudes[0] & 1), (0, 0));
+    }
+
+    #[test]
+    fn past_the_sample_the_statistics_are_every_nth_pages() {
+        // 1,025 full pages: 65,600 rows, two per sampled row, so every second page is read.
+        let pages: Vec<Page> = (0..1_025)
+            .map(|p| {
+                let rows: Vec<[i8; DIMS]> = (0..PAGE_ROWS)
+                    .map(|i| std::array::from_fn(|d| ((p * 7 + i * 3 + d) % 61) as i8 - 30))
+                    .collect();
+                page_of(&rows)
+            })
+            .collect();
+        let sampled: Vec<Page> = pages.iter().step_by(2).copied().collect();
+        let (all, sample) = (Codebook::compute(&pages), Codebook::compute(&sampled));
+        assert_eq!(all.rows, 65_600);
+        assert_eq!(sample.rows, 513 * PAGE_ROWS as u64);
+        assert_eq!(
+            (all.mean, all.median, all.lo, all.hi),
+            (sample.mean, sample.median, sample.lo, sample.hi)
+        );
+        assert_eq!(all.checksum, all.compute_checksum());
     }
 
     #[test]

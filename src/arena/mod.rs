@@ -45,7 +45,7 @@ use bytemuck::Zeroable;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use crate::dictionary::derive::{Embedding, RetrievalRow, embed_tokens};
+use crate::dictionary::derive::{Embedding, Quantized, RetrievalRow, embed_tokens};
 use crate::dictionary::stats::FrequencyStats;
 use crate::dictionary::stats::FrequencyTable;
 use crate::dictionary::{BadVersion, Dictionary, check_version};
@@ -58,7 +58,9 @@ use file::{
     SKETCHES_MAGIC, SKETCHES_OFFSET, SLOTS, TERMS_HEADER_BYTES, TERMS_MAGIC, codebook_range,
     read_header, write_header,
 };
-pub use page::{CODE_BYTES, DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, Sketch, blocked, code_byte};
+pub use page::{
+    CODE_BYTES, CodeBytes, DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, Sketch, WORDS, blocked, code_byte,
+};
 
 const PAGE_BYTES: usize = std::mem::size_of::<Page>();
 /// Rows of its user a walk to a row's conversation neighbour ([`Arena::neighbour`]) passes over
@@ -68,6 +70,9 @@ pub const NEIGHBOUR_WALK_ROWS: usize = 64;
 /// Rows a catch-up reads, embeds and commits at a time: its memory stays bounded however far
 /// behind the arena is, and a rebuild interrupted midway resumes from its last batch.
 const CATCH_UP_BATCH_ROWS: usize = 65_536;
+/// Rows of one user a catch-up task reads by one range scan: small enough that one user's
+/// batch still spreads over the pool.
+const CATCH_UP_SPAN_ROWS: usize = 4_096;
 /// The codebook is computed again whenever the rows reach this many times the count it was
 /// last computed over: every row is re-encoded then, so re-encoding costs O(1) per row
 /// amortised, and no row is coded by a codebook computed over less than a quarter of today's
@@ -202,6 +207,14 @@ impl Slot {
     };
 }
 
+/// What a row's page and sketch hold that is computed from it alone, before it is placed: its
+/// quantised vector, 2-bit code and lexical signature.
+struct Sketched {
+    quantized: Quantized,
+    code: CodeBytes,
+    signature: [u64; WORDS],
+}
+
 /// The arena.
 pub struct Arena {
     pages: MappedFile,
@@ -276,6 +289,65 @@ where
     let mut embedding = embed_tokens(dictionary, stats, tokens);
     embedding.unit.resize(DIMS, 0.0);
     embedding
+}
+
+/// One batch of a catch-up: rows in id order with their retrieval rows.
+struct Batch {
+    rows: Vec<(Row, RetrievalRow)>,
+    /// Whether it holds [`CATCH_UP_BATCH_ROWS`] rows (more may follow).
+    full: bool,
+    /// The row after its last.
+    next: RowId,
+}
+
+/// Read the next [`CATCH_UP_BATCH_ROWS`] rows of the capture log from `from` with their
+/// retrieval rows of family `retrieval` (`None` when there are none): the log in order, then
+/// each user's rows by range scans of [`CATCH_UP_SPAN_ROWS`], in parallel.
+fn read_batch(store: &Store, retrieval: Cf, from: RowId) -> Result<Option<Batch>, ArenaError> {
+    let logged = store
+        .log_since(from)
+        .take(CATCH_UP_BATCH_ROWS)
+        .collect::<Result<Vec<_>, _>>()?;
+    let Some(&(last, _)) = logged.last() else {
+        return Ok(None);
+    };
+    let full = logged.len() == CATCH_UP_BATCH_ROWS;
+    let mut by_user: HashMap<UserId, Vec<RowId>> = HashMap::new();
+    for &(id, user) in &logged {
+        by_user.entry(user).or_default().push(id);
+    }
+    let spans: Vec<(UserId, &[RowId])> = by_user
+        .iter()
+        .flat_map(|(&user, ids)| ids.chunks(CATCH_UP_SPAN_ROWS).map(move |ids| (user, ids)))
+        .collect();
+    let parts = spans
+        .into_par_iter()
+        .map(|(user, ids)| {
+            store
+                .logged_rows(retrieval, user, ids)?
+                .into_iter()
+                .map(|(row, found)| {
+                    let found = found.ok_or(ArenaError::MissingRetrieval {
+                        user: user.0,
+                        row: row.id.0,
+                    })?;
+                    Ok((row, found))
+                })
+                .collect::<Result<Vec<_>, ArenaError>>()
+        })
+        .collect::<Result<Vec<_>, ArenaError>>()?;
+    // Back in log order: each row moved once to its place (the log's ids ascend).
+    let mut placed: Vec<Option<(Row, RetrievalRow)>> = (0..logged.len()).map(|_| None).collect();
+    for (row, found) in parts.into_iter().flatten() {
+        let at = logged.partition_point(|&(id, _)| id < row.id);
+        placed[at] = Some((row, found));
+    }
+    let rows = placed.into_iter().flatten().collect();
+    Ok(Some(Batch {
+        rows,
+        full,
+        next: RowId(last.0 + 1),
+    }))
 }
 
 /// The store's families of `dictionary`'s retrieval rows and counts: the dark ones while it is
@@ -659,6 +731,11 @@ impl Arena {
     /// batches of [`CATCH_UP_BATCH_ROWS`] (progress logged after each full batch). Returns the
     /// number of rows read. Row ids are committed in increasing order (the store's
     /// write mutex), so after reading row `n` no row below `n` can appear later.
+    ///
+    /// A batch's log entries are read in order; its rows and retrieval rows by range scans, a
+    /// user's span of [`CATCH_UP_SPAN_ROWS`] at a time, in parallel (on the rayon pool); each
+    /// row's embedding, code and signature in parallel too: only the count and the copy into
+    /// the pages are serial.
     pub fn catch_up(
         &mut self,
         store: &Store,
@@ -671,46 +748,57 @@ impl Arena {
         }
         let retrieval_cf = families(store, dictionary).0;
         let mut caught = 0;
-        let mut batch: Vec<(Row, RetrievalRow)> = Vec::with_capacity(CATCH_UP_BATCH_ROWS);
-        for row in store.rows_since(self.watermark()) {
-            let row = row?;
-            let retrieval = store.retrieval_in(retrieval_cf, row.user, row.id)?.ok_or(
-                ArenaError::MissingRetrieval {
-                    user: row.user.0,
-                    row: row.id.0,
-                },
-            )?;
-            if row.id >= self.counted_below {
-                self.stats.add(&retrieval);
-                self.counted_below = RowId(row.id.0 + 1);
+        let mut next = read_batch(store, retrieval_cf, self.watermark())?;
+        while let Some(batch) = next.take() {
+            for (row, retrieval) in &batch.rows {
+                if row.id >= self.counted_below {
+                    self.stats.add(retrieval);
+                    self.counted_below = RowId(row.id.0 + 1);
+                }
             }
-            batch.push((row, retrieval));
-            if batch.len() == CATCH_UP_BATCH_ROWS {
-                caught += self.append_batch(dictionary, &mut batch)?;
+            // The next batch is read while this one is placed.
+            let (appended, following) = rayon::join(
+                || self.append_batch(dictionary, &batch.rows),
+                || match batch.full {
+                    true => read_batch(store, retrieval_cf, batch.next),
+                    false => Ok(None),
+                },
+            );
+            caught += appended?;
+            next = following?;
+            if next.is_some() {
                 tracing::info!(rows = caught, "arena catch-up in progress");
             }
         }
-        caught += self.append_batch(dictionary, &mut batch)?;
         Ok(caught)
     }
 
-    /// Embed a batch of rows (on the rayon pool, under the statistic as it stands), append
-    /// them in row id order and commit. Empties `batch`; returns how many rows it held.
+    /// Embed a batch of rows and encode their codes and signatures (on the rayon pool, under
+    /// the statistic and the codebook as they stand), append them in row id order and
+    /// commit. Returns how many rows it held.
     fn append_batch(
         &mut self,
         dictionary: &Dictionary,
-        batch: &mut Vec<(Row, RetrievalRow)>,
+        batch: &[(Row, RetrievalRow)],
     ) -> Result<usize, ArenaError> {
         if batch.is_empty() {
             return Ok(0);
         }
-        let stats = &self.stats;
-        let embeddings: Vec<Embedding> = batch
+        let (stats, codebook) = (&self.stats, self.codebook);
+        let sketched: Vec<Sketched> = batch
             .par_iter()
-            .map(|(_, retrieval)| embed_row(dictionary, stats, retrieval.tokens.iter().copied()))
+            .map(|(_, retrieval)| {
+                let embedding = embed_row(dictionary, stats, retrieval.tokens.iter().copied());
+                let quantized = embedding.quantize();
+                Sketched {
+                    code: CodeBytes::from(&codebook.encode(&quantized.values, quantized.scale)),
+                    quantized,
+                    signature: signature::signature(retrieval.terms.iter().map(|&(term, _)| term)),
+                }
+            })
             .collect();
-        for ((row, retrieval), embedding) in batch.iter().zip(&embeddings) {
-            self.append(row, retrieval, embedding)?;
+        for ((row, retrieval), sketched) in batch.iter().zip(&sketched) {
+            self.append(row, retrieval, sketched)?;
             self.header.watermark = row.id.0 + 1;
             crate::failpoint::hit("arena.mid_append");
         }
@@ -718,16 +806,16 @@ impl Arena {
             self.recompute_codebook();
         }
         self.commit()?;
-        let rows = batch.len();
-        batch.clear();
-        Ok(rows)
+        Ok(batch.len())
     }
 
+    /// Place one row: its entries past the committed ones, its columns in its user's last page
+    /// (a new page where that one is full), its code and signature in the page's sketch.
     fn append(
         &mut self,
         row: &Row,
         retrieval: &RetrievalRow,
-        embedding: &Embedding,
+        sketched: &Sketched,
     ) -> Result<(), ArenaError> {
         // Entries first, past the committed ones: the terms, then the tokens.
         let offset = self.header.terms;
@@ -772,7 +860,7 @@ impl Arena {
                 p
             }
         };
-        let quantized = embedding.quantize();
+        let quantized = &sketched.quantized;
         let codebook = self.codebook;
         let (pages, sketches) = self.slices_mut();
         let (page, sketch) = (
@@ -800,8 +888,8 @@ impl Arena {
             i,
             row.id.0,
             page.term_lens[i],
-            &codebook.encode(&quantized.values, quantized.scale),
-            retrieval.terms.iter().map(|&(term, _)| term),
+            &sketched.code,
+            &sketched.signature,
         );
         sketch.rows = page.rows;
         self.header.rows += 1;

@@ -4,11 +4,9 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::codebook::RowCode;
-use super::signature::term_bits;
 use crate::scan::kernels::{BLOCK_ROWS, LUT_ROWS, code_offset};
 #[cfg(doc)]
 use crate::scan::kernels::{prefetch, prefetch_l2};
-use crate::types::TermId;
 
 /// Rows per page: eight blocks of eight rows.
 pub const PAGE_ROWS: usize = 64;
@@ -156,26 +154,38 @@ impl Page {
     }
 }
 
+/// A row's 2-bit code as a sketch holds it: its code bytes in order ([`code_byte`]) and its
+/// scale α. Computed apart from placing it, so that a batch of rows is coded in parallel.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CodeBytes {
+    pub bytes: [u8; CODE_BYTES],
+    pub alpha: f32,
+}
+
+impl From<&RowCode> for CodeBytes {
+    fn from(code: &RowCode) -> Self {
+        Self {
+            bytes: std::array::from_fn(|b| code_byte(&code.signs, &code.magnitudes, b)),
+            alpha: code.alpha,
+        }
+    }
+}
+
 impl Sketch {
-    /// Write row `i`: its id, term length, 2-bit code and the signature of its lexical
-    /// `terms`.
+    /// Write row `i`: its id, term length, 2-bit code and the signature of its lexical terms
+    /// ([`super::signature::signature`]).
     pub fn set_row(
         &mut self,
         i: usize,
         id: u64,
         term_len: u32,
-        code: &RowCode,
-        terms: impl IntoIterator<Item = TermId>,
+        code: &CodeBytes,
+        signature: &[u64; WORDS],
     ) {
         self.row_ids[i] = id;
         self.term_lens[i] = term_len;
-        self.set_code(i, code);
-        let mut words = [0u64; WORDS];
-        for term in terms {
-            let bits = term_bits(term);
-            words[bits.word] |= bits.mask;
-        }
-        for (w, word) in words.into_iter().enumerate() {
+        self.place_code(i, code);
+        for (w, &word) in signature.iter().enumerate() {
             self.signatures[blocked(i, w)] = word;
         }
     }
@@ -191,8 +201,13 @@ impl Sketch {
 
     /// Write row `i`'s 2-bit code.
     pub fn set_code(&mut self, i: usize, code: &RowCode) {
-        for b in 0..CODE_BYTES {
-            self.codes[code_offset(i, b)] = code_byte(&code.signs, &code.magnitudes, b);
+        self.place_code(i, &CodeBytes::from(code));
+    }
+
+    /// Write row `i`'s code bytes where the layout puts them, and its scale.
+    fn place_code(&mut self, i: usize, code: &CodeBytes) {
+        for (b, &byte) in code.bytes.iter().enumerate() {
+            self.codes[code_offset(i, b)] = byte;
         }
         self.alphas[i] = code.alpha;
     }

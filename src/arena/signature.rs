@@ -55,6 +55,16 @@ pub fn term_bits(term: TermId) -> TermBits {
     TermBits { word, mask }
 }
 
+/// The signature of a row holding `terms`: each term's bits set in its word.
+pub fn signature(terms: impl IntoIterator<Item = TermId>) -> [u64; WORDS] {
+    let mut words = [0u64; WORDS];
+    for term in terms {
+        let bits = term_bits(term);
+        words[bits.word] |= bits.mask;
+    }
+    words
+}
+
 /// Whether a signature word `held` holds every bit of `bits` (always, for a stop word).
 #[inline]
 pub fn holds(held: u64, bits: TermBits) -> bool {
