@@ -13,7 +13,7 @@ use crate::types::{Role, RowId, UserId};
 
 /// Messages per write batch in bulk ingest. Each message is still all-or-nothing (a batch is
 /// atomic); batching amortises the WAL write. Large enough to keep both cores busy preparing.
-pub const INGEST_BATCH_MESSAGES: usize = 512;
+pub const INGEST_BATCH_MESSAGES: usize = 2048;
 
 /// What a bulk ingest did.
 #[derive(Debug, Clone, Copy, Default)]
@@ -40,8 +40,9 @@ impl IngestSummary {
     }
 }
 
-/// Capture `messages` in order, preparing each batch on all cores and writing it as one batch.
-/// `progress` is called after every batch with the summary so far.
+/// Capture `messages` in order, preparing each batch on all cores and writing it as one batch;
+/// the next batch is prepared while one is written. `progress` is called after every batch with
+/// the summary so far.
 pub fn ingest(
     store: &Store,
     dictionary: &Dictionary,
@@ -49,15 +50,24 @@ pub fn ingest(
     mut progress: impl FnMut(&IngestSummary, usize),
 ) -> Result<IngestSummary, StoreError> {
     let capturer = Capturer::new(dictionary);
-    let started = Instant::now();
-    let mut summary = IngestSummary::default();
-    for batch in messages.chunks(INGEST_BATCH_MESSAGES) {
-        let prepared: Vec<NewMessage> = batch
+    let prepare = |batch: &[Message]| -> Vec<NewMessage> {
+        batch
             .par_iter()
             .filter_map(|m| capturer.prepare(m))
-            .collect();
-        let ids = store.write_captures(&prepared)?;
-        summary.messages += batch.len() as u64;
+            .collect()
+    };
+    let started = Instant::now();
+    let mut summary = IngestSummary::default();
+    let mut batches = messages.chunks(INGEST_BATCH_MESSAGES);
+    let mut next = batches.next().map(|batch| (batch.len(), prepare(batch)));
+    while let Some((messages_in, prepared)) = next.take() {
+        let (ids, following) = rayon::join(
+            || store.write_captures(&prepared),
+            || batches.next().map(|batch| (batch.len(), prepare(batch))),
+        );
+        let ids = ids?;
+        next = following;
+        summary.messages += messages_in as u64;
         summary.rows += ids.iter().map(|r| r.len() as u64).sum::<u64>();
         summary.tokens += prepared
             .iter()

@@ -112,6 +112,12 @@ impl Tokenizer {
     /// The bytes that a run of tokens stands for. Ids outside the vocabulary decode to nothing;
     /// a run cut in the middle of a UTF-8 sequence yields its partial bytes.
     pub fn decode_bytes(&self, tokens: &[TokenId]) -> Vec<u8> {
+        let ids: Vec<u32> = tokens.iter().map(|token| token.0).collect();
+        // The whole run at once where every id is in the vocabulary (a capture's own tokens);
+        // token by token, leaving the others out, where one is not.
+        if let Ok(bytes) = self.bpe.decode_bytes(&ids) {
+            return bytes;
+        }
         let mut out = Vec::with_capacity(tokens.len() * 4);
         for token in tokens {
             if let Ok(bytes) = self.bpe.decode_bytes(&[token.0]) {
