@@ -759,9 +759,12 @@ impl Arena {
             // The next batch is read while this one is placed.
             let (appended, following) = rayon::join(
                 || self.append_batch(dictionary, &batch.rows),
-                || match batch.full {
-                    true => read_batch(store, retrieval_cf, batch.next),
-                    false => Ok(None),
+                || {
+                    if batch.full {
+                        read_batch(store, retrieval_cf, batch.next)
+                    } else {
+                        Ok(None)
+                    }
                 },
             );
             caught += appended?;
