@@ -1008,12 +1008,7 @@ impl Store {
                 key: hex_key(&key),
                 source,
             };
-            let (_, row) = keys::parse_user_row(&key).ok_or_else(|| {
-                corrupt(CodecError {
-                    what: "activation key",
-                    reason: "not user ++ row".into(),
-                })
-            })?;
+            let (_, row) = user_row_key(cf, &key, "activation key")?;
             Ok((row, Activation::decode(&value).map_err(corrupt)?))
         })
     }
@@ -1390,16 +1385,7 @@ impl Store {
         self.iter_user(Cf::Exclusions, user)
             .map(|entry| {
                 let (key, _) = entry?;
-                keys::parse_user_row(&key)
-                    .map(|(_, row)| row)
-                    .ok_or_else(|| StoreError::Corrupt {
-                        cf: Cf::Exclusions.name(),
-                        key: hex_key(&key),
-                        source: CodecError {
-                            what: "exclusion key",
-                            reason: "not user ++ row".into(),
-                        },
-                    })
+                user_row_key(Cf::Exclusions, &key, "exclusion key").map(|(_, row)| row)
             })
             .collect()
     }
@@ -1610,33 +1596,24 @@ impl Store {
         cf: Cf,
         user: UserId,
     ) -> impl Iterator<Item = Result<RawEntry, StoreError>> + '_ {
-        let mut read = ReadOptions::default();
-        read.set_iterate_upper_bound(keys::user_end(user).to_vec());
-        self.db
-            .iterator_cf_opt(
-                &self.cf(cf),
-                read,
-                IteratorMode::From(&keys::user(user), Direction::Forward),
-            )
-            .map(move |item| item.map_err(|e| self.rocks(e)))
+        self.iter_range(cf, &keys::user(user), &keys::user_end(user))
     }
 
-    /// `user`'s entries of the per-user family `cf` from row `first` to row `last` inclusive,
-    /// in id order: one range scan.
-    fn user_rows_between(
-        &self,
+    /// The entries of family `cf` from key `from` up to, not including, key `below`, in key
+    /// order: one range scan.
+    fn iter_range<'s>(
+        &'s self,
         cf: Cf,
-        user: UserId,
-        first: RowId,
-        last: RowId,
-    ) -> impl Iterator<Item = Result<RawEntry, StoreError>> + '_ {
+        from: &[u8],
+        below: &[u8],
+    ) -> impl Iterator<Item = Result<RawEntry, StoreError>> + use<'s> {
         let mut read = ReadOptions::default();
-        read.set_iterate_upper_bound(keys::user_row(user, RowId(last.0 + 1)).to_vec());
+        read.set_iterate_upper_bound(below.to_vec());
         self.db
             .iterator_cf_opt(
                 &self.cf(cf),
                 read,
-                IteratorMode::From(&keys::user_row(user, first), Direction::Forward),
+                IteratorMode::From(from, Direction::Forward),
             )
             .map(move |item| item.map_err(|e| self.rocks(e)))
     }
@@ -1658,24 +1635,16 @@ impl Store {
             key: hex_key(key),
             source,
         };
-        let id_of = |cf: Cf, key: &[u8]| {
-            keys::parse_user_row(key).map(|(_, id)| id).ok_or_else(|| {
-                corrupt(
-                    cf,
-                    key,
-                    CodecError {
-                        what: "row key",
-                        reason: "not user ++ row".into(),
-                    },
-                )
-            })
-        };
-        // Each family's entries in the span, with their row ids.
+        // Each family's entries from `first` to `last`, with their row ids: one range scan.
+        let (from, below) = (
+            keys::user_row(user, first),
+            keys::user_row(user, RowId(last.0 + 1)),
+        );
         let span = |cf: Cf| {
-            self.user_rows_between(cf, user, first, last)
+            self.iter_range(cf, &from, &below)
                 .map(|entry| {
                     let (key, value) = entry?;
-                    Ok((id_of(cf, &key)?, key, value))
+                    Ok((user_row_key(cf, &key, "row key")?.1, key, value))
                 })
                 .collect::<Result<Vec<_>, StoreError>>()
                 .map(|entries| entries.into_iter().peekable())
@@ -1746,12 +1715,7 @@ impl Store {
                 key: hex_key(&key),
                 source,
             };
-            let (user, id) = keys::parse_user_row(&key).ok_or_else(|| {
-                corrupt(CodecError {
-                    what: "row key",
-                    reason: "not user ++ row".into(),
-                })
-            })?;
+            let (user, id) = user_row_key(Cf::Rows, &key, "row key")?;
             Row::decode(user, id, &value).map_err(corrupt)
         })
     }
@@ -1862,6 +1826,19 @@ pub fn decode_count(key: &[u8], value: &[u8]) -> Result<i64, StoreError> {
                 reason: format!("{} bytes, expected 8", value.len()),
             },
         })
+}
+
+/// The user and row of a `user ++ row` key of family `cf`; `what` names the key in the error
+/// where it is not one.
+fn user_row_key(cf: Cf, key: &[u8], what: &'static str) -> Result<(UserId, RowId), StoreError> {
+    keys::parse_user_row(key).ok_or_else(|| StoreError::Corrupt {
+        cf: cf.name(),
+        key: hex_key(key),
+        source: CodecError {
+            what,
+            reason: "not user ++ row".into(),
+        },
+    })
 }
 
 /// A capture-log entry that does not read as one.
