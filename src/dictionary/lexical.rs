@@ -3,7 +3,8 @@
 //! version can change them without a code change; this build knows the values below and refuses
 //! others with a typed error at load.
 
-use std::collections::HashSet;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
 
 use rust_stemmers::{Algorithm, Stemmer};
@@ -79,44 +80,53 @@ pub struct LexicalSpec {
     pub max_term_bytes: u32,
 }
 
+/// Folded words a thread keeps the term of ([`LexicalSpec::terms`]) before it starts over: a
+/// language's common words are most of any text, and stemming each anew was a tenth of
+/// capture's time (`docs/benchmarks.md`). A few megabytes a thread at most.
+const TERM_CACHE_WORDS: usize = 16_384;
+
+thread_local! {
+    /// The term of each folded word this thread analysed lately, under the spec it was
+    /// analysed with (another spec starts the cache over).
+    static TERMS: RefCell<(Option<LexicalSpec>, HashMap<String, TermId>)> =
+        RefCell::new((None, HashMap::new()));
+}
+
 impl LexicalSpec {
     /// The folded (and stemmed, where the spec says so) words of `text`, in order of
     /// appearance.
     pub fn words(&self, text: &str) -> Vec<String> {
-        let stemmer = match self.stem {
-            Stem::None => None,
-            Stem::SnowballEnglish => Some(Stemmer::create(Algorithm::English)),
-        };
-        let term = |word: String| {
-            let word = match &stemmer {
-                Some(stemmer) if !stop_words().contains(word.as_str()) => {
-                    stemmer.stem(&word).into_owned()
-                }
-                _ => word,
-            };
-            self.bound(word)
-        };
+        let stemmer = self.stemmer();
         let mut words = Vec::new();
-        let mut current = String::new();
-        for ch in text.chars() {
-            if ch.is_alphanumeric() {
-                match self.case {
-                    Case::Lowercase => current.extend(ch.to_lowercase()),
-                    Case::Preserve => current.push(ch),
-                }
-            } else if !current.is_empty() {
-                words.push(term(std::mem::take(&mut current)));
-            }
-        }
-        if !current.is_empty() {
-            words.push(term(current));
-        }
+        self.each_folded(text, |word| words.push(self.term(stemmer.as_ref(), word)));
         words
     }
 
-    /// Distinct terms of `text` with their counts, sorted by term id.
+    /// Distinct terms of `text` with their counts, sorted by term id: the ids of
+    /// [`Self::words`], each folded word's looked up in the thread's cache first.
     pub fn terms(&self, text: &str) -> Vec<(TermId, u32)> {
-        let mut ids: Vec<TermId> = self.words(text).iter().map(|w| term_id(w)).collect();
+        let stemmer = self.stemmer();
+        let mut ids: Vec<TermId> = Vec::new();
+        TERMS.with_borrow_mut(|(spec, cache)| {
+            if *spec != Some(*self) {
+                cache.clear();
+                *spec = Some(*self);
+            }
+            self.each_folded(text, |word| {
+                let id = match cache.get(word) {
+                    Some(&id) => id,
+                    None => {
+                        let id = term_id(&self.term(stemmer.as_ref(), word));
+                        if cache.len() >= TERM_CACHE_WORDS {
+                            cache.clear();
+                        }
+                        cache.insert(word.to_owned(), id);
+                        id
+                    }
+                };
+                ids.push(id);
+            });
+        });
         ids.sort_unstable();
         let mut out: Vec<(TermId, u32)> = Vec::with_capacity(ids.len());
         for id in ids {
@@ -126,6 +136,42 @@ impl LexicalSpec {
             }
         }
         out
+    }
+
+    fn stemmer(&self) -> Option<Stemmer> {
+        match self.stem {
+            Stem::None => None,
+            Stem::SnowballEnglish => Some(Stemmer::create(Algorithm::English)),
+        }
+    }
+
+    /// `emit` each maximal run of alphanumeric characters of `text`, case-folded as the spec
+    /// says, in order.
+    fn each_folded(&self, text: &str, mut emit: impl FnMut(&str)) {
+        let mut current = String::new();
+        for ch in text.chars() {
+            if ch.is_alphanumeric() {
+                match self.case {
+                    Case::Lowercase => current.extend(ch.to_lowercase()),
+                    Case::Preserve => current.push(ch),
+                }
+            } else if !current.is_empty() {
+                emit(&current);
+                current.clear();
+            }
+        }
+        if !current.is_empty() {
+            emit(&current);
+        }
+    }
+
+    /// The term of one folded word: its stem unless it is a stop word, cut to the bound.
+    fn term(&self, stemmer: Option<&Stemmer>, word: &str) -> String {
+        let word = match stemmer {
+            Some(stemmer) if !stop_words().contains(word) => stemmer.stem(word).into_owned(),
+            _ => word.to_owned(),
+        };
+        self.bound(word)
     }
 
     fn bound(&self, mut word: String) -> String {
@@ -200,6 +246,43 @@ mod tests {
         assert_ne!(SPEC.terms("hikes"), SPEC.terms("hiking"));
         // Without the exception, "being" would stem to "be" and "does" to "doe".
         assert_eq!(spec.words("does being"), ["does", "being"]);
+    }
+
+    /// The terms of `text` as [`LexicalSpec::words`] names them, counted: what the cached
+    /// path must return.
+    fn counted_words(spec: &LexicalSpec, text: &str) -> Vec<(TermId, u32)> {
+        let mut counts = std::collections::BTreeMap::new();
+        for word in spec.words(text) {
+            *counts.entry(term_id(&word)).or_insert(0) += 1;
+        }
+        counts.into_iter().collect()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn cached_terms_are_the_terms_of_the_words(
+            texts in proptest::collection::vec("(?i)(hik(es|ing|ed)|being|does|ÜBER|a1|[a-zé ,.]{0,12}){0,12}", 1..6),
+        ) {
+            let stemmed = LexicalSpec { stem: Stem::SnowballEnglish, ..SPEC };
+            // Each text twice under each spec, the specs alternating: the second reading is
+            // served from the cache, and a spec change starts it over.
+            for text in texts.iter().flat_map(|t| [t, t]) {
+                for spec in [&SPEC, &stemmed] {
+                    proptest::prop_assert_eq!(spec.terms(text), counted_words(spec, text));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_cache_starts_over_when_full() {
+        let words: Vec<String> = (0..TERM_CACHE_WORDS + 10)
+            .map(|n| format!("w{n}"))
+            .collect();
+        let text = words.join(" ");
+        assert_eq!(SPEC.terms(&text), counted_words(&SPEC, &text));
+        assert_eq!(SPEC.terms("w1 w1 w2"), counted_words(&SPEC, "w1 w1 w2"));
+        TERMS.with_borrow(|(_, cache)| assert!(cache.len() <= TERM_CACHE_WORDS));
     }
 
     #[test]
