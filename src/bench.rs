@@ -3,20 +3,22 @@
 //! `docs/benchmarks.md`.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::arena::{Arena, ArenaError, CODE_BYTES, Opened, SIGNATURE_BITS};
+use crate::arena::{Arena, ArenaError, CODE_BYTES, Opened, SIGNATURE_BITS, Sketch};
 use crate::capture::Message;
 use crate::dictionary::Dictionary;
 use crate::latency;
 use crate::memory::Memory;
 use crate::retrieve::{
-    PreparedQuery, RESCORE_K, Retrieved, brute_force_many, first_pass, first_pass_k, refine,
-    search, search_from,
+    FirstPass, PreparedQuery, RESCORE_K, Retrieved, brute_force_many, first_pass, first_pass_k,
+    refine, search, search_from,
 };
 use crate::scan::kernels::Kernels;
+use crate::scan::topk::{Hit, SharedFloor, TopK, merged};
 use crate::types::{Role, UserId};
 
 /// Seed of the synthetic messages.
@@ -221,6 +223,66 @@ pub struct ScanReport {
     pub arena_mapped: bool,
     /// Opening (mapping or rebuilding) and catching up the arena, in milliseconds.
     pub arena_open_ms: f64,
+    /// Stage one of one query on [`SIMULATED_WORKERS`] cores, replayed on one
+    /// ([`simulate_workers`]); medians over [`SIMULATED_QUERIES`] queries.
+    pub simulated_workers: usize,
+    /// The whole scope by one worker, in milliseconds.
+    pub simulated_one_worker_ms: f64,
+    /// The slowest of the workers' shares, in milliseconds.
+    pub simulated_slowest_worker_ms: f64,
+    /// Merging the workers' lists, in milliseconds.
+    pub simulated_merge_ms: f64,
+    /// One worker's time over the slowest worker's and the merge's: the speedup the top-k and
+    /// the split allow where every core reads at one core's rate.
+    pub simulated_speedup: f64,
+    /// The read rate those workers would need together (stage one's bytes over the slowest
+    /// worker's and the merge's time), in bytes/s.
+    pub simulated_read_bytes_per_s: f64,
+}
+
+/// Cores [`simulate_workers`] replays a query's stage one on, and over how many queries.
+pub const SIMULATED_WORKERS: usize = 16;
+pub const SIMULATED_QUERIES: usize = 20;
+
+/// Pages a simulated worker scores in one turn before the next worker takes its turn: short
+/// enough that the workers' floors rise together as on real cores, long enough that the clock
+/// read around each turn costs nothing beside it.
+const SIMULATED_TURN_PAGES: usize = 16;
+
+/// One query's stage one simulated on `workers` cores, on this thread: the scope's pages split
+/// into `workers` runs in order (as rayon splits a range), each worker with its own top `k`
+/// sharing one floor (as [`crate::scan::topk::parallel_top_k`] has them), taking turns of
+/// [`SIMULATED_TURN_PAGES`] pages; then their lists merged. Returns the time each worker spent
+/// in its turns, the merge's time, and the hits (which must be [`first_pass`]'s).
+pub fn simulate_workers(
+    pass: &FirstPass,
+    pages: usize,
+    k: usize,
+    workers: usize,
+) -> (Vec<Duration>, Duration, Vec<Hit>) {
+    let shared = Arc::new(SharedFloor::default());
+    let mut tops: Vec<TopK> = (0..workers)
+        .map(|_| TopK::sharing(k, shared.clone()))
+        .collect();
+    let runs: Vec<std::ops::Range<usize>> = (0..workers)
+        .map(|w| w * pages / workers..(w + 1) * pages / workers)
+        .collect();
+    let mut spent = vec![Duration::ZERO; workers];
+    let mut at: Vec<usize> = runs.iter().map(|run| run.start).collect();
+    while (0..workers).any(|w| at[w] < runs[w].end) {
+        for w in 0..workers {
+            let end = (at[w] + SIMULATED_TURN_PAGES).min(runs[w].end);
+            let started = Instant::now();
+            for p in at[w]..end {
+                pass.score_page(p, &mut tops[w]);
+            }
+            spent[w] += started.elapsed();
+            at[w] = end;
+        }
+    }
+    let started = Instant::now();
+    let hits = merged(tops, k).into_row_order();
+    (spent, started.elapsed(), hits)
 }
 
 /// Settings of one scan benchmark.
@@ -292,6 +354,15 @@ pub fn scan(
     let first_pass_bytes_per_row = CODE_BYTES + SIGNATURE_BITS / 8 + 16;
     let first_pass_bytes_per_s = first_pass_rows_per_s_per_core * first_pass_bytes_per_row as f64;
     let memory_read_bytes_per_s = read_bandwidth(512 << 20);
+    let simulated = simulated_scaling(
+        &sketches,
+        kernels,
+        &one,
+        k,
+        |text| PreparedQuery::new(&memory.dictionary, &arena, text),
+        &queries,
+    );
+    let stage_one_bytes = (scope_rows * first_pass_bytes_per_row) as f64;
 
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(settings.threads)
@@ -340,5 +411,63 @@ pub fn scan(
         catch_up_rows_per_s,
         arena_mapped: matches!(opened, Opened::Mapped { .. }),
         arena_open_ms,
+        simulated_workers: SIMULATED_WORKERS,
+        simulated_one_worker_ms: simulated.one_worker_ms,
+        simulated_slowest_worker_ms: simulated.slowest_worker_ms,
+        simulated_merge_ms: simulated.merge_ms,
+        simulated_speedup: simulated.speedup,
+        simulated_read_bytes_per_s: stage_one_bytes
+            / ((simulated.slowest_worker_ms + simulated.merge_ms) / 1e3),
     })
+}
+
+/// Medians of [`simulate_workers`] over the first [`SIMULATED_QUERIES`] of `queries`.
+struct Simulated {
+    one_worker_ms: f64,
+    slowest_worker_ms: f64,
+    merge_ms: f64,
+    speedup: f64,
+}
+
+/// Replay stage one of each query on one worker and on [`SIMULATED_WORKERS`], each result
+/// checked against [`first_pass`] on the one-thread pool `one`.
+fn simulated_scaling(
+    sketches: &[&Sketch],
+    kernels: &Kernels,
+    one: &rayon::ThreadPool,
+    k: usize,
+    prepare: impl Fn(&str) -> PreparedQuery,
+    queries: &[(UserId, String)],
+) -> Simulated {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (mut alone, mut slowest, mut merge, mut speedup) = (vec![], vec![], vec![], vec![]);
+    for (_, text) in queries.iter().take(SIMULATED_QUERIES) {
+        let query = prepare(text);
+        let pass = FirstPass::new(sketches, kernels, &query);
+        let (spent, merging, _) = simulate_workers(&pass, sketches.len(), k, 1);
+        let one_worker = ms(spent[0] + merging);
+        let (spent, merging, hits) = simulate_workers(&pass, sketches.len(), k, SIMULATED_WORKERS);
+        assert_eq!(
+            hits,
+            one.install(|| first_pass(sketches, kernels, &query, k)),
+            "stage one split over simulated workers returns what it returns on one"
+        );
+        let worst = ms(spent.into_iter().max().unwrap_or_default());
+        alone.push(one_worker);
+        slowest.push(worst);
+        merge.push(ms(merging));
+        speedup.push(one_worker / (worst + ms(merging)));
+    }
+    Simulated {
+        one_worker_ms: median(alone),
+        slowest_worker_ms: median(slowest),
+        merge_ms: median(merge),
+        speedup: median(speedup),
+    }
+}
+
+/// The median of `values` (NaN when there are none).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }

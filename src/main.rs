@@ -1663,7 +1663,7 @@ fn bench_scan(
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "bench scan: {} rows over {} users, {} threads, {} bytes/row resident\n  first pass (one core, largest scope): {:.0}M rows/s, {:.2} GB/s = {:.0}% of read bandwidth {:.2} GB/s\n  second pass (one core, its candidates): {:.2}M rows/s\n  query (catch-up + prepare + search, top 10): p50 {:.2} ms, p99 {:.2} ms\n  fidelity (two-stage top 10 = brute force): {:.4}\n  arena {} and caught up in {:.0} ms ({:.0} rows/s caught up)",
+            "bench scan: {} rows over {} users, {} threads, {} bytes/row resident\n  first pass (one core, largest scope): {:.0}M rows/s, {:.2} GB/s = {:.0}% of read bandwidth {:.2} GB/s\n  second pass (one core, its candidates): {:.2}M rows/s\n  query (catch-up + prepare + search, top 10): p50 {:.2} ms, p99 {:.2} ms\n  fidelity (two-stage top 10 = brute force): {:.4}\n  arena {} and caught up in {:.0} ms ({:.0} rows/s caught up)\n  stage one on {} simulated cores (replayed on one): {:.2}x one ({:.2} ms alone, slowest worker {:.2} ms + merge {:.2} ms; needs {:.1} GB/s)",
             report.rows,
             report.users,
             report.threads,
@@ -1682,7 +1682,13 @@ fn bench_scan(
                 "rebuilt"
             },
             report.arena_open_ms,
-            report.catch_up_rows_per_s
+            report.catch_up_rows_per_s,
+            report.simulated_workers,
+            report.simulated_speedup,
+            report.simulated_one_worker_ms,
+            report.simulated_slowest_worker_ms,
+            report.simulated_merge_ms,
+            report.simulated_read_bytes_per_s / 1e9,
         );
     }
     Ok(())

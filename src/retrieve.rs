@@ -233,8 +233,32 @@ pub fn first_pass(
     query: &PreparedQuery,
     k: usize,
 ) -> Vec<Hit> {
-    let terms = estimate_terms(query);
-    let top = parallel_top_k(sketches.len(), k, |p, top: &mut TopK| {
+    let pass = FirstPass::new(sketches, kernels, query);
+    parallel_top_k(sketches.len(), k, |p, top| pass.score_page(p, top)).into_row_order()
+}
+
+/// Stage one's work for one query, page by page: what [`first_pass`] spreads over the rayon
+/// pool, and what `bench scan` replays worker by worker to simulate more cores than it has.
+pub struct FirstPass<'a> {
+    sketches: &'a [&'a Sketch],
+    kernels: &'a Kernels,
+    query: &'a PreparedQuery,
+    terms: Vec<SignatureTerm>,
+}
+
+impl<'a> FirstPass<'a> {
+    pub fn new(sketches: &'a [&'a Sketch], kernels: &'a Kernels, query: &'a PreparedQuery) -> Self {
+        Self {
+            sketches,
+            kernels,
+            query,
+            terms: estimate_terms(query),
+        }
+    }
+
+    /// Offer the rows of page `p` to `top`.
+    pub fn score_page(&self, p: usize, top: &mut TopK) {
+        let (sketches, kernels, query) = (self.sketches, self.kernels, self.query);
         let sketch = sketches[p];
         let (next, after) = (sketches.get(p + 1), sketches.get(p + 2));
         // The next sketch is loaded into the first-level cache and the one after it into the
@@ -264,7 +288,7 @@ pub fn first_pass(
         load_ahead(0);
         let mut matched = [0f32; PAGE_ROWS];
         (kernels.signature)(
-            &terms,
+            &self.terms,
             code_words(DIMS),
             sketch.signatures_of_blocks(blocks),
             &mut matched[..blocks * BLOCK_ROWS],
@@ -294,8 +318,7 @@ pub fn first_pass(
                 row: RowId(sketch.row_ids[i]),
             });
         }
-    });
-    top.into_row_order()
+    }
 }
 
 /// Stage two, in two steps. First it narrows stage one's hits to [`narrow_k`] by stage one's

@@ -226,9 +226,16 @@ where
         let mut top = tops[worker].lock().expect("a worker's top-k lock");
         score_block(block, &mut top);
     });
-    tops.into_iter()
-        .map(|top| top.into_inner().expect("a worker's top-k lock"))
-        .fold(TopK::new(k), TopK::merge)
+    merged(
+        tops.into_iter()
+            .map(|top| top.into_inner().expect("a worker's top-k lock")),
+        k,
+    )
+}
+
+/// The k best of the workers' lists `tops`: each folded in once, in order.
+pub fn merged(tops: impl IntoIterator<Item = TopK>, k: usize) -> TopK {
+    tops.into_iter().fold(TopK::new(k), TopK::merge)
 }
 
 #[cfg(test)]
