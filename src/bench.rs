@@ -260,9 +260,9 @@ pub fn simulate_workers(
     k: usize,
     workers: usize,
 ) -> (Vec<Duration>, Duration, Vec<Hit>) {
-    let shared = Arc::new(SharedFloor::default());
+    let shared = Arc::new(SharedFloor::new(workers, workers));
     let mut tops: Vec<TopK> = (0..workers)
-        .map(|_| TopK::sharing(k, shared.clone()))
+        .map(|w| TopK::sharing(k, shared.clone(), w))
         .collect();
     let runs: Vec<std::ops::Range<usize>> = (0..workers)
         .map(|w| w * pages / workers..(w + 1) * pages / workers)

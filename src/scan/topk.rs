@@ -6,8 +6,8 @@
 //! partial k-best lists under the same total order, the result is identical for any split of
 //! the blocks and any number of threads.
 //!
-//! The workers of one [`parallel_top_k`] share a floor ([`SharedFloor`]): the worst score of the
-//! k hits some worker holds. A hit scoring strictly below it cannot be among the k best, so no
+//! The workers of one [`parallel_top_k`] share a floor ([`SharedFloor`]): a score that k hits
+//! the workers hold reach. A hit scoring strictly below it cannot be among the k best, so no
 //! worker keeps it; without it each worker would keep its first 2k hits whatever they scored.
 
 use std::cmp::Ordering;
@@ -20,6 +20,9 @@ use crate::types::RowId;
 
 /// Hits a new [`TopK`] has room for before it grows.
 const INITIAL_CAPACITY: usize = 256;
+/// Hits a sharing [`TopK`] takes in at least between two publications of its share: each costs
+/// a linear selection over its buffer.
+const SHARE_STEP_MIN: usize = 64;
 
 /// A scored row.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -45,29 +48,68 @@ impl Hit {
     }
 }
 
-/// The highest floor any worker of one [`parallel_top_k`] has published: the score of the worst
-/// of the k hits it kept at a selection. That worker holds k hits scoring at least this to the
-/// end (it only drops a kept hit for a better one), so a hit scoring strictly below cannot rank
-/// among the k best; a hit scoring exactly this may still win a tie on row id, and is kept.
+/// The floor the workers of one [`parallel_top_k`] share: a hit scoring strictly below it
+/// cannot rank among the k best. Two claims raise it, each about hits the workers hold to the
+/// end (a worker drops a kept hit only for a better one, and keeps at least its k best):
+/// - one worker's k-th best: that worker alone holds k hits scoring at least it;
+/// - the `parts`-th highest of the workers' shares, a worker's share being its
+///   `⌈k / parts⌉`-th best: those `parts` workers together hold k hits scoring at least it.
+///
+/// The first waits until one worker has kept k hits; the second rises once every worker has
+/// seen a few times `k / parts` rows. Where k is a large part of each worker's rows (a first
+/// pass at a million rows keeps 16,000, a sixteenth of the rows is 62,500), the first leaves
+/// most rows offered and merged, the second few (`docs/benchmarks.md`). A hit scoring exactly
+/// the floor may still win a tie on row id, and is kept.
 #[derive(Debug)]
-pub struct SharedFloor(AtomicU32);
-
-impl Default for SharedFloor {
-    fn default() -> Self {
-        Self(AtomicU32::new(order_key(f32::NEG_INFINITY)))
-    }
+pub struct SharedFloor {
+    floor: AtomicU32,
+    /// Each worker's share (order keys; negative infinity until it publishes one).
+    shares: Box<[AtomicU32]>,
+    /// How many shares hold k hits together.
+    parts: usize,
 }
 
 impl SharedFloor {
+    /// A floor for the lists of `slots` workers, any `parts` of whose shares hold k hits.
+    pub fn new(slots: usize, parts: usize) -> Self {
+        let unknown = || AtomicU32::new(order_key(f32::NEG_INFINITY));
+        Self {
+            floor: unknown(),
+            shares: (0..slots).map(|_| unknown()).collect(),
+            parts: parts.max(1),
+        }
+    }
+
     /// The floor now (negative infinity until a worker publishes one).
     #[inline]
     pub fn get(&self) -> f32 {
-        from_order_key(self.0.load(MemoryOrdering::Relaxed))
+        from_order_key(self.floor.load(MemoryOrdering::Relaxed))
     }
 
     /// Raise the floor to `score` if that is higher.
     fn raise(&self, score: f32) {
-        self.0.fetch_max(order_key(score), MemoryOrdering::Relaxed);
+        self.floor
+            .fetch_max(order_key(score), MemoryOrdering::Relaxed);
+    }
+
+    /// The rank of a worker's share among its hits.
+    fn share_rank(&self, k: usize) -> usize {
+        k.div_ceil(self.parts)
+    }
+
+    /// Publish that worker `slot` holds [`Self::share_rank`] hits scoring at least `score`, and
+    /// raise the floor to the `parts`-th highest share.
+    fn share(&self, slot: usize, score: f32) {
+        self.shares[slot].fetch_max(order_key(score), MemoryOrdering::Relaxed);
+        let mut keys: Vec<u32> = self
+            .shares
+            .iter()
+            .map(|share| share.load(MemoryOrdering::Relaxed))
+            .collect();
+        keys.sort_unstable_by(|a, b| b.cmp(a));
+        if let Some(&key) = keys.get(self.parts - 1) {
+            self.raise(from_order_key(key));
+        }
     }
 }
 
@@ -100,8 +142,11 @@ pub struct TopK {
     hits: Vec<Hit>,
     /// The worst hit kept by the last selection: nothing that ranks after it can enter.
     bound: Option<Hit>,
-    /// The floor shared with the other workers of the same [`parallel_top_k`], if any.
-    shared: Option<Arc<SharedFloor>>,
+    /// The floor shared with the other workers of the same [`parallel_top_k`], and this list's
+    /// slot in it, if any.
+    shared: Option<(Arc<SharedFloor>, usize)>,
+    /// The buffer's length at which this list next publishes its share.
+    next_share: usize,
 }
 
 impl TopK {
@@ -112,13 +157,16 @@ impl TopK {
             hits: Vec::with_capacity((2 * k).min(INITIAL_CAPACITY)),
             bound: None,
             shared: None,
+            next_share: usize::MAX,
         }
     }
 
-    /// A top k that publishes its floor to `shared` and drops what scores below it.
-    pub fn sharing(k: usize, shared: Arc<SharedFloor>) -> Self {
+    /// A top k that publishes its floor and its share to `shared` as worker `slot`, and drops
+    /// what scores below the shared floor.
+    pub fn sharing(k: usize, shared: Arc<SharedFloor>, slot: usize) -> Self {
         Self {
-            shared: Some(shared),
+            next_share: shared.share_rank(k),
+            shared: Some((shared, slot)),
             ..Self::new(k)
         }
     }
@@ -134,7 +182,7 @@ impl TopK {
         {
             return;
         }
-        if let Some(shared) = &self.shared
+        if let Some((shared, _)) = &self.shared
             && hit.score < shared.get()
         {
             return;
@@ -142,7 +190,24 @@ impl TopK {
         self.hits.push(hit);
         if self.hits.len() >= 2 * self.k {
             self.select();
+            self.publish_share();
+        } else if self.hits.len() >= self.next_share {
+            self.publish_share();
         }
+    }
+
+    /// Publish this list's share (its `⌈k / parts⌉`-th best) to the shared floor, and when to
+    /// publish it next.
+    fn publish_share(&mut self) {
+        let Some((shared, slot)) = &self.shared else {
+            return;
+        };
+        let rank = shared.share_rank(self.k);
+        if self.hits.len() >= rank {
+            let (_, nth, _) = self.hits.select_nth_unstable_by(rank - 1, Hit::rank_cmp);
+            shared.share(*slot, nth.score);
+        }
+        self.next_share = self.hits.len() + rank.max(SHARE_STEP_MIN);
     }
 
     /// Keep the k best of the buffer and remember the worst of them.
@@ -153,7 +218,7 @@ impl TopK {
         }
         if self.hits.len() == self.k {
             self.bound = self.hits.iter().copied().max_by(Hit::rank_cmp);
-            if let (Some(shared), Some(bound)) = (&self.shared, self.bound) {
+            if let (Some((shared, _)), Some(bound)) = (&self.shared, self.bound) {
                 shared.raise(bound.score);
             }
         }
@@ -174,16 +239,13 @@ impl TopK {
         let own = self.bound.map_or(f32::NEG_INFINITY, |bound| bound.score);
         self.shared
             .as_ref()
-            .map_or(own, |shared| own.max(shared.get()))
+            .map_or(own, |(shared, _)| own.max(shared.get()))
     }
 
-    /// Fold another partial result in: both buffers together, then one selection.
-    pub fn merge(mut self, other: TopK) -> TopK {
-        self.shared = None;
-        self.hits.extend(other.hits);
-        self.bound = None;
-        self.select();
-        self
+    /// Fold another partial result in ([`merged`]).
+    pub fn merge(self, other: TopK) -> TopK {
+        let k = self.k;
+        merged([self, other], k)
     }
 
     /// The k best hits, best first.
@@ -216,10 +278,12 @@ pub fn parallel_top_k<F>(blocks: usize, k: usize, score_block: F) -> TopK
 where
     F: Fn(usize, &mut TopK) + Sync,
 {
-    let shared = Arc::new(SharedFloor::default());
     let workers = rayon::current_num_threads();
+    // One list a pool thread and one for a caller outside the pool; the pool's threads' shares
+    // hold k hits together.
+    let shared = Arc::new(SharedFloor::new(workers + 1, workers));
     let tops: Vec<Mutex<TopK>> = (0..=workers)
-        .map(|_| Mutex::new(TopK::sharing(k, shared.clone())))
+        .map(|slot| Mutex::new(TopK::sharing(k, shared.clone(), slot)))
         .collect();
     (0..blocks).into_par_iter().for_each(|block| {
         let worker = rayon::current_thread_index().map_or(workers, |i| i.min(workers));
@@ -233,9 +297,23 @@ where
     )
 }
 
-/// The k best of the workers' lists `tops`: each folded in once, in order.
+/// The k best of the partial lists `tops`: one selection over the hits of all of them that
+/// reach the highest of their floors ([`TopK::floor`]; a hit strictly below it cannot rank
+/// among the k best).
 pub fn merged(tops: impl IntoIterator<Item = TopK>, k: usize) -> TopK {
-    tops.into_iter().fold(TopK::new(k), TopK::merge)
+    let tops: Vec<TopK> = tops.into_iter().collect();
+    let floor = tops
+        .iter()
+        .map(TopK::floor)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut out = TopK::new(k);
+    out.hits = tops
+        .into_iter()
+        .flat_map(|top| top.hits)
+        .filter(|hit| hit.score >= floor)
+        .collect();
+    out.select();
+    out
 }
 
 #[cfg(test)]
@@ -256,6 +334,34 @@ mod tests {
         hits.sort_by(Hit::rank_cmp);
         hits.truncate(k);
         hits
+    }
+
+    proptest! {
+        #[test]
+        fn sharing_lists_fed_in_turns_merge_to_the_k_best(
+            scores in proptest::collection::vec(prop_oneof![Just(0.5f32), Just(1.0), -5.0f32..5.0], 0..3000),
+            k in 0usize..300,
+            workers in 1usize..20,
+            turn in 1usize..40,
+        ) {
+            let shared = Arc::new(SharedFloor::new(workers, workers));
+            let mut tops: Vec<TopK> = (0..workers).map(|w| TopK::sharing(k, shared.clone(), w)).collect();
+            // Worker w takes the w-th of `workers` runs of the scores, `turn` at a time.
+            let runs: Vec<(usize, usize)> = (0..workers)
+                .map(|w| (w * scores.len() / workers, (w + 1) * scores.len() / workers))
+                .collect();
+            let mut at: Vec<usize> = runs.iter().map(|r| r.0).collect();
+            while (0..workers).any(|w| at[w] < runs[w].1) {
+                for w in 0..workers {
+                    let end = (at[w] + turn).min(runs[w].1);
+                    for (i, &score) in scores.iter().enumerate().take(end).skip(at[w]) {
+                        tops[w].push(Hit { score, carried: 0.0, row: RowId(i as u64) });
+                    }
+                    at[w] = end;
+                }
+            }
+            prop_assert_eq!(merged(tops, k).into_sorted(), brute_force(&scores, k));
+        }
     }
 
     #[test]
