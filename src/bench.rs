@@ -101,18 +101,37 @@ pub fn synthetic_messages(count: usize, users: usize, seed: u64) -> Vec<Message>
 /// Sequential read bandwidth of one core, in bytes/s: the median of five passes XOR-folding a
 /// buffer of `bytes` bytes (make it larger than the last-level cache).
 pub fn read_bandwidth(bytes: usize) -> f64 {
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a one-thread pool");
+    read_bandwidth_on(bytes, &one)
+}
+
+/// Read bandwidth of every thread of `pool` together, in bytes/s: the median of five passes,
+/// each thread XOR-folding its own slices of a buffer of `bytes` bytes.
+pub fn read_bandwidth_on(bytes: usize, pool: &rayon::ThreadPool) -> f64 {
+    use rayon::prelude::*;
+    const SLICE_WORDS: usize = 1 << 16;
     let mut rng = XorShift(MESSAGE_SEED);
     let data: Vec<u64> = (0..bytes / 8).map(|_| rng.next()).collect();
+    let fold = |slice: &[u64]| {
+        let mut acc = [0u64; 8];
+        for chunk in slice.chunks_exact(8) {
+            for (a, w) in acc.iter_mut().zip(chunk) {
+                *a ^= w;
+            }
+        }
+        acc
+    };
     let mut times: Vec<Duration> = (0..5)
         .map(|_| {
             let started = Instant::now();
-            let mut acc = [0u64; 8];
-            for chunk in data.chunks_exact(8) {
-                for (a, w) in acc.iter_mut().zip(chunk) {
-                    *a ^= w;
-                }
-            }
-            std::hint::black_box(acc);
+            pool.install(|| {
+                data.par_chunks(SLICE_WORDS).for_each(|slice| {
+                    std::hint::black_box(fold(slice));
+                });
+            });
             started.elapsed()
         })
         .collect();
@@ -208,6 +227,11 @@ pub struct ScanReport {
     pub bytes_per_row: usize,
     pub first_pass_rows_per_s_per_core: f64,
     pub first_pass_bytes_per_s: f64,
+    /// Stage one on all `threads` (its top-k and merge included) against the read bandwidth of
+    /// as many threads, measured in the same run: bytes/s and their ratio.
+    pub first_pass_all_threads_bytes_per_s: f64,
+    pub memory_read_all_threads_bytes_per_s: f64,
+    pub bandwidth_ratio_all_threads: f64,
     /// Stage two alone (int8 cosine and exact BM25 of stage one's candidates), one core, in
     /// candidates per second.
     pub second_pass_rows_per_s_per_core: f64,
@@ -368,6 +392,16 @@ pub fn scan(
         .num_threads(settings.threads)
         .build()
         .expect("a thread pool");
+    let mut all_threads: Vec<Duration> = (0..5)
+        .map(|_| {
+            let started = Instant::now();
+            pool.install(|| std::hint::black_box(first_pass(&sketches, kernels, &query, k)));
+            started.elapsed()
+        })
+        .collect();
+    all_threads.sort();
+    let first_pass_all_threads_bytes_per_s = stage_one_bytes / all_threads[2].as_secs_f64();
+    let memory_read_all_threads_bytes_per_s = read_bandwidth_on(512 << 20, &pool);
     let mut latency = latency::histogram();
     for (user, text) in &queries {
         let started = Instant::now();
@@ -405,6 +439,10 @@ pub fn scan(
         second_pass_rows_per_s_per_core,
         memory_read_bytes_per_s,
         bandwidth_ratio: first_pass_bytes_per_s / memory_read_bytes_per_s,
+        first_pass_all_threads_bytes_per_s,
+        memory_read_all_threads_bytes_per_s,
+        bandwidth_ratio_all_threads: first_pass_all_threads_bytes_per_s
+            / memory_read_all_threads_bytes_per_s,
         query_p50_ms: latency::ms(&latency, 0.5),
         query_p99_ms: latency::ms(&latency, 0.99),
         fidelity_top10: fidelity.share,

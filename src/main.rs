@@ -1663,7 +1663,7 @@ fn bench_scan(
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "bench scan: {} rows over {} users, {} threads, {} bytes/row resident\n  first pass (one core, largest scope): {:.0}M rows/s, {:.2} GB/s = {:.0}% of read bandwidth {:.2} GB/s\n  second pass (one core, its candidates): {:.2}M rows/s\n  query (catch-up + prepare + search, top 10): p50 {:.2} ms, p99 {:.2} ms\n  fidelity (two-stage top 10 = brute force): {:.4}\n  arena {} and caught up in {:.0} ms ({:.0} rows/s caught up)\n  stage one on {} simulated cores (replayed on one): {:.2}x one ({:.2} ms alone, slowest worker {:.2} ms + merge {:.2} ms; needs {:.1} GB/s)",
+            "bench scan: {} rows over {} users, {} threads, {} bytes/row resident\n  first pass (one core, largest scope): {:.0}M rows/s, {:.2} GB/s = {:.0}% of read bandwidth {:.2} GB/s\n  first pass (all {} threads, its top-k included): {:.2} GB/s = {:.0}% of their read bandwidth {:.2} GB/s\n  second pass (one core, its candidates): {:.2}M rows/s\n  query (catch-up + prepare + search, top 10): p50 {:.2} ms, p99 {:.2} ms\n  fidelity (two-stage top 10 = brute force): {:.4}\n  arena {} and caught up in {:.0} ms ({:.0} rows/s caught up)\n  stage one on {} simulated cores (replayed on one): {:.2}x one ({:.2} ms alone, slowest worker {:.2} ms + merge {:.2} ms; needs {:.1} GB/s)",
             report.rows,
             report.users,
             report.threads,
@@ -1672,6 +1672,10 @@ fn bench_scan(
             report.first_pass_bytes_per_s / 1e9,
             100.0 * report.bandwidth_ratio,
             report.memory_read_bytes_per_s / 1e9,
+            report.threads,
+            report.first_pass_all_threads_bytes_per_s / 1e9,
+            100.0 * report.bandwidth_ratio_all_threads,
+            report.memory_read_all_threads_bytes_per_s / 1e9,
             report.second_pass_rows_per_s_per_core / 1e6,
             report.query_p50_ms,
             report.query_p99_ms,
