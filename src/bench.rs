@@ -105,16 +105,20 @@ pub fn read_bandwidth(bytes: usize) -> f64 {
         .num_threads(1)
         .build()
         .expect("a one-thread pool");
-    read_bandwidth_on(bytes, &one)
+    read_bandwidth_on(&bandwidth_buffer(bytes), &one)
+}
+
+/// `bytes` bytes of seeded noise for [`read_bandwidth_on`] to read.
+fn bandwidth_buffer(bytes: usize) -> Vec<u64> {
+    let mut rng = XorShift(MESSAGE_SEED);
+    (0..bytes / 8).map(|_| rng.next()).collect()
 }
 
 /// Read bandwidth of every thread of `pool` together, in bytes/s: the median of five passes,
-/// each thread XOR-folding its own slices of a buffer of `bytes` bytes.
-pub fn read_bandwidth_on(bytes: usize, pool: &rayon::ThreadPool) -> f64 {
+/// each thread XOR-folding its own slices of `data`.
+fn read_bandwidth_on(data: &[u64], pool: &rayon::ThreadPool) -> f64 {
     use rayon::prelude::*;
     const SLICE_WORDS: usize = 1 << 16;
-    let mut rng = XorShift(MESSAGE_SEED);
-    let data: Vec<u64> = (0..bytes / 8).map(|_| rng.next()).collect();
     let fold = |slice: &[u64]| {
         let mut acc = [0u64; 8];
         for chunk in slice.chunks_exact(8) {
@@ -377,7 +381,9 @@ pub fn scan(
     // term length and row id.
     let first_pass_bytes_per_row = CODE_BYTES + SIGNATURE_BITS / 8 + 16;
     let first_pass_bytes_per_s = first_pass_rows_per_s_per_core * first_pass_bytes_per_row as f64;
-    let memory_read_bytes_per_s = read_bandwidth(512 << 20);
+    // One buffer read by one core here and by every thread of the query's pool below.
+    let bandwidth_data = bandwidth_buffer(512 << 20);
+    let memory_read_bytes_per_s = read_bandwidth_on(&bandwidth_data, &one);
     let simulated = simulated_scaling(
         &sketches,
         kernels,
@@ -401,7 +407,8 @@ pub fn scan(
         .collect();
     all_threads.sort();
     let first_pass_all_threads_bytes_per_s = stage_one_bytes / all_threads[2].as_secs_f64();
-    let memory_read_all_threads_bytes_per_s = read_bandwidth_on(512 << 20, &pool);
+    let memory_read_all_threads_bytes_per_s = read_bandwidth_on(&bandwidth_data, &pool);
+    drop(bandwidth_data);
     let mut latency = latency::histogram();
     for (user, text) in &queries {
         let started = Instant::now();
