@@ -28,6 +28,12 @@ pub fn default_dictionaries_root() -> PathBuf {
 pub struct AdminToken(String);
 
 impl AdminToken {
+    /// The token itself, for a client that sends it (`perpetuity backup` asking a server).
+    /// Never logged: `Debug` prints it redacted.
+    pub fn reveal(&self) -> &str {
+        &self.0
+    }
+
     /// Whether no token was given (the admin endpoints then stay disabled).
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()

@@ -1,6 +1,7 @@
 //! The crate's error, composed from each module's own.
 
 use crate::arena::ArenaError;
+use crate::backup::BackupError;
 use crate::datasets::DatasetError;
 use crate::dictionary::DictionaryError;
 use crate::ingest::ExportError;
@@ -28,12 +29,20 @@ pub enum Error {
     /// Class: internal (see [`SwapError`]).
     #[error(transparent)]
     Swap(#[from] SwapError),
+    /// Class: client or internal (see [`BackupError`]).
+    #[error(transparent)]
+    Backup(#[from] BackupError),
 }
 
 impl Error {
     /// A dictionary swap step refused in the store's present state (class: client).
     pub fn is_swap_refusal(&self) -> bool {
         matches!(self, Error::Store(StoreError::Swap { .. }))
+    }
+
+    /// A backup's destination that is there already (class: client).
+    pub fn is_existing_destination(&self) -> bool {
+        matches!(self, Error::Backup(BackupError::Exists(_)))
     }
 
     /// A dictionary version that cannot name a folder (class: client).

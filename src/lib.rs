@@ -2,11 +2,12 @@
 //!
 //! Layers, bottom to top (lower layers never import higher ones; `docs/architecture.md`):
 //! `types`, `codec`, `config`, `error` → `tokens`, `dictionary`, `relevance` → `store`,
-//! `heat` → `capture`, `datasets`, `integrity`, `memory` → `ingest` → `proxy`.
+//! `heat` → `capture`, `datasets`, `integrity`, `memory`, `backup` → `ingest` → `proxy`.
 
 #![deny(unsafe_code)]
 
 pub mod arena;
+pub mod backup;
 pub mod bench;
 pub mod budget;
 pub mod capture;

@@ -11,6 +11,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use perpetuity::arena::Arena;
+use perpetuity::backup;
 use perpetuity::bench;
 use perpetuity::config::{self, AdminToken, ServeConfig};
 use perpetuity::datasets::{self, Format};
@@ -19,7 +20,7 @@ use perpetuity::dictionary::stats::FrequencyTable;
 use perpetuity::dictionary::{self, Dictionary};
 use perpetuity::ingest::{self, IngestSummary};
 use perpetuity::integrity;
-use perpetuity::memory::Memory;
+use perpetuity::memory::{self as data_dir, Memory};
 use perpetuity::proxy;
 use perpetuity::scan::kernels::Kernels;
 use perpetuity::store::{Store, StoreOptions};
@@ -130,6 +131,33 @@ enum Command {
         /// Only this user's rows (the user's key, e.g. a LoCoMo sample id).
         #[arg(long)]
         user: Option<String>,
+    },
+    /// A consistent backup of a data directory into the new folder DEST (the store, the
+    /// dictionaries it names, the server secret; docs/scale-out.md). With `serve` holding the
+    /// data directory, the server takes it (`POST /admin/backup`, with the admin token) while
+    /// it keeps capturing.
+    Backup {
+        #[command(flatten)]
+        data: DataArgs,
+        /// The new folder the backup is written to.
+        #[arg(long, value_name = "DEST")]
+        to: PathBuf,
+        /// The admin token of the server holding the data directory, when one does.
+        #[arg(long, env = "PERPETUITY_ADMIN_TOKEN", hide_env_values = true)]
+        admin_token: Option<AdminToken>,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+    },
+    /// Make the new data directory DIR from a backup, then open it (building its arena) and
+    /// check its integrity; exit 0 clean, 1 violations.
+    Restore {
+        /// The backup's folder.
+        #[arg(long, value_name = "DEST")]
+        from: PathBuf,
+        #[command(flatten)]
+        data: DataArgs,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
     },
     /// Recompute every invariant of a store; exit 0 clean, 1 violations, 2 could not run.
     Integrity {
@@ -631,6 +659,55 @@ fn main() -> anyhow::Result<()> {
             tracing::info!(rows, "exported");
             Ok(())
         }
+        Command::Backup {
+            data,
+            to,
+            admin_token,
+            dictionary,
+        } => {
+            data.existing()?;
+            let manifest = match dictionary.open(&data) {
+                Ok(memory) => backup::backup(&memory, &to)?,
+                Err(err) if is_held_elsewhere(&err) => {
+                    let token = admin_token.filter(|t| !t.is_empty()).with_context(|| {
+                        format!(
+                            "{} is held by a running server: give its admin token \
+                             (--admin-token or PERPETUITY_ADMIN_TOKEN) to take the backup through it",
+                            data.dir.display()
+                        )
+                    })?;
+                    backup::backup_through_server(&data.dir, &to, token.reveal())?
+                }
+                Err(err) => return Err(err),
+            };
+            println!(
+                "backup in {}: every row below {} (dictionary {}{}), taken in {} ms",
+                to.display(),
+                manifest.rows_below,
+                manifest.serving,
+                manifest
+                    .dark
+                    .map(|dark| format!(", dark {dark}"))
+                    .unwrap_or_default(),
+                manifest.elapsed_ms
+            );
+            Ok(())
+        }
+        Command::Restore {
+            from,
+            data,
+            dictionary,
+        } => {
+            let manifest = backup::restore(&from, &data.dir)?;
+            println!(
+                "restored {} into {} (every row below {}); checking it",
+                from.display(),
+                data.dir.display(),
+                manifest.rows_below
+            );
+            let clean = check_integrity(&data, &dictionary, false)?;
+            std::process::exit(if clean { 0 } else { 1 })
+        }
         Command::Integrity {
             data,
             dictionary,
@@ -1053,10 +1130,18 @@ fn serve(
             secret,
             proxy_config,
         ));
+        // Where this server listens, for `perpetuity backup` run beside it.
+        let listening = config.data_dir.join(data_dir::LISTENING_FILE);
+        let address = listener.local_addr().context("the listening address")?;
+        std::fs::write(&listening, format!("{address}\n"))
+            .with_context(|| format!("writing {}", listening.display()))?;
         tokio::select! {
             never = proxy::serve(listener, state) => match never {},
             _ = tokio::signal::ctrl_c() => {
                 tracing::info!("shutting down");
+                if let Err(err) = std::fs::remove_file(&listening) {
+                    tracing::warn!(%err, path = %listening.display(), "could not remove the listening file");
+                }
                 Ok(())
             }
         }
@@ -1207,6 +1292,14 @@ fn prepare_dark(memory: &Memory) -> anyhow::Result<Arena> {
         started.elapsed() - derived
     );
     Ok(arena)
+}
+
+/// Whether opening a data directory failed because another process holds it.
+fn is_held_elsewhere(err: &anyhow::Error) -> bool {
+    matches!(
+        err.downcast_ref::<perpetuity::error::Error>(),
+        Some(perpetuity::error::Error::Store(store)) if store.is_held_elsewhere()
+    )
 }
 
 fn check_integrity(

@@ -14,6 +14,15 @@ use crate::dictionary::{BadVersion, DEFAULT_VERSION, Dictionary, DictionaryError
 use crate::error::Error;
 use crate::store::{Store, StoreOptions};
 
+/// File name of the server secret inside the data directory (`proxy::identity` keys
+/// credentials with it; a backup carries it, so a restored server keys them alike).
+pub const SECRET_FILE: &str = "secret";
+
+/// File name of the address a serving process listens on, inside its data directory: written
+/// once it listens, removed when it stops, read by `perpetuity backup` to ask that server for
+/// a backup of the store it holds.
+pub const LISTENING_FILE: &str = "listening";
+
 /// The folder of the dictionaries uploaded into data directory `data`.
 pub fn uploads_dir(data: &Path) -> PathBuf {
     data.join("dictionaries")

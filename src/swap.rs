@@ -149,18 +149,7 @@ fn upload(source: &Path, data: &Path, version: &str) -> Result<PathBuf, Error> {
             _ => {}
         }
     }
-    std::fs::create_dir_all(&temp).map_err(at(&temp))?;
-    for entry in std::fs::read_dir(source).map_err(at(source))? {
-        let entry = entry.map_err(at(source))?;
-        if !entry.path().is_file() {
-            continue;
-        }
-        let to = temp.join(entry.file_name());
-        std::fs::copy(entry.path(), &to).map_err(at(&to))?;
-        std::fs::File::open(&to)
-            .and_then(|f| f.sync_all())
-            .map_err(at(&to))?;
-    }
+    crate::backup::copy_folder(source, &temp, false).map_err(at(&temp))?;
     std::fs::rename(&temp, &target).map_err(at(&target))?;
     std::fs::File::open(&uploads)
         .and_then(|f| f.sync_all())

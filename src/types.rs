@@ -82,3 +82,10 @@ impl Role {
         })
     }
 }
+
+/// The wall clock now, in Unix milliseconds (0 for a clock set before 1970).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 
-use super::{State, now_ms};
+use super::State;
+use crate::types::now_ms;
 
 /// How often a server that is not ready tries a write again. RocksDB itself checks for free
 /// space every 5 s after a full disk, so a shorter interval finds it resumed within 2 s.

@@ -14,13 +14,12 @@ use std::path::Path;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
+use crate::memory::SECRET_FILE;
+
 /// Header that narrows a credential's memory to one of its users.
 pub const USER_HEADER: &str = "x-perpetuity-user";
 /// Header that names the conversation.
 pub const CONVERSATION_HEADER: &str = "x-perpetuity-conversation";
-
-/// File name of the server secret inside the data directory.
-pub const SECRET_FILE: &str = "secret";
 
 /// The server's keyed-hash secret.
 #[derive(Clone)]

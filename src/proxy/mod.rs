@@ -21,11 +21,11 @@ pub mod wire;
 
 use parking_lot::{Mutex, RwLock};
 use std::convert::Infallible;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt as _, Full, Limited};
@@ -48,7 +48,7 @@ use crate::memory::Memory;
 use crate::recall::{Ask, RecallConfig, recall};
 use crate::scan::kernels::Kernels;
 use crate::store::StoreError;
-use crate::types::{Role, RowId, UserId};
+use crate::types::{Role, RowId, UserId, now_ms};
 
 use deadline::Deadline;
 use identity::{CONVERSATION_HEADER, Groups, Secret, USER_HEADER};
@@ -573,6 +573,25 @@ async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
                 ops::flip(&state, &version).map(|flipped| (StatusCode::OK, flipped))
             })
         }
+        (&Method::POST, "/admin/backup") => {
+            let Some(path) = path_param.map(PathBuf::from) else {
+                return plain(StatusCode::BAD_REQUEST, "backup needs ?path=DEST");
+            };
+            if !path.is_absolute() {
+                return plain(
+                    StatusCode::BAD_REQUEST,
+                    "backup needs an absolute ?path=DEST (a new folder on the server's machine)",
+                );
+            }
+            tokio::task::spawn_blocking(move || {
+                ops::backup(&state, &path).map(|manifest| {
+                    (
+                        StatusCode::OK,
+                        serde_json::to_value(&manifest).expect("a manifest serialises"),
+                    )
+                })
+            })
+        }
         (&Method::POST, "/admin/purge") => {
             let (user, sub_users) = match (user, credential_user) {
                 (Some(user), None) => (user, false),
@@ -605,6 +624,9 @@ async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
         Ok(Ok((status, body))) => json(status, &body),
         Ok(Err(err)) if err.is_swap_refusal() => plain(StatusCode::CONFLICT, &err.to_string()),
         Ok(Err(err)) if err.is_bad_version() => plain(StatusCode::BAD_REQUEST, &err.to_string()),
+        Ok(Err(err)) if err.is_existing_destination() => {
+            plain(StatusCode::CONFLICT, &err.to_string())
+        }
         Ok(Err(err)) => plain(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
         Err(err) => plain(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
     }
@@ -1798,12 +1820,6 @@ fn strip_upstream_headers(headers: &mut HeaderMap) {
     for name in names {
         headers.remove(name);
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// An error the proxy answers itself, in `provider`'s shape.

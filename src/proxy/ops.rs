@@ -12,6 +12,7 @@ use hyper::HeaderMap;
 use serde_json::json;
 
 use crate::arena::{self, Arena};
+use crate::backup;
 use crate::integrity;
 use crate::latency;
 use crate::memory::Memory;
@@ -354,6 +355,20 @@ pub fn purge(
     rebuilt.catch_up(&memory.store, &memory.dictionary)?;
     *arena = rebuilt;
     Ok(removed)
+}
+
+/// `POST /admin/backup?path=DEST`: a consistent backup of the serving memory into the new
+/// folder DEST while captures go on (`crate::backup`). Returns its manifest.
+pub fn backup(state: &State, to: &Path) -> Result<backup::Manifest, crate::error::Error> {
+    let generation = state.generation();
+    let manifest = backup::backup(&generation.memory, to)?;
+    tracing::info!(
+        to = %to.display(),
+        rows_below = manifest.rows_below,
+        elapsed_ms = manifest.elapsed_ms,
+        "backup taken"
+    );
+    Ok(manifest)
 }
 
 /// `GET /admin/dictionary`: the data directory's dictionary versions and their states.

@@ -226,7 +226,7 @@ pub const DATA_DIR_MODE: u32 = 0o700;
 
 /// Create the data directory `path` (and its missing parents) with [`DATA_DIR_MODE`], or
 /// tighten an existing one to it.
-fn private_dir(path: &Path) -> std::io::Result<()> {
+pub fn private_dir(path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -247,6 +247,12 @@ impl StoreError {
     /// read from it being damaged or the directory belonging to another format or dictionary.
     pub fn is_storage_failure(&self) -> bool {
         matches!(self, Self::Rocks { .. } | Self::Write { .. })
+    }
+
+    /// Whether the data directory is held by another process (RocksDB's lock on its `LOCK`
+    /// file): a server serving it, which takes a backup through its admin endpoint instead.
+    pub fn is_held_elsewhere(&self) -> bool {
+        matches!(self, Self::Rocks { source, .. } if source.as_ref().contains("While lock file"))
     }
 }
 
@@ -539,6 +545,22 @@ impl Store {
             purged: HashMap::new(),
         });
         Ok(store)
+    }
+
+    /// Write a consistent copy of the store into `path` (a folder that must not exist yet)
+    /// while it keeps taking writes: RocksDB's checkpoint after a flush of every family, its
+    /// table files hard-linked where `path` is on the same file system and copied otherwise.
+    /// Returns the next row id read before it began: every row below it is in the copy, and
+    /// every capture in it is whole (each is one batch).
+    pub fn checkpoint(&self, path: &Path) -> Result<RowId, StoreError> {
+        let before = self.next_row();
+        rocksdb::checkpoint::Checkpoint::new(&self.db)
+            .and_then(|checkpoint| checkpoint.create_checkpoint_with_log_size(path, 0))
+            .map_err(|source| StoreError::Rocks {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(before)
     }
 
     /// The data directory.
