@@ -129,6 +129,7 @@ impl<'a> Capturer<'a> {
             source_turn: message.source_turn.clone(),
             decay: heat::birth_decay(heat::novelty(self.dictionary, &tokens)),
             born_peak: heat::BORN_PEAK,
+            moved: None,
             chunks,
         })
     }

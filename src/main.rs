@@ -159,6 +159,18 @@ enum Command {
         #[command(flatten)]
         dictionary: DictionaryArgs,
     },
+    /// Capture the users of a `perpetuity export` file into a data directory, each row as it
+    /// was (activation, warm listing, exclusion, and the user's clock and owner link;
+    /// docs/scale-out.md). A user that already has rows here is refused; a bad file imports
+    /// nothing.
+    Import {
+        #[command(flatten)]
+        data: DataArgs,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+        /// The export file (JSON lines).
+        file: PathBuf,
+    },
     /// Recompute every invariant of a store; exit 0 clean, 1 violations, 2 could not run.
     Integrity {
         #[command(flatten)]
@@ -657,6 +669,25 @@ fn main() -> anyhow::Result<()> {
             let mut out = std::io::BufWriter::new(stdout.lock());
             let rows = ingest::export(&store, user.as_deref(), &mut out)?;
             tracing::info!(rows, "exported");
+            Ok(())
+        }
+        Command::Import {
+            data,
+            dictionary,
+            file,
+        } => {
+            let memory = dictionary.open(&data)?;
+            let started = Instant::now();
+            let summary = ingest::import(&memory.store, &memory.dictionary, &file, |done| {
+                eprintln!("imported {} messages, {} rows", done.messages, done.rows);
+            })?;
+            println!(
+                "imported {} users: {} messages, {} rows in {:.2?}",
+                summary.users,
+                summary.messages,
+                summary.rows,
+                started.elapsed()
+            );
             Ok(())
         }
         Command::Backup {

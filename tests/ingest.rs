@@ -63,7 +63,9 @@ fn longmemeval_ingests_with_turn_ids_and_evidence() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(rows.len(), 3);
+    assert_eq!(rows.len(), 4, "three rows, then their user");
+    assert_eq!(rows[3]["kind"], "user");
+    assert_eq!(rows[3]["user"], "q1");
     assert_eq!(rows[0]["source_turn"], "s1:0");
     assert_eq!(rows[0]["conversation"], "s1");
     assert_eq!(rows[0]["text"], "I got a cat. Her name is Miso.");
@@ -181,9 +183,14 @@ fn command_line_ingest_integrity_purge_exit_codes() {
         String::from_utf8_lossy(&after.stdout)
     );
     let exported = perpetuity(&["export", "--data", data]);
-    let lines = String::from_utf8_lossy(&exported.stdout);
-    assert_eq!(lines.lines().count(), 1);
-    assert!(lines.contains("I like trains."));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&exported.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "the one row left, then its user");
+    assert_eq!(lines[0]["text"], "I like trains.");
+    assert_eq!(lines[1]["kind"], "user");
+    assert_ne!(lines[1]["user"], "q1");
 }
 
 #[test]

@@ -210,6 +210,10 @@ pub enum StoreError {
     /// the batch is written.
     #[error("a message of {chunks} chunks is too long to store (at most {max} chunks of 256 tokens)", max = MAX_CHUNKS)]
     TooLong { chunks: usize },
+    /// Class: client. A moved message whose exported state does not fit it (an export from
+    /// another tokenizer, or a damaged file); nothing of the batch is written.
+    #[error("cannot import a moved message: {reason}")]
+    Moved { reason: String },
     /// Class: configuration. The data directory could not be created, or not be made its
     /// owner's alone ([`DATA_DIR_MODE`]).
     #[error("data directory {path}: {source}")]
@@ -298,6 +302,27 @@ pub struct NewMessage {
     /// Peak of the born-hot activation.
     pub born_peak: f32,
     pub chunks: Vec<NewChunk>,
+    /// A message moved from another store: its state kept as exported rather than made anew.
+    pub moved: Option<Moved>,
+}
+
+/// What a moved message keeps from the store it left ([`crate::ingest::import`]): the user's
+/// clock at its birth, and each chunk's activation, warm listing and exclusion. Its decay is
+/// [`NewMessage::decay`], the exported one.
+#[derive(Debug, Clone)]
+pub struct Moved {
+    pub birth_clock: u64,
+    pub chunks: Vec<MovedChunk>,
+}
+
+/// One chunk's state in a [`Moved`] message.
+#[derive(Debug, Clone, Copy)]
+pub struct MovedChunk {
+    pub activation: Activation,
+    /// Listed in the user's warm index (reheated and not yet cooled below the frame's floor).
+    pub warm: bool,
+    /// Excluded from the user's recall.
+    pub excluded: bool,
 }
 
 /// What [`Store::purge_credential`] removed.
@@ -1157,6 +1182,19 @@ impl Store {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
+        if let Some(message) = messages.iter().find(|m| {
+            m.moved
+                .as_ref()
+                .is_some_and(|moved| moved.chunks.len() != m.chunks.len())
+        }) {
+            return Err(StoreError::Moved {
+                reason: format!(
+                    "a moved message of {} chunks carries the state of {}",
+                    message.chunks.len(),
+                    message.moved.as_ref().map_or(0, |moved| moved.chunks.len())
+                ),
+            });
+        }
         if let Some(message) = messages.iter().find(|m| m.chunks.len() > MAX_CHUNKS) {
             return Err(StoreError::TooLong {
                 chunks: message.chunks.len(),
@@ -1179,6 +1217,7 @@ impl Store {
         let mut bindings: HashMap<(UserId, ConversationId, Role), Option<Vec<u8>>> = HashMap::new();
         let (mut deltas, mut dark_deltas) = (Deltas::default(), Deltas::default());
         let mut ids = Vec::with_capacity(messages.len());
+        let mut warmed = Vec::new();
 
         let (users_cf, rows_cf, retrieval_cf, activation_cf) = (
             self.cf(Cf::Users),
@@ -1202,8 +1241,11 @@ impl Store {
                 None => self.clock(user)?,
             };
             let message_tokens: u64 = message.chunks.iter().map(|c| c.tokens.len() as u64).sum();
-            let clock = clock + message_tokens;
-            clocks.insert(user, clock);
+            let (clock, kept) = match &message.moved {
+                Some(moved) => (moved.birth_clock, clock.max(moved.birth_clock)),
+                None => (clock + message_tokens, clock + message_tokens),
+            };
+            clocks.insert(user, kept);
             batch.put_cf(&users_cf, keys::user(user), message.user_key.as_bytes());
 
             let first = RowId(next_row);
@@ -1258,12 +1300,25 @@ impl Store {
                     batch.put_cf(&self.cf(Cf::DarkRetrieval), key, retrieval.encode());
                     dark_deltas.add(&retrieval, 1);
                 }
-                let born = Activation {
-                    last_clock: clock,
-                    peak: message.born_peak,
-                    decay: message.decay,
-                };
-                batch.put_cf(&activation_cf, key, born.encode());
+                let moved = message.moved.as_ref().map(|moved| moved.chunks[index]);
+                let activation = moved.map_or(
+                    Activation {
+                        last_clock: clock,
+                        peak: message.born_peak,
+                        decay: message.decay,
+                    },
+                    |moved| moved.activation,
+                );
+                batch.put_cf(&activation_cf, key, activation.encode());
+                if let Some(moved) = moved {
+                    if moved.warm {
+                        batch.put_cf(&self.cf(Cf::Warm), key, activation.encode());
+                        warmed.push((user, id, activation));
+                    }
+                    if moved.excluded {
+                        batch.put_cf(&self.cf(Cf::Exclusions), key, []);
+                    }
+                }
                 batch.put_cf(&log_cf, keys::log(id), keys::user(user));
                 batch.put_cf(&chain_cf, keys::chain(user, conversation, id), []);
                 deltas.add(&chunk.retrieval, 1);
@@ -1294,7 +1349,25 @@ impl Store {
                 Arc::make_mut(names).insert((conversation, role), bound_name_of(&name));
             }
         }
+        let mut cached = self.warm.lock();
+        for (user, row, activation) in warmed {
+            if let Some(index) = cached.get_mut(&user) {
+                Arc::make_mut(index).insert(row, activation);
+            }
+        }
         Ok(ids)
+    }
+
+    /// Move `user`'s clock on to `clock` when it is behind (a moved user's clock, which counts
+    /// every token the user's requests brought, not only those of its stored rows).
+    pub fn advance_clock(&self, user: UserId, clock: u64) -> Result<(), StoreError> {
+        let _guard = self.writer.lock();
+        if self.clock(user)? >= clock {
+            return Ok(());
+        }
+        let mut batch = WriteBatch::default();
+        batch.put_cf(&self.cf(Cf::Clock), keys::user(user), clock.to_le_bytes());
+        self.write(batch)
     }
 
     /// Add count deltas to the batch as merge operands of family `cf` (`Counts` or
@@ -1470,6 +1543,23 @@ impl Store {
         let mut batch = WriteBatch::default();
         batch.put_cf(&self.cf(Cf::Owners), keys::user(user), linked);
         self.write(batch)
+    }
+
+    /// The credential's own user `user` is a sub-user of ([`Store::link_owner`]), if any.
+    pub fn owner_of(&self, user: UserId) -> Result<Option<UserId>, StoreError> {
+        let Some(value) = self.get(Cf::Owners, &keys::user(user))? else {
+            return Ok(None);
+        };
+        keys::parse_user(&value)
+            .map(Some)
+            .ok_or_else(|| StoreError::Corrupt {
+                cf: Cf::Owners.name(),
+                key: hex_key(&keys::user(user)),
+                source: CodecError {
+                    what: "owner link",
+                    reason: "value is not a user id".into(),
+                },
+            })
     }
 
     /// The sub-users linked to `owner` ([`Store::link_owner`]), in id order.
