@@ -3,14 +3,16 @@
 //! A backup is a folder holding `store/` (a RocksDB checkpoint of the store, taken while it
 //! keeps serving: table files hard-linked where the backup is on the same file system, copied
 //! otherwise), `dictionaries/<version>/` for each version the store names (serving, and dark
-//! during a swap), the server secret that keys credentials to users, and `backup.json`. It is
+//! during a swap; linked or copied the same way, since a version's files never change), the
+//! server secret that keys credentials to users, and `backup.json`. It is
 //! made in `<DEST>.partial` and renamed to `DEST` when whole, so a `DEST` that exists is a
 //! whole backup. The arena is not in it: it is derived from the store, and the first open of
 //! a restored data directory builds it.
 //!
 //! A restore makes a new data directory from a backup the same way (`<DATA>.partial`, then one
-//! rename): table files hard-linked (RocksDB never changes one; it only unlinks it), every
-//! other file copied, the dictionaries put where `dict install` uploads them, so the restored
+//! rename): table files and dictionaries hard-linked where the file system allows (RocksDB
+//! never changes a table file; it only unlinks it), every other file copied, the dictionaries
+//! put where `dict install` uploads them, so the restored
 //! directory serves without the dictionaries root the backup came from.
 
 use std::io;
@@ -92,7 +94,7 @@ pub fn backup(memory: &Memory, to: &Path) -> Result<Manifest, BackupError> {
     let dark = store.dark_dictionary();
     for dictionary in std::iter::once(&memory.dictionary).chain(&dark) {
         let target = memory::upload_dir(&partial, dictionary.version())?;
-        copy_folder(dictionary.dir(), &target, false).map_err(at(&target))?;
+        copy_folder(dictionary.dir(), &target, always).map_err(at(&target))?;
     }
     copy_secret(store.path(), &partial)?;
     let manifest = Manifest {
@@ -191,11 +193,11 @@ fn percent_encoded(text: &str) -> String {
 pub fn restore(from: &Path, data: &Path) -> Result<Manifest, BackupError> {
     let manifest = read_manifest(from)?;
     let partial = begin(data)?;
-    copy_folder(&from.join(STORE_DIR), &partial, true).map_err(at(&partial))?;
+    copy_folder(&from.join(STORE_DIR), &partial, is_table).map_err(at(&partial))?;
     for version in std::iter::once(&manifest.serving).chain(&manifest.dark) {
         let source = memory::upload_dir(from, version)?;
         let target = memory::upload_dir(&partial, version)?;
-        copy_folder(&source, &target, false).map_err(at(&target))?;
+        copy_folder(&source, &target, always).map_err(at(&target))?;
     }
     copy_secret(from, &partial)?;
     finish(&partial, data)?;
@@ -285,10 +287,10 @@ fn walk(dir: &Path) -> Result<Vec<PathBuf>, BackupError> {
 }
 
 /// Copy every file of folder `source` into folder `target` (made when missing), each synced;
-/// with `link_tables`, a RocksDB table file (`.sst`, `.blob`: never changed once written) is
+/// a file `link` says is never changed once written (a RocksDB table file, a dictionary's) is
 /// hard-linked instead where the file system allows. Returns the files copied or linked; an
 /// error names the file it met.
-pub fn copy_folder(source: &Path, target: &Path, link_tables: bool) -> io::Result<u64> {
+pub fn copy_folder(source: &Path, target: &Path, link: fn(&Path) -> bool) -> io::Result<u64> {
     let named = |path: &Path| {
         let path = path.display().to_string();
         move |err: io::Error| io::Error::new(err.kind(), format!("{path}: {err}"))
@@ -301,11 +303,7 @@ pub fn copy_folder(source: &Path, target: &Path, link_tables: bool) -> io::Resul
             continue;
         }
         let to = target.join(from.file_name().expect("a listed file has a name"));
-        let immutable = matches!(
-            from.extension().and_then(|e| e.to_str()),
-            Some("sst" | "blob")
-        );
-        if !(link_tables && immutable && std::fs::hard_link(&from, &to).is_ok()) {
+        if !(link(&from) && std::fs::hard_link(&from, &to).is_ok()) {
             std::fs::copy(&from, &to).map_err(named(&to))?;
             std::fs::File::open(&to)
                 .and_then(|file| file.sync_all())
@@ -314,6 +312,25 @@ pub fn copy_folder(source: &Path, target: &Path, link_tables: bool) -> io::Resul
         files += 1;
     }
     Ok(files)
+}
+
+/// A RocksDB table file (`.sst`, `.blob`): RocksDB never changes one once written, only
+/// unlinks it, so a restored store may share it with the backup.
+fn is_table(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("sst" | "blob")
+    )
+}
+
+/// Every file: a dictionary version's files never change (a new version is a new folder).
+fn always(_: &Path) -> bool {
+    true
+}
+
+/// No file: a copy that owns its bytes.
+pub fn never(_: &Path) -> bool {
+    false
 }
 
 /// Copy the server secret of folder `from` into folder `to`, owner-only, when there is one

@@ -516,3 +516,120 @@ fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
+
+/// What [`backup_under_load`] measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackupReport {
+    pub rows: u64,
+    pub writers: usize,
+    /// The backup itself ([`crate::backup::backup`]): checkpoint, dictionaries, manifest.
+    pub backup_ms: f64,
+    /// The backup's files, and how many of them are hard links to the store's.
+    pub files: u64,
+    pub linked_files: u64,
+    /// Making a data directory from the backup ([`crate::backup::restore`]), files only (the
+    /// first open then builds the arena: `bench scan`'s cold open).
+    pub restore_ms: f64,
+    /// One message's capture (tokenize, derive, one write batch), before and while the backup
+    /// ran: captures, p50, p99 and max.
+    pub captures_before: u64,
+    pub capture_before_p50_ms: f64,
+    pub capture_before_p99_ms: f64,
+    pub captures_during: u64,
+    pub capture_during_p50_ms: f64,
+    pub capture_during_p99_ms: f64,
+    pub capture_during_max_ms: f64,
+}
+
+/// Take a backup of `memory` into the new folder `to` while `writers` threads capture one
+/// synthetic message at a time, for `warmup` before it and on until it ends (at least
+/// `warmup` again); then restore it into `restored`. Reports the backup's and the restore's
+/// time and the capture latency before and during the backup. `to` and `restored` are left
+/// for the caller to remove.
+pub fn backup_under_load(
+    memory: &Memory,
+    to: &std::path::Path,
+    restored: &std::path::Path,
+    writers: usize,
+    warmup: Duration,
+) -> Result<BackupReport, crate::error::Error> {
+    use std::os::unix::fs::MetadataExt as _;
+    use std::sync::atomic::{AtomicU8, Ordering};
+    // 0: before the backup, 1: during it, 2: stop.
+    let phase = AtomicU8::new(0);
+    let capturer = crate::capture::Capturer::new(&memory.dictionary);
+    let (backup, timings) = std::thread::scope(|scope| {
+        let loads: Vec<_> = (0..writers)
+            .map(|writer| {
+                let (phase, capturer, store) = (&phase, &capturer, &memory.store);
+                scope.spawn(move || -> Result<_, crate::error::Error> {
+                    let mut seen = [latency::histogram(), latency::histogram()];
+                    let messages = synthetic_messages(100_000, 97, MESSAGE_SEED ^ writer as u64);
+                    for message in messages.iter().cycle() {
+                        let now = phase.load(Ordering::Acquire);
+                        if now == 2 {
+                            break;
+                        }
+                        let started = Instant::now();
+                        capturer.capture(store, std::slice::from_ref(message))?;
+                        latency::record(&mut seen[usize::from(now)], started.elapsed());
+                    }
+                    Ok(seen)
+                })
+            })
+            .collect();
+        std::thread::sleep(warmup);
+        phase.store(1, Ordering::Release);
+        let started = Instant::now();
+        let backup =
+            crate::backup::backup(memory, to).map(|manifest| (manifest, started.elapsed()));
+        std::thread::sleep(warmup.saturating_sub(started.elapsed()));
+        phase.store(2, Ordering::Release);
+        let mut timings = [latency::histogram(), latency::histogram()];
+        for load in loads {
+            let seen = load.join().expect("a capture thread")?;
+            for (all, one) in timings.iter_mut().zip(&seen) {
+                all.add(one).expect("histograms of one range");
+            }
+        }
+        Ok::<_, crate::error::Error>((backup, timings))
+    })?;
+    let (manifest, took) = backup?;
+    let (mut files, mut linked_files) = (0, 0);
+    let store_files = to.join("store");
+    for entry in
+        std::fs::read_dir(&store_files).map_err(|source| crate::backup::BackupError::Io {
+            path: store_files.clone(),
+            source,
+        })?
+    {
+        let metadata =
+            entry
+                .and_then(|e| e.metadata())
+                .map_err(|source| crate::backup::BackupError::Io {
+                    path: store_files.clone(),
+                    source,
+                })?;
+        files += 1;
+        linked_files += u64::from(metadata.nlink() > 1);
+    }
+    let started = Instant::now();
+    crate::backup::restore(to, restored)?;
+    let restore_ms = started.elapsed().as_secs_f64() * 1e3;
+    let [before, during] = timings;
+    Ok(BackupReport {
+        rows: manifest.rows_below - 1,
+        writers,
+        backup_ms: took.as_secs_f64() * 1e3,
+        files,
+        linked_files,
+        restore_ms,
+        captures_before: before.len(),
+        capture_before_p50_ms: latency::ms(&before, 0.5),
+        capture_before_p99_ms: latency::ms(&before, 0.99),
+        captures_during: during.len(),
+        capture_during_p50_ms: latency::ms(&during, 0.5),
+        capture_during_p99_ms: latency::ms(&during, 0.99),
+        capture_during_max_ms: latency::ms(&during, 1.0),
+    })
+}

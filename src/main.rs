@@ -327,6 +327,32 @@ enum BenchCommand {
         #[command(flatten)]
         dictionary: DictionaryArgs,
     },
+    /// A backup taken while threads keep capturing: its time, the capture latency before and
+    /// during it, and the time to restore it (files only).
+    Backup {
+        /// Rows in the memory (made once, then reused with `--data`).
+        #[arg(long, default_value_t = 100_000)]
+        rows: usize,
+        /// Users they are spread over.
+        #[arg(long, default_value_t = 1_000)]
+        users: usize,
+        /// Threads capturing one message at a time meanwhile.
+        #[arg(long, default_value_t = 2)]
+        writers: usize,
+        /// Capture this long before the backup, and at least this long from its start.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// Where to put the store (default: a fresh temp folder, removed afterwards); a store
+        /// that already holds rows is reused (it grows by the captures). The backup and the
+        /// restored folder are made beside it and removed afterwards.
+        #[arg(long)]
+        data: Option<PathBuf>,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
+    },
     /// Capture rate (rows/s) into a fresh store with the WAL on.
     Ingest {
         /// Messages to capture.
@@ -938,6 +964,18 @@ fn main() -> anyhow::Result<()> {
         } => bench_ingest(messages, users, data, sync, &dictionary),
         Command::Bench {
             command:
+                BenchCommand::Backup {
+                    rows,
+                    users,
+                    writers,
+                    seconds,
+                    json,
+                    data,
+                    dictionary,
+                },
+        } => bench_backup(rows, users, writers, seconds, json, data, &dictionary),
+        Command::Bench {
+            command:
                 BenchCommand::Proxy {
                     rows,
                     users,
@@ -1485,6 +1523,64 @@ fn bench_ingest(
         summary.rows_per_second()
     );
     std::io::stdout().flush()?;
+    Ok(())
+}
+
+fn bench_backup(
+    rows: usize,
+    users: usize,
+    writers: usize,
+    seconds: f64,
+    json: bool,
+    data: Option<PathBuf>,
+    dictionary: &DictionaryArgs,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        users > 0 && writers > 0,
+        "--users and --writers must be at least 1"
+    );
+    let settings = bench::ScanSettings {
+        rows,
+        users,
+        threads: 1,
+        queries: 0,
+        fidelity_queries: 0,
+    };
+    let (place, memory) = synthetic_memory(data, settings, dictionary, "backup")?;
+    let beside = |what: &str| {
+        let mut name = place.dir.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(".bench-{what}-{}", std::process::id()));
+        place.dir.with_file_name(name)
+    };
+    let (to, restored) = (beside("backup"), beside("restored"));
+    let warmup = std::time::Duration::from_secs_f64(seconds);
+    let report = bench::backup_under_load(&memory, &to, &restored, writers, warmup);
+    for dir in [&to, &restored] {
+        if let Err(err) = std::fs::remove_dir_all(dir) {
+            eprintln!("could not remove {}: {err}", dir.display());
+        }
+    }
+    let report = report?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "bench backup: {} rows, {writers} writers: backup {:.1} ms ({} of {} files linked), restore {:.1} ms; \
+             capture p50/p99 before {:.2}/{:.2} ms ({} captures), during {:.2}/{:.2} ms, max {:.2} ms ({} captures)",
+            report.rows,
+            report.backup_ms,
+            report.linked_files,
+            report.files,
+            report.restore_ms,
+            report.capture_before_p50_ms,
+            report.capture_before_p99_ms,
+            report.captures_before,
+            report.capture_during_p50_ms,
+            report.capture_during_p99_ms,
+            report.capture_during_max_ms,
+            report.captures_during
+        );
+    }
     Ok(())
 }
 

@@ -149,7 +149,7 @@ fn upload(source: &Path, data: &Path, version: &str) -> Result<PathBuf, Error> {
             _ => {}
         }
     }
-    crate::backup::copy_folder(source, &temp, false).map_err(at(&temp))?;
+    crate::backup::copy_folder(source, &temp, crate::backup::never).map_err(at(&temp))?;
     std::fs::rename(&temp, &target).map_err(at(&target))?;
     std::fs::File::open(&uploads)
         .and_then(|f| f.sync_all())
