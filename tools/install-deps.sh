@@ -86,3 +86,15 @@ then
     echo "WARNING: could not make the harness environment (is PyPI reachable?); the Python harness tests will SKIP" >&2
   fi
 fi
+
+# HAProxy for the sharded deployment (deploy/haproxy) and its test (tests/haproxy.rs): Debian's
+# package (2.6 on Debian 12), installed when haproxy is neither on PATH nor in /usr/sbin. Where it
+# cannot be installed the script says WARNING and the test SKIPs.
+if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
+  echo "installing: haproxy"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  if ! { DEBIAN_FRONTEND=noninteractive $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq haproxy; }; then
+    echo "WARNING: could not install haproxy; the HAProxy deployment test will SKIP" >&2
+  fi
+fi
