@@ -11,7 +11,10 @@
 //! user's rows in the same run, and the same two systems with each user alone in an isolated
 //! memory (its own store and statistic), so what pooling costs or gains is visible. Figures
 //! are also split over the even and odd users (LoCoMo conversations, LongMemEval questions) so
-//! a constant tuned on one half can be checked on the other.
+//! a constant tuned on one half can be checked on the other. With several shards
+//! ([`run_sharded`]), the pooled memory is split: each shard holds some of the users in a store
+//! of its own, with its own statistic, and each question is asked of its user's shard, so the
+//! figures show what a sharded deployment loses against one statistic over every user.
 //!
 //! Questions without evidence are not scored, only counted: LongMemEval's abstention questions
 //! (id ending in [`ABSTENTION_SUFFIX`]), questions whose file lists no evidence, and questions
@@ -101,6 +104,12 @@ pub struct EvalArgs {
     /// session ranked, ours and BM25, and whether the frame showed it.
     #[arg(long, value_name = "FILE")]
     pub per_question: Option<PathBuf>,
+    /// Split the file's users over this many shards, each its own store with its own arena
+    /// and frequency statistic, by a jump consistent hash of the user id; every question is
+    /// asked of its user's shard only. At 1, one pooled memory; above 1, the data directory
+    /// holds the first shard and must be empty (docs/eval.md, "Shards").
+    #[arg(long, default_value_t = 1)]
+    pub shards: usize,
 }
 
 /// An evaluation could not run.
@@ -118,6 +127,16 @@ pub enum EvalError {
     /// Class: client. `--k` holds no depth, or a zero.
     #[error("--k needs one or more depths of at least 1 (got {ks:?})")]
     Depths { ks: Vec<usize> },
+    /// Class: client. `--shards` is zero.
+    #[error("--shards needs at least 1 shard")]
+    NoShards,
+    /// Class: client. Shards are ingested one by one, which a memory already holding rows
+    /// cannot be split into.
+    #[error(
+        "{path} already holds rows, but a run over {shards} shards ingests each shard itself; \
+         evaluate into an empty data directory"
+    )]
+    ShardsNotEmpty { path: PathBuf, shards: usize },
     /// Class: client. A reused data directory holds rows, but not every user of the file.
     #[error(
         "{path} already holds rows but lacks {missing} of the file's {users} users (first: {first}); \
@@ -196,6 +215,12 @@ pub enum Progress {
     Questions { asked: usize, total: usize },
     /// Users evaluated in isolated memories so far.
     Isolated { users: usize, total: usize },
+    /// A shard's memory is being filled and asked (`--shards` above 1); `shard` from 0.
+    Shard {
+        shard: usize,
+        total: usize,
+        users: usize,
+    },
 }
 
 impl fmt::Display for Progress {
@@ -214,6 +239,11 @@ impl fmt::Display for Progress {
             ),
             Self::Questions { asked, total } => write!(f, "pooled: {asked}/{total} questions"),
             Self::Isolated { users, total } => write!(f, "isolated: {users}/{total} users"),
+            Self::Shard {
+                shard,
+                total,
+                users,
+            } => write!(f, "shard {}/{total}: {users} users", shard + 1),
         }
     }
 }
@@ -443,6 +473,28 @@ pub struct ArenaSize {
     pub bytes: usize,
 }
 
+/// One shard of a sharded run: its users and what its memory held and was asked.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Shard {
+    /// The shard's users, in file order.
+    pub users: Vec<String>,
+    /// Rows its arena held when the last question was asked.
+    pub rows: usize,
+    /// Questions asked of it.
+    pub asked: usize,
+}
+
+/// How a sharded run (`--shards` above 1) split the users: every shard in order, empty ones
+/// included.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sharding {
+    /// Shards, each its own store, arena and frequency statistic.
+    pub count: usize,
+    /// `"jump"`: [`shard_of`].
+    pub assignment: String,
+    pub per_shard: Vec<Shard>,
+}
+
 /// One asked question as the pooled memory answered it (`--per-question`): the rank (from 0)
 /// of each of its evidence turns and sessions among the ranked units, ours and BM25 (`None`
 /// where it was not retrieved), whether the frame showed each evidence turn, and the frame's
@@ -532,6 +584,11 @@ pub struct Report {
     pub arena: ArenaSize,
     /// Users in the file.
     pub users: usize,
+    /// How the users were split over shards; absent with one shard (the pooled memory). With
+    /// several, `overall`, `bm25`, `halves`, the frame, `latency_ms`, `ingest_rows_per_s` and
+    /// `arena` are those of the shards together, every question asked of its user's shard.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shards: Option<Sharding>,
     /// Evidence strings that name no turn of their conversation.
     pub unresolved_evidence: Vec<EvidenceNote>,
     /// Evidence turns the pooled memory holds no row for.
@@ -815,6 +872,41 @@ fn depths(ks: &[usize]) -> Result<Vec<usize>, EvalError> {
     Ok(ks)
 }
 
+/// The bucket of 64-bit `key` among `buckets` by jump consistent hash: a seeded linear
+/// congruential walk over the bucket counts at which the key would move, stopping past
+/// `buckets`. Stable (the same key, the same bucket, on every machine and run) and monotone:
+/// going from `n` to `n + 1` buckets moves a key only into the new bucket, about `1 / (n + 1)`
+/// of the keys. `buckets` is at least 1.
+pub fn jump_hash(mut key: u64, buckets: usize) -> usize {
+    let (mut bucket, mut next) = (0_i64, 0_i64);
+    while next < buckets as i64 {
+        bucket = next;
+        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
+        next = ((bucket + 1) as f64 * ((1_i64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
+    }
+    bucket as usize
+}
+
+/// The shard (from 0) of the user named `key` among `shards`: [`jump_hash`] of its user id
+/// ([`UserId::from_key`], the first 8 bytes of a SHA-256 of the key), the stable assignment
+/// a load balancer over `shards` nodes would make. `shards` is at least 1.
+pub fn shard_of(key: &str, shards: usize) -> usize {
+    jump_hash(UserId::from_key(key).0, shards)
+}
+
+/// Each user's runs of consecutive messages in `messages`, as index ranges in order.
+fn user_runs(messages: &[Message]) -> HashMap<&str, Vec<std::ops::Range<usize>>> {
+    let mut runs: HashMap<&str, Vec<std::ops::Range<usize>>> = HashMap::new();
+    let mut start = 0;
+    for run in messages.chunk_by(|a, b| a.user_key == b.user_key) {
+        runs.entry(run[0].user_key.as_str())
+            .or_default()
+            .push(start..start + run.len());
+        start += run.len();
+    }
+    runs
+}
+
 fn is_abstention(format: Format, question: &Question) -> bool {
     format == Format::Longmemeval && question.user_key.ends_with(ABSTENTION_SUFFIX)
 }
@@ -995,14 +1087,7 @@ fn ask_isolated(
     depth: usize,
     progress: &mut impl FnMut(&Progress),
 ) -> Result<Vec<Answers>, EvalError> {
-    let mut runs: HashMap<&str, Vec<std::ops::Range<usize>>> = HashMap::new();
-    let mut start = 0;
-    for run in dataset.messages.chunk_by(|a, b| a.user_key == b.user_key) {
-        runs.entry(run[0].user_key.as_str())
-            .or_default()
-            .push(start..start + run.len());
-        start += run.len();
-    }
+    let mut runs = user_runs(&dataset.messages);
     // Only users with something to ask get a memory (not those of abstention questions).
     let users: Vec<&str> = first_occurrences(
         asked
@@ -1053,17 +1138,175 @@ fn ask_isolated(
         .collect())
 }
 
+/// What the memories of a run left: the answers (in the order asked), each user's stored
+/// turns, the rows held, the ingest (`None` when nothing was captured) and, per shard, its
+/// users and size.
+struct Asked {
+    answers: Vec<Answers>,
+    stored_turns: HashSet<(UserId, String)>,
+    rows: usize,
+    ingested: Option<IngestSummary>,
+    per_shard: Vec<Shard>,
+}
+
+/// Ask `asked` (indexes into the file's questions) of the memories holding `shards` (each
+/// shard's users, in file order), one shard after the other, each question of its user's
+/// shard: the shard's users' messages replayed into its own store, arena and statistic, in
+/// the file's order. `memory` holds the first shard; every other one that has users is a
+/// fresh scratch store, removed once asked. With `reused`, nothing is captured (one shard
+/// only); with `agent_session`, the agent session's tool rows of the shard's users are
+/// captured before its first question. With one shard this is the pooled replay. Answers
+/// come back in the order of `asked`.
+#[allow(clippy::too_many_arguments)]
+fn ask_shards(
+    memory: &Memory,
+    kernels: &Kernels,
+    recall_config: &RecallConfig,
+    dataset: &Dataset,
+    shards: &[Vec<&str>],
+    (asked, depth): (&[usize], usize),
+    (reused, agent_session): (bool, bool),
+    progress: &mut impl FnMut(&Progress),
+) -> Result<Asked, EvalError> {
+    let runs = user_runs(&dataset.messages);
+    let mut answers: HashMap<usize, Answers> = HashMap::with_capacity(asked.len());
+    let mut done = Asked {
+        answers: Vec::with_capacity(asked.len()),
+        stored_turns: HashSet::new(),
+        rows: 0,
+        ingested: None,
+        per_shard: Vec::with_capacity(shards.len()),
+    };
+    for (s, users) in shards.iter().enumerate() {
+        let of_shard: Vec<usize> = asked
+            .iter()
+            .copied()
+            .filter(|&q| users.contains(&dataset.questions[q].user_key.as_str()))
+            .collect();
+        let mut shard = Shard {
+            users: users.iter().map(|&u| u.to_owned()).collect(),
+            rows: 0,
+            asked: of_shard.len(),
+        };
+        if shards.len() > 1 {
+            progress(&Progress::Shard {
+                shard: s,
+                total: shards.len(),
+                users: users.len(),
+            });
+        }
+        if users.is_empty() {
+            done.per_shard.push(shard);
+            continue;
+        }
+        // Declared before the memory that opens it, so the store is closed before the
+        // folder is removed.
+        let scratch;
+        let opened;
+        let shard_memory = if s == 0 {
+            memory
+        } else {
+            scratch = ScratchDir::new(&format!("shard-{s}"))?;
+            let store = Store::open(scratch.path(), &StoreOptions::default())?;
+            store.bind_dictionary(memory.dictionary.version())?;
+            opened = Memory {
+                store: std::sync::Arc::new(store),
+                dictionary: std::sync::Arc::clone(&memory.dictionary),
+            };
+            &opened
+        };
+        let mut ranges: Vec<std::ops::Range<usize>> = if reused {
+            Vec::new()
+        } else {
+            users
+                .iter()
+                .flat_map(|u| runs.get(u).into_iter().flatten().cloned())
+                .collect()
+        };
+        ranges.sort_by_key(|range| range.start);
+        // Adjacent runs merged: one shard holding every user replays the file in one range.
+        let ranges = ranges.into_iter().fold(
+            Vec::new(),
+            |mut merged: Vec<std::ops::Range<usize>>, range| {
+                match merged.last_mut() {
+                    Some(last) if last.end == range.start => last.end = range.end,
+                    _ => merged.push(range),
+                }
+                merged
+            },
+        );
+        let history = History {
+            all: &dataset.messages,
+            ranges,
+            before_questions: if agent_session && !reused {
+                self::agent_session(users)
+            } else {
+                Vec::new()
+            },
+        };
+        let replayed = replay(
+            &shard_memory.store,
+            &shard_memory.dictionary,
+            kernels,
+            Some((shard_memory, recall_config)),
+            history,
+            (&dataset.questions, &of_shard),
+            depth,
+            progress,
+        )?;
+        answers.extend(of_shard.into_iter().zip(replayed.answers));
+        done.stored_turns.extend(replayed.corpus.stored_turns);
+        shard.rows = replayed.arena.rows();
+        done.rows += shard.rows;
+        if let Some(summary) = replayed.ingested {
+            done.ingested = Some(done.ingested.unwrap_or_default().plus(&summary));
+        }
+        done.per_shard.push(shard);
+    }
+    done.answers = asked
+        .iter()
+        .map(|q| {
+            answers
+                .remove(q)
+                .expect("every asked question's user is in a shard")
+        })
+        .collect();
+    Ok(done)
+}
+
 /// Evaluate `file` (in `format`) on the pooled `memory` at depths `ks`: ingest it (or reuse the
 /// rows already there), ask every question with evidence, then ask each again with its user
-/// alone in a scratch memory. `progress` hears where the run stands.
+/// alone in a scratch memory. `progress` hears where the run stands. The same as
+/// [`run_sharded`] with one shard.
 pub fn run(
     memory: &Memory,
     format: Format,
     file: &Path,
     ks: &[usize],
     agent_session: bool,
+    progress: impl FnMut(&Progress),
+) -> Result<Report, EvalError> {
+    run_sharded(memory, format, file, ks, agent_session, 1, progress)
+}
+
+/// [`run`] with the file's users split over `shards` memories by [`shard_of`], each its own
+/// store, arena and frequency statistic, every question asked of its user's shard only:
+/// ours and BM25 both read the statistic of that shard, as a node of a sharded deployment
+/// would. `memory` holds the first shard (and must be empty with more than one), the others
+/// are scratch stores removed once asked. The isolated memories are as in [`run`]. With one
+/// shard this is [`run`], and the report has no `shards`.
+pub fn run_sharded(
+    memory: &Memory,
+    format: Format,
+    file: &Path,
+    ks: &[usize],
+    agent_session: bool,
+    shards: usize,
     mut progress: impl FnMut(&Progress),
 ) -> Result<Report, EvalError> {
+    if shards == 0 {
+        return Err(EvalError::NoShards);
+    }
     let ks = depths(ks)?;
     let ranked_rows = RANKED_ROWS.max(ks[ks.len() - 1]);
     let dataset = datasets::load(format, file)?;
@@ -1075,6 +1318,12 @@ pub fn run(
             .chain(dataset.messages.iter().map(|m| m.user_key.as_str())),
     );
     let reused = reused(&memory.store, &dataset, &users)?;
+    if reused && shards > 1 {
+        return Err(EvalError::ShardsNotEmpty {
+            path: memory.store.path().to_path_buf(),
+            shards,
+        });
+    }
     if reused {
         progress(&Progress::Reused);
     }
@@ -1097,32 +1346,29 @@ pub fn run(
     let kernels = Kernels::detect(false);
     tracing::info!(kernels = %kernels.describe(), "scan kernels chosen");
     let recall_config = RecallConfig::default();
-    let history = History {
-        all: &dataset.messages,
-        ranges: if reused {
-            Vec::new()
-        } else {
-            std::iter::once(0..dataset.messages.len()).collect()
-        },
-        before_questions: if agent_session && !reused {
-            self::agent_session(&users)
-        } else {
-            Vec::new()
-        },
-    };
-    let Replayed {
+    let assigned: Vec<Vec<&str>> = (0..shards)
+        .map(|s| {
+            users
+                .iter()
+                .copied()
+                .filter(|&user| shard_of(user, shards) == s)
+                .collect()
+        })
+        .collect();
+    let Asked {
         answers: pooled,
-        arena,
-        corpus,
+        stored_turns,
+        rows,
         ingested,
-    } = replay(
-        &memory.store,
-        &memory.dictionary,
+        per_shard,
+    } = ask_shards(
+        memory,
         &kernels,
-        Some((memory, &recall_config)),
-        history,
-        (&dataset.questions, &asked),
-        ranked_rows,
+        &recall_config,
+        &dataset,
+        &assigned,
+        (&asked, ranked_rows),
+        (reused, agent_session),
         &mut progress,
     )?;
     let mut latency = latency::histogram();
@@ -1191,7 +1437,7 @@ pub fn run(
         unstored_evidence.extend(
             q.evidence_turns
                 .iter()
-                .filter(|&turn| !corpus.stored_turns.contains(&(user, turn.clone())))
+                .filter(|&turn| !stored_turns.contains(&(user, turn.clone())))
                 .map(note),
         );
     }
@@ -1224,11 +1470,16 @@ pub fn run(
         },
         ingest_rows_per_s: ingested.map(|summary| summary.rows_per_second()),
         arena: ArenaSize {
-            rows: arena.rows(),
+            rows,
             bytes_per_row: Arena::bytes_per_row(),
-            bytes: arena.rows() * Arena::bytes_per_row(),
+            bytes: rows * Arena::bytes_per_row(),
         },
         users: users.len(),
+        shards: (shards > 1).then(|| Sharding {
+            count: shards,
+            assignment: "jump".to_owned(),
+            per_shard,
+        }),
         unresolved_evidence,
         unstored_evidence,
         per_question: asked
@@ -1301,6 +1552,15 @@ impl Report {
             )
     }
 
+    /// `pooled`, or `sharded` when the users were split over shards.
+    fn memory_label(&self) -> &'static str {
+        if self.shards.is_some() {
+            "sharded"
+        } else {
+            "pooled"
+        }
+    }
+
     /// The human-readable report: ours, BM25 and both isolated, per level and metric; the
     /// halves; with `by_category`, the same tables per question category.
     pub fn render(&self, by_category: bool) -> String {
@@ -1317,6 +1577,25 @@ impl Report {
             "eval {} ({}, dictionary {}): {} users, {} rows, {} questions",
             self.dataset, self.format, self.dictionary, self.users, self.arena.rows, self.questions
         )?;
+        if let Some(sharding) = &self.shards {
+            let list = |of: fn(&Shard) -> usize| {
+                sharding
+                    .per_shard
+                    .iter()
+                    .map(|shard| of(shard).to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            writeln!(
+                out,
+                "  {} shards ({} hash of the user id), each its own statistic; users per shard {}; rows {}; asked {}",
+                sharding.count,
+                sharding.assignment,
+                list(|shard| shard.users.len()),
+                list(|shard| shard.rows),
+                list(|shard| shard.asked)
+            )?;
+        }
         writeln!(
             out,
             "  asked {}; not asked: {} abstention, {} without evidence, {} with only unresolved evidence",
@@ -1384,14 +1663,18 @@ impl Report {
         ) {
             (Some(share), Some(median), Some(p90)) => writeln!(
                 out,
-                "\nframe, pooled (probe mode): evidence in frame {share:.3}, tokens median {median}, p90 {p90}"
+                "\nframe, {} (probe mode): evidence in frame {share:.3}, tokens median {median}, p90 {p90}",
+                self.memory_label()
             )?,
             _ => writeln!(out, "\nframe: no question with turn evidence")?,
         }
         writeln!(
             out,
-            "latency, pooled (prepare + search of {} rows): p50 {:.2} ms, p99 {:.2} ms",
-            self.ranked_rows, self.latency_ms.p50, self.latency_ms.p99
+            "latency, {} (prepare + search of {} rows): p50 {:.2} ms, p99 {:.2} ms",
+            self.memory_label(),
+            self.ranked_rows,
+            self.latency_ms.p50,
+            self.latency_ms.p99
         )?;
         match self.ingest_rows_per_s {
             Some(rate) => writeln!(out, "ingest: {rate:.0} rows/s")?,
@@ -1503,6 +1786,31 @@ mod tests {
     #[test]
     fn units_keep_their_first_rank() {
         assert_eq!(first_occurrences([3, 1, 3, 2, 1]), [3, 1, 2]);
+    }
+
+    #[test]
+    fn jump_hash_matches_the_published_vectors() {
+        for (key, buckets, bucket) in [
+            (1, 1, 0),
+            (42, 57, 43),
+            (0xDEAD_10CC, 1, 0),
+            (0xDEAD_10CC, 666, 361),
+            (256, 1024, 520),
+        ] {
+            assert_eq!(jump_hash(key, buckets), bucket, "{key} over {buckets}");
+        }
+    }
+
+    #[test]
+    fn a_user_stays_or_moves_to_the_new_shard() {
+        for i in 0..200 {
+            let key = format!("user-{i}");
+            assert_eq!(shard_of(&key, 1), 0);
+            for n in 1..16 {
+                let (before, after) = (shard_of(&key, n), shard_of(&key, n + 1));
+                assert!(before < n && (after == before || after == n), "{key} {n}");
+            }
+        }
     }
 
     #[test]

@@ -625,12 +625,13 @@ fn main() -> anyhow::Result<()> {
                 sync_writes: false,
                 uncompressed: false,
             })?;
-            let report = perpetuity::eval::run(
+            let report = perpetuity::eval::run_sharded(
                 &memory,
                 args.format,
                 &args.file,
                 &args.ks,
                 args.agent_session,
+                args.shards,
                 |p| eprintln!("eval: {p}"),
             )?;
             if let Some(path) = &args.per_question {

@@ -596,3 +596,135 @@ fn realmem_every_query_is_accounted_for() {
     // The baseline is sound: BM25 finds an evidence session in the top 10 for most queries.
     assert!(number(&json, &["bm25", "session", "recall_any@10"]) > 0.6);
 }
+
+/// The file's users, each once.
+fn users_of(format: Format, file: &Path) -> Vec<String> {
+    let dataset = perpetuity::datasets::load(format, file).unwrap();
+    let mut users: Vec<String> = dataset
+        .questions
+        .iter()
+        .map(|q| q.user_key.clone())
+        .chain(dataset.messages.iter().map(|m| m.user_key.clone()))
+        .collect();
+    users.sort();
+    users.dedup();
+    users
+}
+
+#[test]
+fn shards_split_the_users_and_each_asks_its_own() {
+    // Two shards of the small file: every figure derived by hand holds in any split (each
+    // evidence row is the only one of its words in its user's memory), the rows are all
+    // there, and each user is in exactly one shard.
+    let dir = tempfile::tempdir().unwrap();
+    let memory = common::memory(dir.path());
+    let report = eval::run_sharded(
+        &memory,
+        Format::Longmemeval,
+        &small_file(),
+        &[20, 1, 2],
+        false,
+        2,
+        |_| {},
+    )
+    .unwrap();
+    let json = serde_json::to_value(&report).unwrap();
+    for system in ["overall", "bm25", "isolated", "isolated_bm25"] {
+        assert_small_file_figures(&json, system);
+    }
+    assert_eq!(json["arena"]["rows"], 22);
+    assert_eq!(json["shards"]["count"], 2);
+    let sharding = report.shards.as_ref().expect("two shards are reported");
+    let mut users: Vec<String> = sharding
+        .per_shard
+        .iter()
+        .flat_map(|shard| shard.users.clone())
+        .collect();
+    users.sort();
+    assert_eq!(users, users_of(Format::Longmemeval, &small_file()));
+    for (s, shard) in sharding.per_shard.iter().enumerate() {
+        assert!(shard.users.iter().all(|u| eval::shard_of(u, 2) == s));
+    }
+    assert_eq!(sharding.per_shard.iter().map(|s| s.rows).sum::<usize>(), 22);
+    assert_eq!(sharding.per_shard.iter().map(|s| s.asked).sum::<usize>(), 3);
+
+    // One shard is the pooled run: no `shards` in its report. No shard is refused, and so is
+    // a split of a memory that already holds rows (the pooled one here; the sharded one
+    // above holds only its first shard's users).
+    let pooled_dir = tempfile::tempdir().unwrap();
+    let pooled_memory = common::memory(pooled_dir.path());
+    let pooled = eval::run(
+        &pooled_memory,
+        Format::Longmemeval,
+        &small_file(),
+        &[1],
+        false,
+        |_| {},
+    )
+    .unwrap();
+    assert!(
+        serde_json::to_value(&pooled)
+            .unwrap()
+            .get("shards")
+            .is_none()
+    );
+    for (shards, refusal) in [(0, "NoShards"), (2, "ShardsNotEmpty")] {
+        let refused = eval::run_sharded(
+            &pooled_memory,
+            Format::Longmemeval,
+            &small_file(),
+            &[1],
+            false,
+            shards,
+            |_| {},
+        );
+        assert!(
+            match refused {
+                Err(EvalError::NoShards) => refusal == "NoShards",
+                Err(EvalError::ShardsNotEmpty { .. }) => refusal == "ShardsNotEmpty",
+                _ => false,
+            },
+            "{shards} shards: {refused:?}"
+        );
+    }
+}
+
+#[test]
+fn one_user_per_shard_is_the_isolated_memory() {
+    // With every user alone in its shard, each question is asked of the same replay, store
+    // and statistic as its isolated memory: the figures are equal, exactly. RealMem's
+    // questions are asked as the history is replayed, each shard's in the file's order.
+    for (format, file) in [
+        (Format::Longmemeval, small_file()),
+        (Format::Realmem, small_realmem()),
+    ] {
+        let users = users_of(format, &file);
+        let shards = (2..64)
+            .find(|&n| {
+                let mut used: Vec<usize> = users.iter().map(|u| eval::shard_of(u, n)).collect();
+                used.sort_unstable();
+                used.dedup();
+                used.len() == users.len()
+            })
+            .expect("some shard count separates the users");
+        let dir = tempfile::tempdir().unwrap();
+        let memory = common::memory(dir.path());
+        let report =
+            eval::run_sharded(&memory, format, &file, &DEFAULT_KS, false, shards, |_| {}).unwrap();
+        assert_eq!(report.overall.turn, report.isolated.turn, "{format:?}");
+        assert_eq!(
+            report.overall.session, report.isolated.session,
+            "{format:?}"
+        );
+        assert_eq!(report.bm25.turn, report.isolated_bm25.turn, "{format:?}");
+        assert_eq!(
+            report.bm25.session, report.isolated_bm25.session,
+            "{format:?}"
+        );
+        assert!(report.overall.session.questions() > 0);
+        assert!(report.overall.frame.evidence_in_frame.is_some());
+        let sharding = report.shards.unwrap();
+        assert_eq!((sharding.count, sharding.per_shard.len()), (shards, shards));
+        assert!(sharding.per_shard.iter().all(|s| s.users.len() <= 1));
+    }
+}
