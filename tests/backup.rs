@@ -32,6 +32,41 @@ fn start(data: &Path, upstream: &str) -> Server {
     .0
 }
 
+/// A server on a fresh data directory in front of an upstream that answers every request
+/// "Noted.": the runtime the upstream runs on, the upstream, the folder, the data directory
+/// and the server.
+fn serving() -> (
+    tokio::runtime::Runtime,
+    Upstream,
+    tempfile::TempDir,
+    std::path::PathBuf,
+    Server,
+) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = runtime.block_on(Upstream::start());
+    upstream.respond_with(Arc::new(|_, _| chat_reply("Noted.")));
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = start(&data, &upstream.url());
+    (runtime, upstream, dir, data, server)
+}
+
+/// Say `text` as the user behind `auth` to the server on `port`; its answer must be 200.
+fn tell(port: u16, auth: &str, text: &str) -> common::server::Answer {
+    let body = serde_json::json!({"model": "gpt-4o",
+        "messages": [{"role": "user", "content": text}]});
+    let answer = common::server::request(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", auth)],
+        body.to_string().as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    answer
+}
+
 /// The word only client `client`'s `turn`-th request holds.
 fn canary(client: usize, turn: usize) -> String {
     format!("Bkq{client}t{turn:04}Heron")
@@ -144,12 +179,7 @@ fn check_restored(
 
 #[test]
 fn a_backup_taken_under_capture_load_restores_whole() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let upstream = runtime.block_on(Upstream::start());
-    upstream.respond_with(Arc::new(|_, _| chat_reply("Noted.")));
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let server = start(&data, &upstream.url());
+    let (_runtime, _upstream, dir, data, server) = serving();
     let port = server.port;
 
     // Clients capture until told to stop; each records the turns answered so far.
@@ -164,17 +194,7 @@ fn a_backup_taken_under_capture_load_restores_whole() {
                 let auth = format!("Bearer sk-backup-client-{client}");
                 let mut turn = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    let body = serde_json::json!({"model": "gpt-4o",
-                        "messages": [{"role": "user", "content": said(client, turn)}]});
-                    let answer = common::server::request(
-                        port,
-                        "POST",
-                        "/v1/chat/completions",
-                        &[("authorization", &auth)],
-                        body.to_string().as_bytes(),
-                    )
-                    .unwrap();
-                    assert_eq!(answer.status, 200, "{}", answer.text());
+                    tell(port, &auth, &said(client, turn));
                     answered.lock().unwrap().push(canary(client, turn));
                     turn += 1;
                 }
@@ -291,25 +311,10 @@ fn a_backup_taken_under_capture_load_restores_whole() {
 
 #[test]
 fn a_stopped_store_backs_up_and_restores_with_its_dictionary_and_secret() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let upstream = runtime.block_on(Upstream::start());
-    upstream.respond_with(Arc::new(|_, _| chat_reply("Noted.")));
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let server = start(&data, &upstream.url());
+    let (_runtime, upstream, dir, data, server) = serving();
     let auth = "Bearer sk-backup-stopped";
     for turn in 0..6 {
-        let body = serde_json::json!({"model": "gpt-4o",
-            "messages": [{"role": "user", "content": said(0, turn)}]});
-        let answer = server
-            .request(
-                "POST",
-                "/v1/chat/completions",
-                &[("authorization", auth)],
-                body.to_string().as_bytes(),
-            )
-            .unwrap();
-        assert_eq!(answer.status, 200, "{}", answer.text());
+        tell(server.port, auth, &said(0, turn));
     }
     drop(server);
 
@@ -363,17 +368,7 @@ fn a_stopped_store_backs_up_and_restores_with_its_dictionary_and_secret() {
             .env("RUST_LOG", "warn");
     })
     .0;
-    let body = serde_json::json!({"model": "gpt-4o",
-        "messages": [{"role": "user", "content": "What did I ask you to keep safe?"}]});
-    let answer = server
-        .request(
-            "POST",
-            "/v1/chat/completions",
-            &[("authorization", auth)],
-            body.to_string().as_bytes(),
-        )
-        .unwrap();
-    assert_eq!(answer.status, 200, "{}", answer.text());
+    let answer = tell(server.port, auth, "What did I ask you to keep safe?");
     assert_eq!(answer.header("x-perpetuity-memory"), Some("ok"));
     let forwarded = upstream.received().last().unwrap().body.clone();
     assert!(

@@ -15,11 +15,21 @@ use perpetuity::types::{RowId, UserId};
 const USER: &str = "conv-26";
 const NOW: &str = "2026-01-01T00:00:00Z";
 
-fn run(args: &[&str]) -> String {
-    let out = common::perpetuity(args);
+/// `perpetuity COMMAND --data DATA --uncompressed REST...` (stored uncompressed, so a byte
+/// search of the data directory finds stored text).
+fn on(command: &str, data: &Path, rest: &[&str]) -> std::process::Output {
+    let data = data.to_str().unwrap();
+    let mut args = vec![command, "--data", data, "--uncompressed"];
+    args.extend_from_slice(rest);
+    common::perpetuity(&args)
+}
+
+/// [`on`], which must succeed; its standard output.
+fn run(command: &str, data: &Path, rest: &[&str]) -> String {
+    let out = on(command, data, rest);
     assert!(
         out.status.success(),
-        "perpetuity {args:?}: {}{}",
+        "perpetuity {command} {rest:?}: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -28,18 +38,11 @@ fn run(args: &[&str]) -> String {
 
 /// The frame `question` gets, in probe mode, at a fixed time.
 fn frame(data: &Path, question: &str) -> serde_json::Value {
-    let out = run(&[
+    let out = run(
         "frame",
-        "--data",
-        data.to_str().unwrap(),
-        "--uncompressed",
-        "--user",
-        USER,
-        "--now",
-        NOW,
-        "--json",
-        question,
-    ]);
+        data,
+        &["--user", USER, "--now", NOW, "--json", question],
+    );
     serde_json::from_str(&out).unwrap()
 }
 
@@ -65,14 +68,7 @@ fn renumbered(frame: &serde_json::Value, ids: &HashMap<u64, u64>) -> serde_json:
 
 /// The user's exported lines.
 fn export(data: &Path, to: &Path) -> Vec<serde_json::Value> {
-    let out = run(&[
-        "export",
-        "--data",
-        data.to_str().unwrap(),
-        "--uncompressed",
-        "--user",
-        USER,
-    ]);
+    let out = run("export", data, &["--user", USER]);
     std::fs::write(to, &out).unwrap();
     out.lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -88,17 +84,13 @@ fn a_locomo_user_moved_out_and_back_gets_the_same_frames() {
     let dir = tempfile::tempdir().unwrap();
     let (old, other) = (dir.path().join("old"), dir.path().join("other"));
     for data in [&old, &other] {
-        run(&[
+        run(
             "ingest",
-            "--format",
-            "locomo",
-            file.to_str().unwrap(),
-            "--data",
-            data.to_str().unwrap(),
-            "--uncompressed",
-        ]);
+            data,
+            &["--format", "locomo", file.to_str().unwrap()],
+        );
     }
-    run(&["purge", "--data", other.to_str().unwrap(), "--user", USER]);
+    run("purge", &other, &["--user", USER]);
 
     // State a fresh capture does not have: rows reheated (some listed warm) and excluded.
     let user = UserId::from_key(USER);
@@ -148,42 +140,15 @@ fn a_locomo_user_moved_out_and_back_gets_the_same_frames() {
     assert!(exported.iter().any(|l| l["peak"].as_f64().unwrap() > 1.0));
 
     // Out and back in.
-    run(&[
-        "purge",
-        "--data",
-        old.to_str().unwrap(),
-        "--uncompressed",
-        "--user",
-        USER,
-    ]);
-    let gone = common::perpetuity(&[
-        "frame",
-        "--data",
-        old.to_str().unwrap(),
-        "--uncompressed",
-        "--user",
-        USER,
-        "Hi?",
-    ]);
+    run("purge", &old, &["--user", USER]);
+    let gone = on("frame", &old, &["--user", USER, "Hi?"]);
     assert!(
         String::from_utf8_lossy(&gone.stderr).contains("no memory for user"),
         "the purge left the user's memory"
     );
     let out = dir.path().join("out.jsonl");
-    run(&[
-        "import",
-        "--data",
-        old.to_str().unwrap(),
-        "--uncompressed",
-        out.to_str().unwrap(),
-    ]);
-    let refused = common::perpetuity(&[
-        "import",
-        "--data",
-        old.to_str().unwrap(),
-        "--uncompressed",
-        out.to_str().unwrap(),
-    ]);
+    run("import", &old, &[out.to_str().unwrap()]);
+    let refused = on("import", &old, &[out.to_str().unwrap()]);
     assert!(
         !refused.status.success(),
         "a second import of the user is refused"
@@ -222,12 +187,7 @@ fn a_locomo_user_moved_out_and_back_gets_the_same_frames() {
             "the frame for {question:?} changed with the move in {changed:?}"
         );
     }
-    let integrity = common::perpetuity(&[
-        "integrity",
-        "--data",
-        old.to_str().unwrap(),
-        "--uncompressed",
-    ]);
+    let integrity = on("integrity", &old, &[]);
     assert!(
         integrity.status.success(),
         "{}",
@@ -235,13 +195,7 @@ fn a_locomo_user_moved_out_and_back_gets_the_same_frames() {
     );
 
     // Into another store, then purged from this one: no byte of its text stays here.
-    run(&[
-        "import",
-        "--data",
-        other.to_str().unwrap(),
-        "--uncompressed",
-        out.to_str().unwrap(),
-    ]);
+    run("import", &other, &[out.to_str().unwrap()]);
     let texts: Vec<String> = {
         let mut texts: Vec<String> = exported
             .iter()
@@ -254,14 +208,7 @@ fn a_locomo_user_moved_out_and_back_gets_the_same_frames() {
     for text in &texts {
         assert!(!common::files_containing(&old, text.as_bytes()).is_empty());
     }
-    run(&[
-        "purge",
-        "--data",
-        old.to_str().unwrap(),
-        "--uncompressed",
-        "--user",
-        USER,
-    ]);
+    run("purge", &old, &["--user", USER]);
     for text in &texts {
         let hits = common::files_containing(&old, text.as_bytes());
         assert!(hits.is_empty(), "{text:?} is still in {hits:?}");
