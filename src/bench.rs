@@ -524,9 +524,11 @@ pub struct BackupReport {
     pub writers: usize,
     /// The backup itself ([`crate::backup::backup`]): checkpoint, dictionaries, manifest.
     pub backup_ms: f64,
-    /// The backup's files, and how many of them are hard links to the store's.
+    /// The backup's store files, how many of them are table files (hard-linked to the
+    /// store's where the file system allows) and their bytes.
     pub files: u64,
-    pub linked_files: u64,
+    pub table_files: u64,
+    pub bytes: u64,
     /// Making a data directory from the backup ([`crate::backup::restore`]), files only (the
     /// first open then builds the arena: `bench scan`'s cold open).
     pub restore_ms: f64,
@@ -553,7 +555,6 @@ pub fn backup_under_load(
     writers: usize,
     warmup: Duration,
 ) -> Result<BackupReport, crate::error::Error> {
-    use std::os::unix::fs::MetadataExt as _;
     use std::sync::atomic::{AtomicU8, Ordering};
     // 0: before the backup, 1: during it, 2: stop.
     let phase = AtomicU8::new(0);
@@ -595,23 +596,17 @@ pub fn backup_under_load(
         Ok::<_, crate::error::Error>((backup, timings))
     })?;
     let (manifest, took) = backup?;
-    let (mut files, mut linked_files) = (0, 0);
+    let (mut files, mut table_files, mut bytes) = (0, 0, 0);
     let store_files = to.join("store");
-    for entry in
-        std::fs::read_dir(&store_files).map_err(|source| crate::backup::BackupError::Io {
-            path: store_files.clone(),
-            source,
-        })?
-    {
-        let metadata =
-            entry
-                .and_then(|e| e.metadata())
-                .map_err(|source| crate::backup::BackupError::Io {
-                    path: store_files.clone(),
-                    source,
-                })?;
+    let listing = |source| crate::backup::BackupError::Io {
+        path: store_files.clone(),
+        source,
+    };
+    for entry in std::fs::read_dir(&store_files).map_err(listing)? {
+        let entry = entry.map_err(listing)?;
         files += 1;
-        linked_files += u64::from(metadata.nlink() > 1);
+        bytes += entry.metadata().map_err(listing)?.len();
+        table_files += u64::from(entry.path().extension().is_some_and(|e| e == "sst"));
     }
     let started = Instant::now();
     crate::backup::restore(to, restored)?;
@@ -622,7 +617,8 @@ pub fn backup_under_load(
         writers,
         backup_ms: took.as_secs_f64() * 1e3,
         files,
-        linked_files,
+        table_files,
+        bytes,
         restore_ms,
         captures_before: before.len(),
         capture_before_p50_ms: latency::ms(&before, 0.5),

@@ -1566,12 +1566,13 @@ fn bench_backup(
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "bench backup: {} rows, {writers} writers: backup {:.1} ms ({} of {} files linked), restore {:.1} ms; \
+            "bench backup: {} rows, {writers} writers: backup {:.1} ms ({} files, {} of them table files, {:.0} MiB), restore {:.1} ms; \
              capture p50/p99 before {:.2}/{:.2} ms ({} captures), during {:.2}/{:.2} ms, max {:.2} ms ({} captures)",
             report.rows,
             report.backup_ms,
-            report.linked_files,
             report.files,
+            report.table_files,
+            report.bytes as f64 / (1 << 20) as f64,
             report.restore_ms,
             report.capture_before_p50_ms,
             report.capture_before_p99_ms,
