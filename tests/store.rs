@@ -41,14 +41,16 @@ fn message(user: &str, conversation: &str, role: Role, name: Option<&str>, text:
     }
 }
 
-/// Exported rows of one user as (role, name, text) lines.
+/// Exported rows of one user as (role, name, text) lines (the user's own line, which follows
+/// them, left out).
 fn exported(store: &Store, user: &str) -> Vec<serde_json::Value> {
     let mut out = Vec::new();
     export(store, Some(user), &mut out).unwrap();
     String::from_utf8(out)
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|line| line.get("row").is_some())
         .collect()
 }
 
