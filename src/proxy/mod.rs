@@ -12,6 +12,7 @@ mod deadline;
 pub mod harness;
 pub mod health;
 pub mod identity;
+pub mod inspector;
 pub mod ops;
 pub mod prefix;
 pub mod provider;
@@ -377,6 +378,9 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
     let path = req.uri().path().to_owned();
     if path.starts_with("/admin/") {
         return Ok(admin(req, state).await);
+    }
+    if path.starts_with(inspector::PREFIX) && path != EXCLUSIONS_PATH {
+        return Ok(inspector::route(req, state).await);
     }
     Ok(match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => healthz(&state),

@@ -1042,6 +1042,20 @@ impl Store {
         self.activation_entries(Cf::Activation, user)
     }
 
+    /// One row's activation state, `None` for a row that is not stored.
+    pub fn activation(&self, user: UserId, row: RowId) -> Result<Option<Activation>, StoreError> {
+        let key = keys::user_row(user, row);
+        self.get(Cf::Activation, &key)?
+            .map(|bytes| {
+                Activation::decode(&bytes).map_err(|source| StoreError::Corrupt {
+                    cf: Cf::Activation.name(),
+                    key: hex_key(&key),
+                    source,
+                })
+            })
+            .transpose()
+    }
+
     /// The user's entries of a family holding activation states (`activation`, `warm`).
     fn activation_entries(
         &self,
@@ -1820,16 +1834,27 @@ impl Store {
 
     /// A user's rows in capture order.
     pub fn rows_of(&self, user: UserId) -> impl Iterator<Item = Result<Row, StoreError>> + '_ {
-        self.iter_user(Cf::Rows, user).map(|entry| {
-            let (key, value) = entry?;
-            let corrupt = |source| StoreError::Corrupt {
-                cf: Cf::Rows.name(),
-                key: hex_key(&key),
-                source,
-            };
-            let (user, id) = user_row_key(Cf::Rows, &key, "row key")?;
-            Row::decode(user, id, &value).map_err(corrupt)
-        })
+        self.rows_of_from(user, RowId(0))
+    }
+
+    /// [`Store::rows_of`] from row `from` on: one range scan that starts there (a page of a
+    /// million-row user costs its own rows, not those before it).
+    pub fn rows_of_from(
+        &self,
+        user: UserId,
+        from: RowId,
+    ) -> impl Iterator<Item = Result<Row, StoreError>> + '_ {
+        self.iter_range(Cf::Rows, &keys::user_row(user, from), &keys::user_end(user))
+            .map(|entry| {
+                let (key, value) = entry?;
+                let corrupt = |source| StoreError::Corrupt {
+                    cf: Cf::Rows.name(),
+                    key: hex_key(&key),
+                    source,
+                };
+                let (user, id) = user_row_key(Cf::Rows, &key, "row key")?;
+                Row::decode(user, id, &value).map_err(corrupt)
+            })
     }
 
     /// One row.
