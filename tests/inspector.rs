@@ -186,3 +186,116 @@ fn the_operator_sees_every_user_and_a_credential_its_own() {
     assert_eq!(other.status, 403);
     assert!(!other.text().contains("Brompton"));
 }
+
+/// The browser the page test drives and the npm prefix holding playwright-core, or why the
+/// test cannot run here.
+fn browser() -> Result<(std::path::PathBuf, std::path::PathBuf), String> {
+    let chromium = std::path::PathBuf::from(
+        std::env::var("PERPETUITY_CHROMIUM")
+            .unwrap_or_else(|_| "/usr/lib/chromium/chromium".into()),
+    );
+    let npm = std::path::PathBuf::from(
+        std::env::var("PERPETUITY_BROWSER_NPM")
+            .unwrap_or_else(|_| "/var/tmp/perpetuity-browser-npm".into()),
+    );
+    if !chromium.is_file() {
+        return Err(format!("no Chromium at {}", chromium.display()));
+    }
+    if !npm
+        .join("node_modules/playwright-core/package.json")
+        .is_file()
+    {
+        return Err(format!("no playwright-core under {}", npm.display()));
+    }
+    let node = std::process::Command::new("node").arg("--version").output();
+    if !node.is_ok_and(|out| out.status.success()) {
+        return Err("no node".into());
+    }
+    Ok((chromium, npm))
+}
+
+#[test]
+fn the_page_shows_a_stored_script_as_text_in_a_real_browser() {
+    let (chromium, npm) = match browser() {
+        Ok(found) => found,
+        Err(why) => {
+            eprintln!(
+                "SKIP the_page_shows_a_stored_script_as_text_in_a_real_browser: {why} (tools/install-deps.sh installs them)"
+            );
+            return;
+        }
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = runtime.block_on(Upstream::start());
+    upstream.respond_with(Arc::new(|_, _| chat_reply("Noted.")));
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(|command| {
+        command
+            .args(["--data", dir.path().join("data").to_str().unwrap()])
+            .args(["--admin-token", ADMIN.1])
+            .args(["--upstream", &format!("openai={}", upstream.url())])
+            .env("RUST_LOG", "warn");
+    })
+    .0;
+    tell(&server, "sk-ada", "My locker code is 4417.");
+    tell(&server, "sk-ada", CANARY);
+    tell(
+        &server,
+        "sk-ada",
+        "[a link](javascript:window.__pwned=3) and <svg onload=\"window.__pwned=4\">",
+    );
+    tell(&server, "sk-bob", "My bike is a green Brompton.");
+
+    // Screenshots go to the folder PERPETUITY_SCREENSHOTS names (docs/ to refresh README's).
+    let shots = std::env::var("PERPETUITY_SCREENSHOTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| dir.path().to_path_buf());
+    let out = std::process::Command::new("node")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/inspector/browser.mjs"
+        ))
+        .arg(format!("http://127.0.0.1:{}/perpetuity/", server.port))
+        .arg("sk-ada")
+        .arg("What is my locker code?")
+        .arg(shots.join("inspector"))
+        .env("PERPETUITY_BROWSER_NPM", &npm)
+        .env("PERPETUITY_CHROMIUM", &chromium)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: serde_json::Value = stdout
+        .lines()
+        .find_map(|line| serde_json::from_str(line).ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "the browser script printed no report: {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    assert!(
+        out.status.success(),
+        "stored text ran as code, or the page failed: {report}"
+    );
+    let turns: Vec<&str> = report["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert!(
+        turns.contains(&CANARY),
+        "the stored script is shown as its text: {turns:?}"
+    );
+    assert!(turns.contains(&"My locker code is 4417."));
+    assert!(
+        !turns.iter().any(|t| t.contains("Brompton")),
+        "another user's turn was shown"
+    );
+    assert!(
+        report["frame"].to_string().contains("4417"),
+        "the frame the question would get: {report}"
+    );
+    assert!(shots.join("inspector-turns.png").is_file());
+    assert!(shots.join("inspector-frame.png").is_file());
+}

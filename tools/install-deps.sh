@@ -98,3 +98,26 @@ if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
     echo "WARNING: could not install haproxy; the HAProxy deployment test will SKIP" >&2
   fi
 fi
+
+# Headless Chromium (Debian's) and playwright-core, pinned, for the inspector's browser test
+# (tests/inspector.rs): playwright-core into its own npm prefix (`$PERPETUITY_BROWSER_NPM`,
+# default /var/tmp/perpetuity-browser-npm); it downloads no browser and drives Debian's. 1.61.1
+# runs on Debian's Node 18 as on Node 20. Where either cannot be installed the script says
+# WARNING and the test SKIPs.
+if [ ! -x /usr/lib/chromium/chromium ]; then
+  echo "installing: chromium"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  if ! { DEBIAN_FRONTEND=noninteractive $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium; }; then
+    echo "WARNING: could not install chromium; the inspector's browser test will SKIP" >&2
+  fi
+fi
+browser_npm="${PERPETUITY_BROWSER_NPM:-/var/tmp/perpetuity-browser-npm}"
+playwright_pin=1.61.1
+if command -v npm >/dev/null 2>&1 && [ "$(node -p "require('$browser_npm/node_modules/playwright-core/package.json').version" 2>/dev/null)" != "$playwright_pin" ]; then
+  echo "installing playwright-core@$playwright_pin into $browser_npm"
+  mkdir -p "$browser_npm"
+  if ! npm install --prefix "$browser_npm" --no-audit --no-fund --loglevel=error "playwright-core@$playwright_pin"; then
+    echo "WARNING: could not install playwright-core (is npm's registry reachable?); the inspector's browser test will SKIP" >&2
+  fi
+fi
