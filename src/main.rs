@@ -1238,15 +1238,8 @@ fn print_frame(
     let (mut arena, _) = Arena::open(&memory.store, &memory.dictionary)?;
     arena.catch_up(&memory.store, &memory.dictionary)?;
     let kernels = Kernels::detect(false);
-    let ask = perpetuity::recall::Ask {
-        user,
-        scope: &[user],
-        conversation,
-        question,
-        probe: true,
-        hidden: &[],
-        now_ms: Some(now_ms),
-    };
+    let scope = [user];
+    let ask = perpetuity::recall::Ask::probe(&scope, conversation, question, now_ms);
     let recall = perpetuity::recall::recall(memory, &arena, &kernels, config, &ask)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&recall)?);

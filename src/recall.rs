@@ -91,6 +91,27 @@ pub struct Ask<'a> {
     pub now_ms: Option<i64>,
 }
 
+impl<'a> Ask<'a> {
+    /// A probe of one user's own memory (what `perpetuity frame` and the inspector ask):
+    /// `user` is the one-element slice of the asker, nothing hidden, nothing written.
+    pub fn probe(
+        user: &'a [UserId; 1],
+        conversation: Option<&'a str>,
+        question: &'a str,
+        now_ms: i64,
+    ) -> Self {
+        Self {
+            user: user[0],
+            scope: user,
+            conversation,
+            question,
+            probe: true,
+            hidden: &[],
+            now_ms: Some(now_ms),
+        }
+    }
+}
+
 /// What one recall produced.
 #[derive(Debug, Clone, Serialize)]
 pub struct Recall {

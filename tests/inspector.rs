@@ -27,16 +27,10 @@ fn tell(server: &Server, credential: &str, text: &str) {
     assert_eq!(answer.status, 200, "{}", answer.text());
 }
 
-fn get(server: &Server, path: &str, headers: &[(&str, &str)]) -> common::server::Answer {
-    server.request("GET", path, headers, b"").unwrap()
-}
-
-fn bearer(credential: &str) -> (&'static str, String) {
-    ("authorization", format!("Bearer {credential}"))
-}
-
-#[test]
-fn the_operator_sees_every_user_and_a_credential_its_own() {
+/// A server in front of an upstream that answers "Noted.", holding two users' memories: ada's
+/// fact and canaries (a script, an image's error handler, a `javascript:` link, an SVG's load
+/// handler), bob's fact. The runtime and upstream must outlive the server.
+fn served() -> (tokio::runtime::Runtime, Upstream, tempfile::TempDir, Server) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let upstream = runtime.block_on(Upstream::start());
     upstream.respond_with(Arc::new(|_, _| chat_reply("Noted.")));
@@ -51,7 +45,26 @@ fn the_operator_sees_every_user_and_a_credential_its_own() {
     .0;
     tell(&server, "sk-ada", "My locker code is 4417.");
     tell(&server, "sk-ada", CANARY);
+    tell(
+        &server,
+        "sk-ada",
+        "[a link](javascript:window.__pwned=3) and <svg onload=\"window.__pwned=4\">",
+    );
     tell(&server, "sk-bob", "My bike is a green Brompton.");
+    (runtime, upstream, dir, server)
+}
+
+fn get(server: &Server, path: &str, headers: &[(&str, &str)]) -> common::server::Answer {
+    server.request("GET", path, headers, b"").unwrap()
+}
+
+fn bearer(credential: &str) -> (&'static str, String) {
+    ("authorization", format!("Bearer {credential}"))
+}
+
+#[test]
+fn the_operator_sees_every_user_and_a_credential_its_own() {
+    let (_runtime, _upstream, _dir, server) = served();
 
     // The page and its files: served, with a policy that forbids inline script.
     for (path, kind) in [
@@ -225,26 +238,7 @@ fn the_page_shows_a_stored_script_as_text_in_a_real_browser() {
             return;
         }
     };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let upstream = runtime.block_on(Upstream::start());
-    upstream.respond_with(Arc::new(|_, _| chat_reply("Noted.")));
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(|command| {
-        command
-            .args(["--data", dir.path().join("data").to_str().unwrap()])
-            .args(["--admin-token", ADMIN.1])
-            .args(["--upstream", &format!("openai={}", upstream.url())])
-            .env("RUST_LOG", "warn");
-    })
-    .0;
-    tell(&server, "sk-ada", "My locker code is 4417.");
-    tell(&server, "sk-ada", CANARY);
-    tell(
-        &server,
-        "sk-ada",
-        "[a link](javascript:window.__pwned=3) and <svg onload=\"window.__pwned=4\">",
-    );
-    tell(&server, "sk-bob", "My bike is a green Brompton.");
+    let (_runtime, _upstream, dir, server) = served();
 
     // Screenshots go to the folder PERPETUITY_SCREENSHOTS names (docs/ to refresh README's).
     let shots = std::env::var("PERPETUITY_SCREENSHOTS")

@@ -395,15 +395,8 @@ fn probe_frame(
         tools: false,
         ..state.config.recall
     };
-    let ask = Ask {
-        user,
-        scope: &[user],
-        conversation,
-        question,
-        probe: true,
-        hidden: &[],
-        now_ms: Some(now_ms()),
-    };
+    let scope = [user];
+    let ask = Ask::probe(&scope, conversation, question, now_ms());
     let recalled = recall(memory, &arena, &state.kernels, &config, &ask)?;
     Ok(serde_json::to_value(&recalled).expect("a recall serialises"))
 }
