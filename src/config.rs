@@ -113,6 +113,18 @@ pub struct FileConfig {
     pub limits: LimitsFile,
     #[serde(default)]
     pub recall: RecallFile,
+    #[serde(default)]
+    pub inspector: InspectorFile,
+}
+
+/// `[inspector]`: the log of recent requests the inspector shows (in memory only).
+#[derive(Debug, Default, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InspectorFile {
+    /// Requests kept per user (0: none).
+    pub recent_requests: Option<usize>,
+    /// Bytes kept over all users.
+    pub recent_bytes: Option<usize>,
 }
 
 /// `[upstreams]`: each provider's API base URL.

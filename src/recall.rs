@@ -118,14 +118,23 @@ pub struct Recall {
     /// The full retrieved set (`reach` rows, and the openers of `openers` conversations), best
     /// first in the frame's order, with the lifted scores; the first `depth` were reheated.
     pub retrieved: Vec<RetrievedRow>,
-    /// The budget the spread of the scores gave (the frame's cap).
+    /// The budget the spread of the scores gave (the frame's cap), and that spread
+    /// ([`crate::budget::spread`] of the first `depth` scores).
     pub budget: usize,
+    pub spread: f64,
+    /// The asker's token clock the warmth was read at.
+    pub clock: u64,
     /// Rows whose trajectory the reheat raised (written unless probing).
     pub reheated: usize,
     /// Rows in the scope the scan covered, and the search's time in microseconds.
     pub scanned_rows: usize,
     pub scan_us: u64,
     pub frame: Frame,
+    /// Every row offered to the frame (warm enough, or mandatory), the retrieved and the
+    /// still-warm alike; what is not in `frame.rows` of them the cap left out. Not serialised:
+    /// a user may hold tens of thousands of warm rows (the inspector's "why" reads it).
+    #[serde(skip)]
+    pub offered: Vec<Pick>,
 }
 
 /// One row of the retrieved set.
@@ -133,6 +142,12 @@ pub struct Recall {
 pub struct RetrievedRow {
     pub row: u64,
     pub score: f32,
+    /// For the first `depth` rows: the warmth at the clock once this recall's reheat is
+    /// applied, the peak the row's rank earned ([`heat::reheat_peak`]; another group member's
+    /// row keeps its own heat and earns none), and whether that peak raised its trajectory.
+    pub warmth: Option<f32>,
+    pub reheat: Option<f32>,
+    pub raised: bool,
 }
 
 /// Recall for `ask` over the caught-up `arena` of `memory`.
@@ -236,6 +251,7 @@ pub fn recall(
         .collect();
     let scores: Vec<f32> = hits.iter().map(|h| h.score).collect();
     let budget = config.budget.tokens(&scores);
+    let spread = crate::budget::spread(&scores);
     let layout = Layout {
         now_ms: ask.now_ms,
         current: ask.conversation,
@@ -276,19 +292,35 @@ pub fn recall(
         |text| tokenizer.count(text),
         outside,
     );
-    Ok(Recall {
-        retrieved: ordered
-            .iter()
-            .map(|h| RetrievedRow {
+    let raised: HashSet<RowId> = updates.iter().map(|&(_, row, _, _)| row).collect();
+    let retrieved = ordered
+        .iter()
+        .enumerate()
+        .map(|(rank, h)| {
+            let within = rank < hits.len();
+            let state = states
+                .binary_search_by_key(&h.row, |&(row, _)| row)
+                .ok()
+                .filter(|_| within);
+            RetrievedRow {
                 row: h.row.0,
                 score: h.score,
-            })
-            .collect(),
+                warmth: state.map(|at| heat::warmth(&states[at].1, clock)),
+                reheat: (within && !foreign.contains(&h.row)).then(|| heat::reheat_peak(rank)),
+                raised: raised.contains(&h.row),
+            }
+        })
+        .collect();
+    Ok(Recall {
+        retrieved,
         budget,
+        spread,
+        clock,
         reheated: updates.len(),
         scanned_rows,
         scan_us,
         frame,
+        offered: picks,
     })
 }
 

@@ -9,6 +9,9 @@ use std::sync::Arc;
 
 use common::server::Server;
 use common::upstream::{Upstream, chat_reply};
+use perpetuity::datasets::{self, Format};
+use perpetuity::ingest;
+use perpetuity::proxy::identity::Secret;
 
 const ADMIN: (&str, &str) = ("x-perpetuity-admin-token", "inspector-test-admin");
 const CANARY: &str = "<script>window.__pwned=1</script><img src=x onerror=\"window.__pwned=2\">";
@@ -191,9 +194,9 @@ fn the_operator_sees_every_user_and_a_credential_its_own() {
     let other = server
         .request(
             "POST",
-            "/perpetuity/api/frame",
+            &format!("/perpetuity/api/frame?user={bob_key}"),
             &[(ada.0, &ada.1)],
-            format!(r#"{{"question": "bike?", "user": "{bob_key}"}}"#).as_bytes(),
+            br#"{"question": "bike?"}"#,
         )
         .unwrap();
     assert_eq!(other.status, 403);
@@ -227,9 +230,56 @@ fn browser() -> Result<(std::path::PathBuf, std::path::PathBuf), String> {
     Ok((chromium, npm))
 }
 
+/// Run the browser script `script` (under tests/inspector/) with `args` and the browser's
+/// environment; its one JSON report line, and whether it exited 0 (no sign of stored text run
+/// as code, no failed step).
+fn drive(
+    (chromium, npm): &(std::path::PathBuf, std::path::PathBuf),
+    script: &str,
+    args: &[String],
+) -> (serde_json::Value, bool) {
+    let out = std::process::Command::new("node")
+        .arg(format!(
+            "{}/tests/inspector/{script}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .args(args)
+        .env("PERPETUITY_BROWSER_NPM", npm)
+        .env("PERPETUITY_CHROMIUM", chromium)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report = stdout
+        .lines()
+        .find_map(|line| serde_json::from_str(line).ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "the browser script printed no report: {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    (report, out.status.success())
+}
+
+/// Where screenshots go: the folder PERPETUITY_SCREENSHOTS names (docs/ to refresh README's),
+/// else `temp`.
+fn screenshots(temp: &std::path::Path) -> std::path::PathBuf {
+    std::env::var("PERPETUITY_SCREENSHOTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| temp.to_path_buf())
+}
+
+fn texts(list: &serde_json::Value) -> Vec<&str> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect()
+}
+
 #[test]
 fn the_page_shows_a_stored_script_as_text_in_a_real_browser() {
-    let (chromium, npm) = match browser() {
+    let found = match browser() {
         Ok(found) => found,
         Err(why) => {
             eprintln!(
@@ -239,44 +289,22 @@ fn the_page_shows_a_stored_script_as_text_in_a_real_browser() {
         }
     };
     let (_runtime, _upstream, dir, server) = served();
-
-    // Screenshots go to the folder PERPETUITY_SCREENSHOTS names (docs/ to refresh README's).
-    let shots = std::env::var("PERPETUITY_SCREENSHOTS")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| dir.path().to_path_buf());
-    let out = std::process::Command::new("node")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/inspector/browser.mjs"
-        ))
-        .arg(format!("http://127.0.0.1:{}/perpetuity/", server.port))
-        .arg("sk-ada")
-        .arg("What is my locker code?")
-        .arg(shots.join("inspector"))
-        .env("PERPETUITY_BROWSER_NPM", &npm)
-        .env("PERPETUITY_CHROMIUM", &chromium)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let report: serde_json::Value = stdout
-        .lines()
-        .find_map(|line| serde_json::from_str(line).ok())
-        .unwrap_or_else(|| {
-            panic!(
-                "the browser script printed no report: {stdout}{}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
+    let shots = screenshots(dir.path());
+    let (report, clean) = drive(
+        &found,
+        "browser.mjs",
+        &[
+            format!("http://127.0.0.1:{}/perpetuity/", server.port),
+            "sk-ada".into(),
+            "What is my locker code?".into(),
+            shots.join("inspector").display().to_string(),
+        ],
+    );
     assert!(
-        out.status.success(),
+        clean,
         "stored text ran as code, or the page failed: {report}"
     );
-    let turns: Vec<&str> = report["turns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap())
-        .collect();
+    let turns = texts(&report["turns"]);
     assert!(
         turns.contains(&CANARY),
         "the stored script is shown as its text: {turns:?}"
@@ -292,4 +320,203 @@ fn the_page_shows_a_stored_script_as_text_in_a_real_browser() {
     );
     assert!(shots.join("inspector-turns.png").is_file());
     assert!(shots.join("inspector-frame.png").is_file());
+}
+
+/// A served store holding one LoCoMo conversation (its 19 sessions, as a credential's memory),
+/// one question asked through the proxy, and another credential holding the canaries. The
+/// page, driven in Chromium: the user's conversations and turns; the request's frame equal to
+/// what the upstream received, byte for byte; each turn's reason against that request (shown
+/// or why not), agreeing with the request's recall; a row excluded and included again; the
+/// frame and search views; the other credential sees none of the first's memory; a purge
+/// asks first (cancelled, nothing changes), then leaves nothing.
+#[test]
+fn the_inspector_walks_a_locomo_memory_in_a_real_browser() {
+    const TEST: &str = "the_inspector_walks_a_locomo_memory_in_a_real_browser";
+    let found = match browser() {
+        Ok(found) => found,
+        Err(why) => {
+            eprintln!("SKIP {TEST}: {why} (tools/install-deps.sh installs them)");
+            return;
+        }
+    };
+    let Some(file) = common::locomo_file(TEST) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let key = Secret::load_or_create(&data)
+        .unwrap()
+        .user_key("sk-locomo", None);
+    let dataset = datasets::load(Format::Locomo, &file).unwrap();
+    let sample = dataset.messages[0].user_key.clone();
+    let messages: Vec<_> = dataset
+        .messages
+        .iter()
+        .filter(|m| m.user_key == sample)
+        .map(|m| perpetuity::capture::Message {
+            user_key: key.clone(),
+            ..m.clone()
+        })
+        .collect();
+    let question = dataset
+        .questions
+        .iter()
+        .find(|q| q.user_key == sample && !q.evidence_turns.is_empty())
+        .unwrap()
+        .question
+        .clone();
+    {
+        let memory = common::memory(&data);
+        ingest::ingest(&memory.store, &memory.dictionary, &messages, |_, _| {}).unwrap();
+    }
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = runtime.block_on(Upstream::start());
+    upstream.respond_with(Arc::new(|_, _| chat_reply("Noted.")));
+    let server = Server::start(|command| {
+        command
+            .args(["--data", data.to_str().unwrap()])
+            .args(["--admin-token", ADMIN.1])
+            .args(["--upstream", &format!("openai={}", upstream.url())])
+            .env("RUST_LOG", "warn");
+    })
+    .0;
+    tell(&server, "sk-bob", "My bike is a green Brompton.");
+    tell(&server, "sk-bob", CANARY);
+    tell(&server, "sk-locomo", &question);
+    let forwarded = upstream.received().last().unwrap().text();
+    assert!(forwarded.contains(&question));
+
+    // The request as the API logs it: the conversation of its first shown row is the one the
+    // page is asked to open, so its turns hold rows the frame showed and rows it did not.
+    let locomo = bearer("sk-locomo");
+    let headers = [(locomo.0, locomo.1.as_str())];
+    let logged = get(&server, "/perpetuity/api/requests", &headers).json();
+    let id = logged["requests"][0]["id"].as_u64().unwrap();
+    let request = get(
+        &server,
+        &format!("/perpetuity/api/request?id={id}"),
+        &headers,
+    )
+    .json();
+    assert_eq!(request["forwarded"].as_str().unwrap(), forwarded);
+    let shown: Vec<u64> = request["recall"]["frame"]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_u64().unwrap())
+        .collect();
+    assert!(!shown.is_empty(), "{request}");
+    let first_shown = messages_row(&server, &headers, shown[0]);
+    let conversation = first_shown["conversation"].as_str().unwrap().to_owned();
+
+    let shots = screenshots(dir.path());
+    let (report, clean) = drive(
+        &found,
+        "walk.mjs",
+        &[
+            format!("http://127.0.0.1:{}/perpetuity/", server.port),
+            "sk-locomo".into(),
+            "sk-bob".into(),
+            conversation.clone(),
+            question.clone(),
+            shots.join("inspector").display().to_string(),
+        ],
+    );
+    assert!(clean, "a step failed, or stored text ran as code: {report}");
+
+    // The frame as forwarded, shown byte for byte.
+    assert_eq!(report["forwarded"].as_str().unwrap(), forwarded);
+    // The conversation's turns, each with its reason against the request, agreeing with the
+    // request's recall: shown exactly where the frame showed it, and a reason for the rest.
+    let sessions = texts(&report["conversations"]);
+    assert_eq!(
+        sessions
+            .iter()
+            .filter(|c| c.starts_with("session_"))
+            .count(),
+        19,
+        "{sessions:?}"
+    );
+    let whys = report["whys"].as_array().unwrap();
+    let stored_turns = messages
+        .iter()
+        .filter(|m| m.conversation == conversation)
+        .count();
+    assert!(
+        whys.len() >= stored_turns.min(100),
+        "{} of {stored_turns}",
+        whys.len()
+    );
+    let mut left_out = 0;
+    for why in whys {
+        let row = why["row"].as_u64().unwrap();
+        let fate = why["fate"].as_str().unwrap();
+        assert_eq!(fate == "shown", shown.contains(&row), "row {row}: {why}");
+        if fate != "shown" {
+            left_out += 1;
+            assert!(
+                ["not_retrieved", "too_cold", "trimmed", "not_offered"].contains(&fate)
+                    && why["reason"].as_str().unwrap().len() > 20,
+                "{why}"
+            );
+        }
+    }
+    assert!(whys.iter().any(|w| w["fate"] == "shown"));
+    assert!(left_out > 0, "no left-out row to explain: {whys:?}");
+    // Exclude then include, each confirmed in the page first.
+    assert_eq!(
+        report["excluded"],
+        serde_json::json!([true, true, false]),
+        "{report}"
+    );
+    // The frame and the search views.
+    assert!(!texts(&report["frame"]).is_empty());
+    assert!(!texts(&report["found"]).is_empty());
+    // The other credential: its own turns (the canary as text), none of the first's.
+    let bob = texts(&report["other"]);
+    assert!(bob.contains(&CANARY) && bob.iter().any(|t| t.contains("Brompton")));
+    let theirs: Vec<&str> = messages.iter().map(|m| m.text.as_str()).collect();
+    assert!(!bob.iter().any(|t| theirs.contains(t)), "{bob:?}");
+    // The purge: cancelled once (nothing changed), then confirmed, and nothing is left.
+    assert_eq!(
+        report["purge_cancelled_turns"],
+        report["turns_before_purge"]
+    );
+    assert_eq!(report["turns_after_purge"], 0, "{report}");
+    for path in [
+        "/perpetuity/api/turns",
+        "/perpetuity/api/conversations",
+        "/perpetuity/api/requests",
+    ] {
+        let left = get(&server, path, &headers).json();
+        assert!(
+            ["turns", "conversations", "requests"]
+                .iter()
+                .all(|k| left[k].as_array().is_none_or(Vec::is_empty)),
+            "{path}: {left}"
+        );
+    }
+    let users = get(&server, "/perpetuity/api/users", &[ADMIN]).json();
+    assert!(!users.to_string().contains(&key), "{users}");
+    for shot in ["memory", "request", "conversation", "frame"] {
+        assert!(
+            shots.join(format!("inspector-{shot}.png")).is_file(),
+            "{shot}"
+        );
+    }
+}
+
+/// One row of the credential's memory, as the turns endpoint shows it.
+fn messages_row(server: &Server, headers: &[(&str, &str)], row: u64) -> serde_json::Value {
+    let page = get(
+        server,
+        &format!("/perpetuity/api/turns?after={}&limit=1", row - 1),
+        headers,
+    )
+    .json();
+    let turn = page["turns"][0].clone();
+    assert_eq!(turn["row"], row, "{page}");
+    turn
 }

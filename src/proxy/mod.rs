@@ -16,6 +16,7 @@ pub mod inspector;
 pub mod ops;
 pub mod prefix;
 pub mod provider;
+pub mod recent;
 pub mod rounds;
 pub mod turns;
 pub mod wire;
@@ -46,7 +47,7 @@ use crate::capture::{Capturer, Message};
 use crate::config::{AdminToken, FileConfig};
 use crate::error::Error;
 use crate::memory::Memory;
-use crate::recall::{Ask, RecallConfig, recall};
+use crate::recall::{Ask, Recall, RecallConfig, recall};
 use crate::scan::kernels::Kernels;
 use crate::store::StoreError;
 use crate::types::{Role, RowId, UserId, now_ms};
@@ -95,6 +96,8 @@ pub struct ProxyConfig {
     pub tool_rounds: usize,
     /// Group scopes: whose memories a request's search reads besides the asker's own.
     pub groups: Groups,
+    /// What the inspector's log of recent requests holds.
+    pub recent: recent::Limits,
 }
 
 impl Default for ProxyConfig {
@@ -114,6 +117,7 @@ impl Default for ProxyConfig {
             tools: true,
             tool_rounds: rounds::DEFAULT_ROUNDS,
             groups: Groups::default(),
+            recent: recent::Limits::default(),
         }
     }
 }
@@ -184,6 +188,8 @@ impl ProxyConfig {
         set(&mut self.recall.mandatory_hits, recall.mandatory_hits);
         set(&mut self.recall.recent_tokens, recall.recent_tokens);
         set(&mut self.recall.warm_floor, recall.warm_floor);
+        set(&mut self.recent.per_user, file.inspector.recent_requests);
+        set(&mut self.recent.bytes, file.inspector.recent_bytes);
         let budget = self.recall.budget;
         if budget.floor > budget.ceiling {
             return Err(format!(
@@ -237,6 +243,8 @@ pub struct State {
     continued: rounds::Continued,
     /// The frames of recent turns, reused by their tool-round continuations.
     turns: Turns,
+    /// The inspector's log of each user's last requests.
+    recent: recent::Recent,
 }
 
 impl std::fmt::Debug for State {
@@ -268,6 +276,7 @@ impl State {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(20))
             .build(https);
+        let recent = recent::Recent::new(config.recent);
         Self {
             serving: RwLock::new(Arc::new(Generation {
                 memory,
@@ -284,6 +293,7 @@ impl State {
             client,
             continued: rounds::Continued::default(),
             turns: Turns::default(),
+            recent,
         }
     }
 }
@@ -872,7 +882,8 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     };
     let tools = switches.tools(&state.config, format);
     let mut tool_base = None;
-    let (outbound, mut memory_status, turn) = match remembered.map(|r| r.map(|r| r.recall)) {
+    let (outbound, mut memory_status, turn, recall) = match remembered.map(|r| r.map(|r| r.recall))
+    {
         Some(Ok(Ok(Some(recalled)))) => {
             if let Some((rows, us)) = recalled.scanned {
                 state.metrics.scanned(rows, Duration::from_micros(us));
@@ -890,9 +901,14 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             if tools {
                 tool_base = Some(body);
             }
-            (bytes, "ok", Some(recalled.turn))
+            (
+                Bytes::from(bytes),
+                "ok",
+                Some(recalled.turn),
+                recalled.recall,
+            )
         }
-        Some(Ok(Ok(None))) => (bytes.to_vec(), "off", None),
+        Some(Ok(Ok(None))) => (bytes, "off", None, None),
         Some(Ok(Err(err @ Error::Store(StoreError::TooLong { .. })))) => {
             return failure(provider, Failure::TooLarge, &err.to_string());
         }
@@ -900,20 +916,20 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             tracing::error!(%err, "memory unavailable; forwarding the request untouched");
             state.health.report("remembering a request", &err);
             state.metrics.count(ops::Event::MemoryUnavailable);
-            (bytes.to_vec(), "unavailable", None)
+            (bytes, "unavailable", None, None)
         }
         None => {
             state.metrics.count(ops::Event::MemoryUnavailable);
-            (bytes.to_vec(), "unavailable", None)
+            (bytes, "unavailable", None, None)
         }
         Some(Err(err)) => {
             tracing::error!(%err, "memory task failed; forwarding the request untouched");
             state.metrics.count(ops::Event::MemoryUnavailable);
-            (bytes.to_vec(), "unavailable", None)
+            (bytes, "unavailable", None, None)
         }
     };
 
-    let upstream = forward(&state, provider, &parts, outbound).await;
+    let upstream = forward(&state, provider, &parts, outbound.clone()).await;
     // Only the provider's refusal of the credential drops what waited for it: an upstream
     // that failed or did not answer in time refused nothing.
     if !deferred.messages.is_empty() {
@@ -946,6 +962,34 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             }
         }
     }
+    let log = state.recent.enabled().then(|| {
+        Arc::new(recent::Logged {
+            id: state.recent.number(),
+            user: UserId::from_key(&identity.user_key),
+            at_ms: now_ms(),
+            format: format.name(),
+            model: request.model.clone(),
+            conversation: identity.conversation.clone(),
+            question: request.question.clone(),
+            memory: memory_status,
+            question_stored,
+            forwarded: outbound,
+            reused: turn.is_some() && recall.is_none(),
+            tools: tool_base.is_some(),
+            recall,
+            after: Mutex::new(recent::After {
+                status: upstream.as_ref().ok().map(|r| r.status().as_u16()),
+                ..recent::After::default()
+            }),
+        })
+    });
+    if let Some(log) = &log {
+        state.recent.keep(Arc::clone(log));
+        // A purge that ran meanwhile may have missed it.
+        if state.generation().memory.store.purge_epoch() != identity.since {
+            state.recent.forget_users(&[log.user]);
+        }
+    }
     let upstream = match upstream {
         Ok(upstream) => upstream,
         Err((failed, message)) => return failure(provider, failed, &message),
@@ -976,6 +1020,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         format,
         identity: identity.clone(),
         model: request.model.clone(),
+        log: log.clone(),
     });
     if let (Some(base), Some(recalled)) = (tool_base, &turn) {
         let turn = crate::tools::TurnState::new(
@@ -992,6 +1037,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             base,
             turn,
             reply,
+            log,
             permit,
         };
         return rounds::respond(tool_loop, upstream, report).await;
@@ -1088,26 +1134,7 @@ async fn exclusions(req: Request<Incoming>, state: Arc<State>) -> Response<Body>
         None
     };
     let user = UserId::from_key(&state.secret.user_key(&credential, narrow.as_deref()));
-    let done = tokio::task::spawn_blocking(move || -> Result<serde_json::Value, Error> {
-        let _writing = state.writes.read();
-        let store = &state.generation().memory.store;
-        let mut changed = Vec::new();
-        if let Some(change) = change {
-            let mut rows: Vec<RowId> = change.rows.into_iter().map(RowId).collect();
-            if let Some(conversation) = &change.conversation {
-                for row in store.conversation_rows_newest_first(user, conversation) {
-                    rows.push(row?);
-                }
-            }
-            changed = store.set_excluded(user, &rows, change.excluded)?;
-            changed.sort_unstable();
-        }
-        let mut excluded: Vec<RowId> = store.exclusions(user)?.into_iter().collect();
-        excluded.sort_unstable();
-        let ids = |rows: &[RowId]| rows.iter().map(|r| r.0).collect::<Vec<_>>();
-        Ok(serde_json::json!({"changed": ids(&changed), "excluded": ids(&excluded)}))
-    })
-    .await;
+    let done = tokio::task::spawn_blocking(move || change_exclusions(&state, user, change)).await;
     match done {
         Ok(Ok(body)) => json(StatusCode::OK, &body),
         Ok(Err(err)) => {
@@ -1124,6 +1151,32 @@ async fn exclusions(req: Request<Incoming>, state: Arc<State>) -> Response<Body>
             &format!("the memory task failed: {err}"),
         ),
     }
+}
+
+/// Apply `change` (if any) to `user`'s exclusions; the rows it changed and every row now
+/// excluded, in id order. The credential's endpoint and the inspector both call it.
+fn change_exclusions(
+    state: &State,
+    user: UserId,
+    change: Option<ExclusionChange>,
+) -> Result<serde_json::Value, Error> {
+    let _writing = state.writes.read();
+    let store = &state.generation().memory.store;
+    let mut changed = Vec::new();
+    if let Some(change) = change {
+        let mut rows: Vec<RowId> = change.rows.into_iter().map(RowId).collect();
+        if let Some(conversation) = &change.conversation {
+            for row in store.conversation_rows_newest_first(user, conversation) {
+                rows.push(row?);
+            }
+        }
+        changed = store.set_excluded(user, &rows, change.excluded)?;
+        changed.sort_unstable();
+    }
+    let mut excluded: Vec<RowId> = store.exclusions(user)?.into_iter().collect();
+    excluded.sort_unstable();
+    let ids = |rows: &[RowId]| rows.iter().map(|r| r.0).collect::<Vec<_>>();
+    Ok(serde_json::json!({"changed": ids(&changed), "excluded": ids(&excluded)}))
 }
 
 /// A header's value as text, `Ok(None)` when absent. Any UTF-8 is taken (a user's name may be
@@ -1169,6 +1222,9 @@ const RETRY_WINDOW: Duration = Duration::from_secs(120);
 /// The frame a request is forwarded with.
 struct Recalled {
     turn: Arc<TurnFrame>,
+    /// The recall that made it (none: a continuation reused its turn's frame), for the
+    /// inspector's log.
+    recall: Option<Recall>,
     /// Rows scanned and the scan's time (µs), when this request scanned (a continuation that
     /// reuses its turn's frame does not).
     scanned: Option<(usize, u64)>,
@@ -1247,6 +1303,7 @@ fn remember_in(
     let recalled = match known {
         Some(turn) => Ok(Some(Recalled {
             turn,
+            recall: None,
             scanned: None,
         })),
         None => {
@@ -1432,6 +1489,7 @@ fn recall_for(
             trimmed: recall.frame.omitted.turns,
             captured: Mutex::new(0),
         }),
+        recall: Some(recall),
     }))
 }
 
@@ -1441,6 +1499,8 @@ struct Reply {
     format: wire::Format,
     identity: Identity,
     model: String,
+    /// The request's entry in the inspector's log.
+    log: Option<Arc<recent::Logged>>,
 }
 
 impl Reply {
@@ -1469,6 +1529,9 @@ impl Reply {
                 self.state.metrics.count(ops::Event::Reply {
                     truncated: !complete,
                 });
+                if let Some(log) = &self.log {
+                    log.after.lock().reply = Some(complete);
+                }
                 true
             }
             Ok(_) => false,
@@ -1637,7 +1700,7 @@ async fn pass_through(req: Request<Incoming>, state: Arc<State>) -> Response<Bod
         Ok(bytes) => bytes,
         Err(refused) => return *refused,
     };
-    match forward(&state, provider, &parts, bytes.to_vec()).await {
+    match forward(&state, provider, &parts, bytes).await {
         Ok(upstream) => {
             respond(
                 upstream,
@@ -1660,7 +1723,7 @@ async fn forward(
     state: &State,
     provider: Provider,
     parts: &hyper::http::request::Parts,
-    body: Vec<u8>,
+    body: Bytes,
 ) -> Result<Response<Incoming>, (Failure, String)> {
     let base = state.config.upstream(provider).trim_end_matches('/');
     let target = parts
@@ -1679,7 +1742,7 @@ async fn forward(
     let mut request = Request::builder()
         .method(parts.method.clone())
         .uri(uri)
-        .body(Full::new(Bytes::from(body)))
+        .body(Full::new(body))
         .expect("method and URI are valid");
     let headers = request.headers_mut();
     for (name, value) in &parts.headers {

@@ -343,6 +343,9 @@ pub fn purge(
     for &purged in removed.sub_users.iter().chain([&user]) {
         state.turns.forget(purged);
     }
+    state
+        .recent
+        .forget_users(&[&removed.sub_users[..], &[user]].concat());
     // A dark generation built before the purge holds the user's rows: drop it now where it is
     // not being built; one being built records the purge count it started at, and the flip
     // rebuilds it when that count has moved.

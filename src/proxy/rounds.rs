@@ -1196,6 +1196,8 @@ pub(super) struct Loop {
     /// Where the reply, and the tool calls with their results, are captured (`None`: nothing
     /// of this request is written).
     pub(super) reply: Option<Reply>,
+    /// The request's entry in the inspector's log, where each call is noted.
+    pub(super) log: Option<Arc<super::recent::Logged>>,
     pub(super) permit: tokio::sync::OwnedSemaphorePermit,
 }
 
@@ -1253,6 +1255,13 @@ impl Loop {
                     }
                 }
             };
+            if let Some(log) = &self.log {
+                log.after.lock().rounds.push(super::recent::ToolRound {
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                    result: result.clone(),
+                });
+            }
             results.push(result);
         }
         results
@@ -1329,7 +1338,7 @@ async fn next_round(lp: &Loop, rounds: &[Round]) -> Result<Response<Incoming>, R
         answer: None,
         message,
     };
-    let response = forward(&lp.state, lp.format.provider(), &lp.parts, body)
+    let response = forward(&lp.state, lp.format.provider(), &lp.parts, body.into())
         .await
         .map_err(unanswered)?;
     if response.status().is_success() {

@@ -39,6 +39,16 @@ impl Format {
         }
     }
 
+    /// The API's name as the inspector shows it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Chat => "chat_completions",
+            Self::Responses => "responses",
+            Self::Messages => "messages",
+            Self::Gemini => "gemini",
+        }
+    }
+
     /// The body field holding the conversation.
     pub fn list(self) -> &'static str {
         match self {

@@ -1094,6 +1094,60 @@ impl Store {
             .map(move |item| self.chain_row(item))
     }
 
+    /// The rows of one conversation from row `from` on, oldest first (from its chain): one
+    /// range scan, so a page of a long conversation costs its own rows.
+    pub fn conversation_rows_from(
+        &self,
+        user: UserId,
+        conversation: &str,
+        from: RowId,
+    ) -> impl Iterator<Item = Result<RowId, StoreError>> + '_ {
+        let conversation = ConversationId::from_key(conversation);
+        let mut read = ReadOptions::default();
+        read.set_iterate_upper_bound(keys::chain(user, conversation, RowId(u64::MAX)).to_vec());
+        self.db
+            .iterator_cf_opt(
+                &self.cf(Cf::Chain),
+                read,
+                IteratorMode::From(&keys::chain(user, conversation, from), Direction::Forward),
+            )
+            .map(move |item| self.chain_row(item))
+    }
+
+    /// `user`'s conversations in id order after `after` (all of them without), each with its
+    /// first row: one seek a conversation, whatever its length.
+    pub fn conversations_of(
+        &self,
+        user: UserId,
+        after: Option<ConversationId>,
+    ) -> impl Iterator<Item = Result<(ConversationId, RowId), StoreError>> + '_ {
+        let mut read = ReadOptions::default();
+        read.set_iterate_upper_bound(keys::user_end(user).to_vec());
+        let mut cursor = self.db.raw_iterator_cf_opt(&self.cf(Cf::Chain), read);
+        let mut next = match after {
+            None => Some(keys::user(user).to_vec()),
+            Some(after) => after
+                .0
+                .checked_add(1)
+                .map(|id| keys::chain_prefix(user, ConversationId(id)).to_vec()),
+        };
+        std::iter::from_fn(move || {
+            cursor.seek(next.take()?);
+            if !cursor.valid() {
+                return cursor.status().err().map(|e| Err(self.rocks(e)));
+            }
+            let (_, conversation, row) = match chain_key(cursor.key().unwrap_or_default()) {
+                Ok(parsed) => parsed,
+                Err(err) => return Some(Err(err)),
+            };
+            next = conversation
+                .0
+                .checked_add(1)
+                .map(|id| keys::chain_prefix(user, ConversationId(id)).to_vec());
+            Some(Ok((conversation, row)))
+        })
+    }
+
     /// The first row of a conversation (from its chain), if it has any.
     pub fn first_row_of(
         &self,
@@ -1117,16 +1171,7 @@ impl Store {
     /// The row a `chain` entry (as an iterator yields it) names.
     fn chain_row(&self, item: Result<KeyValue, rocksdb::Error>) -> Result<RowId, StoreError> {
         let (key, _) = item.map_err(|e| self.rocks(e))?;
-        keys::parse_chain(&key)
-            .map(|(_, _, row)| row)
-            .ok_or_else(|| StoreError::Corrupt {
-                cf: Cf::Chain.name(),
-                key: hex_key(&key),
-                source: CodecError {
-                    what: "chain key",
-                    reason: "not user ++ conversation ++ row".into(),
-                },
-            })
+        chain_key(&key).map(|(_, _, row)| row)
     }
 
     /// The rows of `row`'s conversation around it, in capture order: up to `reach` before it,
@@ -1991,6 +2036,18 @@ fn log_corrupt(key: &[u8], reason: &str) -> StoreError {
 }
 
 /// A key as lower-case hex, for error messages and reports.
+/// A `chain` key's user, conversation and row.
+fn chain_key(key: &[u8]) -> Result<(UserId, ConversationId, RowId), StoreError> {
+    keys::parse_chain(key).ok_or_else(|| StoreError::Corrupt {
+        cf: Cf::Chain.name(),
+        key: hex_key(key),
+        source: CodecError {
+            what: "chain key",
+            reason: "not user ++ conversation ++ row".into(),
+        },
+    })
+}
+
 pub fn hex_key(key: &[u8]) -> String {
     crate::tokens::hex(key)
 }

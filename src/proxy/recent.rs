@@ -1,0 +1,263 @@
+//! The inspector's log of recent requests (`docs/proxy.md`, "Inspector"): for each user, the
+//! last few chat requests as they were forwarded, with the recall that framed them, the memory
+//! tool rounds run mid-stream and what was captured. In memory only, bounded twice: a number
+//! of requests per user, and bytes over all users (the oldest request anywhere goes first).
+//! Nothing here is written to disk, and no credential is held: the body forwarded carries none
+//! (credentials travel in headers).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use hyper::body::Bytes;
+use parking_lot::Mutex;
+
+use crate::recall::Recall;
+use crate::types::UserId;
+
+/// How much the log holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Requests kept per user; 0 keeps none.
+    pub per_user: usize,
+    /// Bytes kept over all users (the forwarded bodies, mostly).
+    pub bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            per_user: 16,
+            bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// One memory tool call run mid-stream.
+#[derive(Debug, Clone)]
+pub struct ToolRound {
+    pub name: String,
+    pub arguments: String,
+    pub result: String,
+}
+
+/// What happened to a logged request after it was forwarded.
+#[derive(Debug, Default)]
+pub struct After {
+    /// The upstream's status (none: it did not answer).
+    pub status: Option<u16>,
+    /// The memory tool calls run mid-stream, in order.
+    pub rounds: Vec<ToolRound>,
+    /// Whether the reply was captured, and whether it was cut short.
+    pub reply: Option<bool>,
+}
+
+/// One logged request.
+#[derive(Debug)]
+pub struct Logged {
+    /// Its number, in arrival order over the server's life.
+    pub id: u64,
+    pub user: UserId,
+    pub at_ms: i64,
+    /// The wire format's name ([`super::wire::Format::name`]).
+    pub format: &'static str,
+    pub model: String,
+    pub conversation: String,
+    /// The live question, if the request had one.
+    pub question: Option<String>,
+    /// `ok`, `off` or `unavailable`, as the `x-perpetuity-memory` header said.
+    pub memory: &'static str,
+    /// Whether the question was captured before the answer left.
+    pub question_stored: bool,
+    /// The request body exactly as forwarded upstream.
+    pub forwarded: Bytes,
+    /// The recall that framed it (none: recall was off, or a tool round's continuation reused
+    /// its turn's frame).
+    pub recall: Option<Recall>,
+    /// Whether a continuation reused its turn's frame.
+    pub reused: bool,
+    /// Whether the memory tools rode along.
+    pub tools: bool,
+    pub after: Mutex<After>,
+}
+
+impl Logged {
+    /// What the entry costs the byte bound.
+    fn size(&self) -> usize {
+        let frame: usize = self.recall.as_ref().map_or(0, |recall| {
+            recall
+                .frame
+                .messages
+                .iter()
+                .map(|m| m.content.len())
+                .sum::<usize>()
+                + (recall.retrieved.len() + recall.offered.len()) * 32
+        });
+        self.forwarded.len() + frame + self.question.as_ref().map_or(0, String::len) + 256
+    }
+}
+
+/// The log.
+#[derive(Debug)]
+pub struct Recent {
+    limits: Limits,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    next: u64,
+    bytes: usize,
+    users: HashMap<UserId, VecDeque<Arc<Logged>>>,
+    /// Every kept entry's (id, user, size), oldest first.
+    order: VecDeque<(u64, UserId, usize)>,
+}
+
+impl Recent {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            inner: Mutex::default(),
+        }
+    }
+
+    /// Whether anything is kept.
+    pub fn enabled(&self) -> bool {
+        self.limits.per_user > 0 && self.limits.bytes > 0
+    }
+
+    /// The next request's number (the log numbers every request, kept or not).
+    pub fn number(&self) -> u64 {
+        let mut inner = self.inner.lock();
+        inner.next += 1;
+        inner.next
+    }
+
+    /// Keep `logged` (numbered by [`Recent::number`]), dropping what the bounds no longer
+    /// allow: the user's oldest beyond `per_user`, then the oldest anywhere beyond `bytes`.
+    /// An entry larger than the byte bound alone is not kept.
+    pub fn keep(&self, logged: Arc<Logged>) {
+        if !self.enabled() {
+            return;
+        }
+        let size = logged.size();
+        if size > self.limits.bytes {
+            return;
+        }
+        let mut inner = self.inner.lock();
+        let user = logged.user;
+        let list = inner.users.entry(user).or_default();
+        list.push_back(Arc::clone(&logged));
+        let dropped = (list.len() > self.limits.per_user).then(|| list.pop_front());
+        if let Some(Some(old)) = dropped {
+            inner.forget(old.id);
+        }
+        inner.bytes += size;
+        inner.order.push_back((logged.id, user, size));
+        while inner.bytes > self.limits.bytes {
+            let Some((id, user, size)) = inner.order.pop_front() else {
+                break;
+            };
+            inner.bytes -= size;
+            if let Some(list) = inner.users.get_mut(&user) {
+                list.retain(|entry| entry.id != id);
+                if list.is_empty() {
+                    inner.users.remove(&user);
+                }
+            }
+        }
+    }
+
+    /// A user's kept requests, newest first.
+    pub fn of(&self, user: UserId) -> Vec<Arc<Logged>> {
+        let inner = self.inner.lock();
+        inner
+            .users
+            .get(&user)
+            .map(|list| list.iter().rev().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Forget every request of `users` (they were purged).
+    pub fn forget_users(&self, users: &[UserId]) {
+        let mut inner = self.inner.lock();
+        for user in users {
+            if let Some(list) = inner.users.remove(user) {
+                for entry in list {
+                    inner.forget(entry.id);
+                }
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Drop entry `id` from the byte account.
+    fn forget(&mut self, id: u64) {
+        if let Some(at) = self.order.iter().position(|&(kept, _, _)| kept == id) {
+            let (_, _, size) = self.order.remove(at).expect("the position is in range");
+            self.bytes -= size;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logged(recent: &Recent, user: u64, body: usize) -> Arc<Logged> {
+        Arc::new(Logged {
+            id: recent.number(),
+            user: UserId(user),
+            at_ms: 0,
+            format: "chat",
+            model: "m".into(),
+            conversation: "c".into(),
+            question: None,
+            memory: "ok",
+            question_stored: false,
+            forwarded: Bytes::from(vec![b'x'; body]),
+            recall: None,
+            reused: false,
+            tools: false,
+            after: Mutex::default(),
+        })
+    }
+
+    #[test]
+    fn each_user_keeps_its_newest_and_the_byte_bound_drops_the_oldest_anywhere() {
+        let recent = Recent::new(Limits {
+            per_user: 2,
+            bytes: 4 * (1_000 + 256),
+        });
+        for _ in 0..3 {
+            recent.keep(logged(&recent, 1, 1_000));
+        }
+        let ids: Vec<u64> = recent.of(UserId(1)).iter().map(|l| l.id).collect();
+        assert_eq!(ids, [3, 2], "newest first, two per user");
+        recent.keep(logged(&recent, 2, 1_000));
+        recent.keep(logged(&recent, 2, 1_000));
+        recent.keep(logged(&recent, 3, 1_000));
+        // Five entries would pass the bound of four: user 1's oldest (2) went.
+        let ids: Vec<u64> = recent.of(UserId(1)).iter().map(|l| l.id).collect();
+        assert_eq!(ids, [3]);
+        assert_eq!(recent.of(UserId(2)).len(), 2);
+        recent.keep(logged(&recent, 4, 10_000));
+        assert!(
+            recent.of(UserId(4)).is_empty(),
+            "larger than the bound alone"
+        );
+        recent.forget_users(&[UserId(2)]);
+        assert!(recent.of(UserId(2)).is_empty());
+        assert_eq!(recent.inner.lock().bytes, 2 * (1_000 + 256));
+    }
+
+    #[test]
+    fn a_log_with_no_room_keeps_nothing() {
+        let recent = Recent::new(Limits {
+            per_user: 0,
+            bytes: 1 << 20,
+        });
+        recent.keep(logged(&recent, 1, 10));
+        assert!(recent.of(UserId(1)).is_empty());
+    }
+}
