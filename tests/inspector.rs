@@ -203,6 +203,108 @@ fn the_operator_sees_every_user_and_a_credential_its_own() {
     assert!(!other.text().contains("Brompton"));
 }
 
+/// A question the model answers after one memory_search round: the log holds the body as
+/// first forwarded, the call with what it returned (as the upstream's second round received
+/// it), the reply captured, and each turn's reason against the request; another credential
+/// finds none of it.
+#[test]
+fn the_log_holds_a_request_its_tool_round_and_why() {
+    let (_runtime, upstream, _dir, server) = served();
+    upstream.respond_with(Arc::new(|_, received| {
+        let body = received.json();
+        let messages = body["messages"].as_array().unwrap();
+        let last = messages.last().unwrap();
+        if last["role"] == "tool" {
+            return chat_reply("It is written on the door: 4417.");
+        }
+        if !last["content"].to_string().contains("written") {
+            return chat_reply("Noted.");
+        }
+        let call = serde_json::json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1,
+            "model": "gpt-4o", "choices": [{"index": 0, "finish_reason": "tool_calls",
+            "message": {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+            "type": "function", "function": {"name": "memory_search",
+            "arguments": "{\"query\": \"locker code\"}"}}]}}]});
+        common::upstream::Answer::Whole(200, "application/json", call.to_string().into_bytes())
+    }));
+    let before = upstream.received().len();
+    tell(&server, "sk-ada", "Where is my locker code written?");
+    let sent = upstream.received();
+    assert_eq!(sent.len(), before + 2, "one memory round, then the answer");
+    let round = sent.last().unwrap().json();
+    let returned = round["messages"].as_array().unwrap().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let ada = bearer("sk-ada");
+    let headers = [(ada.0, ada.1.as_str())];
+    let logged = get(&server, "/perpetuity/api/requests", &headers).json();
+    let requests = logged["requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 4, "ada's four requests: {logged}");
+    let newest = &requests[0];
+    assert_eq!(newest["question"], "Where is my locker code written?");
+    assert_eq!(newest["tool_calls"], 1);
+    assert_eq!(newest["reply_stored"], true);
+    assert_eq!(newest["status"], 200);
+    let id = newest["id"].as_u64().unwrap();
+    let request = get(
+        &server,
+        &format!("/perpetuity/api/request?id={id}"),
+        &headers,
+    )
+    .json();
+    assert_eq!(
+        request["forwarded"].as_str().unwrap(),
+        sent[before].text(),
+        "the body as first forwarded"
+    );
+    let rounds = request["tool_rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 1);
+    assert_eq!(rounds[0]["name"], "memory_search");
+    assert_eq!(rounds[0]["arguments"], r#"{"query": "locker code"}"#);
+    assert_eq!(rounds[0]["result"].as_str().unwrap(), returned);
+    let recall = &request["recall"];
+    assert!(recall["budget"].as_u64().unwrap() >= recall["frame"]["tokens"].as_u64().unwrap());
+    assert!(
+        recall["retrieved"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["why"]["fate"].is_string())
+    );
+
+    let turns = get(
+        &server,
+        &format!("/perpetuity/api/turns?request={id}"),
+        &headers,
+    )
+    .json();
+    let shown: Vec<&serde_json::Value> =
+        recall["frame"]["rows"].as_array().unwrap().iter().collect();
+    for turn in turns["turns"].as_array().unwrap() {
+        let fate = turn["why"]["fate"].as_str().unwrap();
+        assert_eq!(fate == "shown", shown.contains(&&turn["row"]), "{turn}");
+        assert!(!turn["why"]["reason"].as_str().unwrap().is_empty());
+    }
+    assert!(
+        turns.to_string().contains("stored after this request"),
+        "the reply: {turns}"
+    );
+
+    // Another credential: none of ada's requests; an id of hers is 404 for it.
+    let bob = bearer("sk-bob");
+    let theirs = get(&server, "/perpetuity/api/requests", &[(bob.0, &bob.1)]).json();
+    assert_eq!(theirs["requests"].as_array().unwrap().len(), 1);
+    let refused = get(
+        &server,
+        &format!("/perpetuity/api/request?id={id}"),
+        &[(bob.0, &bob.1)],
+    );
+    assert_eq!(refused.status, 404);
+    assert!(!refused.text().contains("locker"));
+}
+
 /// The browser the page test drives and the npm prefix holding playwright-core, or why the
 /// test cannot run here.
 fn browser() -> Result<(std::path::PathBuf, std::path::PathBuf), String> {
