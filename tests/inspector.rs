@@ -1,7 +1,9 @@
 //! The inspector's JSON endpoints and page over real HTTP (`perpetuity serve` in front of a
 //! scripted upstream): the operator sees every user, a credential its own memory only; turns
 //! come back verbatim (a stored `<script>` is text) in pages; the frame is asked in probe mode
-//! (nothing captured); the page and its files carry a policy that forbids inline script.
+//! (nothing captured); the log of requests holds what was forwarded, the tool rounds and why
+//! each turn was or was not shown; the page and its files carry a policy that forbids inline
+//! script, and a walk in headless Chromium over a LoCoMo memory finds no stored text run.
 
 mod common;
 
@@ -15,6 +17,8 @@ use perpetuity::proxy::identity::Secret;
 
 const ADMIN: (&str, &str) = ("x-perpetuity-admin-token", "inspector-test-admin");
 const CANARY: &str = "<script>window.__pwned=1</script><img src=x onerror=\"window.__pwned=2\">";
+const LINK_CANARY: &str =
+    "[a link](javascript:window.__pwned=3) and <svg onload=\"window.__pwned=4\">";
 
 fn tell(server: &Server, credential: &str, text: &str) {
     let body = serde_json::json!({"model": "gpt-4o",
@@ -48,11 +52,7 @@ fn served() -> (tokio::runtime::Runtime, Upstream, tempfile::TempDir, Server) {
     .0;
     tell(&server, "sk-ada", "My locker code is 4417.");
     tell(&server, "sk-ada", CANARY);
-    tell(
-        &server,
-        "sk-ada",
-        "[a link](javascript:window.__pwned=3) and <svg onload=\"window.__pwned=4\">",
-    );
+    tell(&server, "sk-ada", LINK_CANARY);
     tell(&server, "sk-bob", "My bike is a green Brompton.");
     (runtime, upstream, dir, server)
 }
@@ -379,51 +379,6 @@ fn texts(list: &serde_json::Value) -> Vec<&str> {
         .collect()
 }
 
-#[test]
-fn the_page_shows_a_stored_script_as_text_in_a_real_browser() {
-    let found = match browser() {
-        Ok(found) => found,
-        Err(why) => {
-            eprintln!(
-                "SKIP the_page_shows_a_stored_script_as_text_in_a_real_browser: {why} (tools/install-deps.sh installs them)"
-            );
-            return;
-        }
-    };
-    let (_runtime, _upstream, dir, server) = served();
-    let shots = screenshots(dir.path());
-    let (report, clean) = drive(
-        &found,
-        "browser.mjs",
-        &[
-            format!("http://127.0.0.1:{}/perpetuity/", server.port),
-            "sk-ada".into(),
-            "What is my locker code?".into(),
-            shots.join("inspector").display().to_string(),
-        ],
-    );
-    assert!(
-        clean,
-        "stored text ran as code, or the page failed: {report}"
-    );
-    let turns = texts(&report["turns"]);
-    assert!(
-        turns.contains(&CANARY),
-        "the stored script is shown as its text: {turns:?}"
-    );
-    assert!(turns.contains(&"My locker code is 4417."));
-    assert!(
-        !turns.iter().any(|t| t.contains("Brompton")),
-        "another user's turn was shown"
-    );
-    assert!(
-        report["frame"].to_string().contains("4417"),
-        "the frame the question would get: {report}"
-    );
-    assert!(shots.join("inspector-turns.png").is_file());
-    assert!(shots.join("inspector-frame.png").is_file());
-}
-
 /// A served store holding one LoCoMo conversation (its 19 sessions, as a credential's memory),
 /// one question asked through the proxy, and another credential holding the canaries. The
 /// page, driven in Chromium: the user's conversations and turns; the request's frame equal to
@@ -461,12 +416,17 @@ fn the_inspector_walks_a_locomo_memory_in_a_real_browser() {
             ..m.clone()
         })
         .collect();
-    let question = dataset
+    let asked = dataset
         .questions
         .iter()
         .find(|q| q.user_key == sample && !q.evidence_turns.is_empty())
+        .unwrap();
+    let question = asked.question.clone();
+    let evidence = messages
+        .iter()
+        .find(|m| m.source_turn.as_ref() == Some(&asked.evidence_turns[0]))
         .unwrap()
-        .question
+        .text
         .clone();
     {
         let memory = common::memory(&data);
@@ -486,6 +446,7 @@ fn the_inspector_walks_a_locomo_memory_in_a_real_browser() {
     .0;
     tell(&server, "sk-bob", "My bike is a green Brompton.");
     tell(&server, "sk-bob", CANARY);
+    tell(&server, "sk-bob", LINK_CANARY);
     tell(&server, "sk-locomo", &question);
     let forwarded = upstream.received().last().unwrap().text();
     assert!(forwarded.contains(&question));
@@ -574,11 +535,20 @@ fn the_inspector_walks_a_locomo_memory_in_a_real_browser() {
         "{report}"
     );
     // The frame and the search views.
-    assert!(!texts(&report["frame"]).is_empty());
-    assert!(!texts(&report["found"]).is_empty());
+    assert!(
+        texts(&report["frame"])
+            .iter()
+            .any(|t| t.contains(&evidence)),
+        "the frame holds the evidence {evidence:?}: {report}"
+    );
+    assert!(texts(&report["found"]).contains(&evidence.as_str()));
     // The other credential: its own turns (the canary as text), none of the first's.
     let bob = texts(&report["other"]);
-    assert!(bob.contains(&CANARY) && bob.iter().any(|t| t.contains("Brompton")));
+    assert!(
+        bob.contains(&CANARY) && bob.contains(&LINK_CANARY),
+        "{bob:?}"
+    );
+    assert!(bob.iter().any(|t| t.contains("Brompton")));
     let theirs: Vec<&str> = messages.iter().map(|m| m.text.as_str()).collect();
     assert!(!bob.iter().any(|t| theirs.contains(t)), "{bob:?}");
     // The purge: cancelled once (nothing changed), then confirmed, and nothing is left.

@@ -1102,7 +1102,16 @@ impl Store {
         conversation: &str,
         from: RowId,
     ) -> impl Iterator<Item = Result<RowId, StoreError>> + '_ {
-        let conversation = ConversationId::from_key(conversation);
+        self.chain_from(user, ConversationId::from_key(conversation), from)
+    }
+
+    /// [`Store::conversation_rows_from`] by the conversation's id.
+    fn chain_from(
+        &self,
+        user: UserId,
+        conversation: ConversationId,
+        from: RowId,
+    ) -> impl Iterator<Item = Result<RowId, StoreError>> + '_ {
         let mut read = ReadOptions::default();
         read.set_iterate_upper_bound(keys::chain(user, conversation, RowId(u64::MAX)).to_vec());
         self.db
@@ -1154,17 +1163,8 @@ impl Store {
         user: UserId,
         conversation: ConversationId,
     ) -> Result<Option<RowId>, StoreError> {
-        let prefix = keys::chain_prefix(user, conversation);
-        let mut read = ReadOptions::default();
-        read.set_iterate_upper_bound(keys::chain(user, conversation, RowId(u64::MAX)).to_vec());
-        self.db
-            .iterator_cf_opt(
-                &self.cf(Cf::Chain),
-                read,
-                IteratorMode::From(&prefix, Direction::Forward),
-            )
+        self.chain_from(user, conversation, RowId(0))
             .next()
-            .map(|item| self.chain_row(item))
             .transpose()
     }
 
