@@ -38,23 +38,30 @@ fn tell(server: &Server, credential: &str, text: &str) {
 /// fact and canaries (a script, an image's error handler, a `javascript:` link, an SVG's load
 /// handler), bob's fact. The runtime and upstream must outlive the server.
 fn served() -> (tokio::runtime::Runtime, Upstream, tempfile::TempDir, Server) {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let upstream = runtime.block_on(Upstream::start());
-    upstream.respond_with(Arc::new(|_, _| chat_reply("Noted.")));
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(|command| {
-        command
-            .args(["--data", dir.path().join("data").to_str().unwrap()])
-            .args(["--admin-token", ADMIN.1])
-            .args(["--upstream", &format!("openai={}", upstream.url())])
-            .env("RUST_LOG", "warn");
-    })
-    .0;
+    let (runtime, upstream, server) = serve(&dir.path().join("data"));
     tell(&server, "sk-ada", "My locker code is 4417.");
     tell(&server, "sk-ada", CANARY);
     tell(&server, "sk-ada", LINK_CANARY);
     tell(&server, "sk-bob", "My bike is a green Brompton.");
     (runtime, upstream, dir, server)
+}
+
+/// A server on `data` with the admin token, in front of an upstream that answers "Noted.".
+/// The runtime and upstream must outlive the server.
+fn serve(data: &std::path::Path) -> (tokio::runtime::Runtime, Upstream, Server) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = runtime.block_on(Upstream::start());
+    upstream.respond_with(Arc::new(|_, _| chat_reply("Noted.")));
+    let server = Server::start(|command| {
+        command
+            .args(["--data", data.to_str().unwrap()])
+            .args(["--admin-token", ADMIN.1])
+            .args(["--upstream", &format!("openai={}", upstream.url())])
+            .env("RUST_LOG", "warn");
+    })
+    .0;
+    (runtime, upstream, server)
 }
 
 fn get(server: &Server, path: &str, headers: &[(&str, &str)]) -> common::server::Answer {
@@ -433,17 +440,7 @@ fn the_inspector_walks_a_locomo_memory_in_a_real_browser() {
         ingest::ingest(&memory.store, &memory.dictionary, &messages, |_, _| {}).unwrap();
     }
 
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let upstream = runtime.block_on(Upstream::start());
-    upstream.respond_with(Arc::new(|_, _| chat_reply("Noted.")));
-    let server = Server::start(|command| {
-        command
-            .args(["--data", data.to_str().unwrap()])
-            .args(["--admin-token", ADMIN.1])
-            .args(["--upstream", &format!("openai={}", upstream.url())])
-            .env("RUST_LOG", "warn");
-    })
-    .0;
+    let (_runtime, upstream, server) = serve(&data);
     tell(&server, "sk-bob", "My bike is a green Brompton.");
     tell(&server, "sk-bob", CANARY);
     tell(&server, "sk-bob", LINK_CANARY);
