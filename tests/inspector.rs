@@ -310,6 +310,29 @@ fn the_log_holds_a_request_its_tool_round_and_why() {
     );
     assert_eq!(refused.status, 404);
     assert!(!refused.text().contains("locker"));
+
+    // A request the provider refuses the credential of is not logged.
+    upstream.respond_with(Arc::new(|_, _| {
+        common::upstream::Answer::Whole(
+            401,
+            "application/json",
+            br#"{"error": {"message": "bad key", "type": "invalid_request_error"}}"#.to_vec(),
+        )
+    }));
+    let eve = bearer("sk-eve");
+    let body = serde_json::json!({"model": "gpt-4o",
+        "messages": [{"role": "user", "content": "My pin is 1234."}]});
+    let answer = server
+        .request(
+            "POST",
+            "/v1/chat/completions",
+            &[(eve.0, &eve.1)],
+            body.to_string().as_bytes(),
+        )
+        .unwrap();
+    assert_eq!(answer.status, 401);
+    let logged = get(&server, "/perpetuity/api/requests", &[(eve.0, &eve.1)]).json();
+    assert_eq!(logged["requests"], serde_json::json!([]), "{logged}");
 }
 
 /// The browser the page test drives and the npm prefix holding playwright-core, or why the

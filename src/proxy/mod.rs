@@ -962,7 +962,14 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             }
         }
     }
-    let log = state.recent.enabled().then(|| {
+    // A request the provider refused the credential of leaves nothing, here as in the store.
+    let refused = upstream.as_ref().is_ok_and(|answer| {
+        matches!(
+            answer.status(),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+        )
+    });
+    let log = (state.recent.enabled() && !refused).then(|| {
         Arc::new(recent::Logged {
             id: state.recent.number(),
             user: UserId::from_key(&identity.user_key),
