@@ -875,6 +875,49 @@ async fn exercise(name: &str, client: Client) {
         None => checks.check(false, || "the second session reached no upstream".into()),
     }
 
+    // The inspector's log of the client's requests: each body as forwarded is one the
+    // upstream received, byte for byte, the newest the second session's last.
+    let log = common::upstream::body_of(
+        h.send(
+            "GET",
+            "/perpetuity/api/requests",
+            &[("authorization", &format!("Bearer {}", client.key))],
+            b"",
+        )
+        .await,
+    )
+    .await;
+    let log: Value = serde_json::from_slice(&log).unwrap();
+    let received: Vec<Vec<u8>> = h.received().into_iter().map(|r| r.body).collect();
+    let logged = log["requests"].as_array().cloned().unwrap_or_default();
+    checks.check(!logged.is_empty(), || {
+        format!("the inspector logged none of the client's requests: {log}")
+    });
+    for (at, summary) in logged.iter().enumerate() {
+        let id = summary["id"].as_u64().unwrap_or_default();
+        let whole = common::upstream::body_of(
+            h.send(
+                "GET",
+                &format!("/perpetuity/api/request?id={id}"),
+                &[("authorization", &format!("Bearer {}", client.key))],
+                b"",
+            )
+            .await,
+        )
+        .await;
+        let whole: Value = serde_json::from_slice(&whole).unwrap();
+        let forwarded = whole["forwarded"].as_str().unwrap_or_default().as_bytes();
+        checks.check(received.iter().any(|body| body == forwarded), || {
+            format!("logged request {id} was not forwarded as the log says")
+        });
+        if at == 0 {
+            let last = asked.requests.last().map(|(_, r)| r.body.as_slice());
+            checks.check(last == Some(forwarded), || {
+                format!("the newest logged request {id} is not the second session's last")
+            });
+        }
+    }
+
     let rows = h.rows_of(client.key, 4);
     let user_rows: Vec<_> = rows.iter().filter(|r| r.role == Role::User).collect();
     checks.check(user_rows.iter().any(|r| r.text.contains(FACT)), || {
