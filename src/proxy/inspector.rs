@@ -390,7 +390,6 @@ fn users(
 ) -> Result<serde_json::Value, Failed> {
     let generation = state.generation();
     let store = &generation.memory.store;
-    let arena = generation.arena.read();
     let mut listed = Vec::new();
     let mut next = None;
     let own = match viewer {
@@ -414,7 +413,8 @@ fn users(
         }
         listed.push(json!({
             "user": String::from_utf8_lossy(&value),
-            "rows": arena.scope_rows(&[user]),
+            // The arena's lock only for this read: a request's catch-up waits on it.
+            "rows": generation.arena.read().scope_rows(&[user]),
             "clock": store.clock(user)?,
             "excluded": store.exclusions(user)?.len(),
         }));

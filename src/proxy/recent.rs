@@ -5,7 +5,7 @@
 //! Nothing here is written to disk, and no credential is held: the body forwarded carries none
 //! (credentials travel in headers).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use hyper::body::Bytes;
@@ -108,8 +108,9 @@ struct Inner {
     next: u64,
     bytes: usize,
     users: HashMap<UserId, VecDeque<Arc<Logged>>>,
-    /// Every kept entry's (id, user, size), oldest first.
-    order: VecDeque<(u64, UserId, usize)>,
+    /// Every kept entry's user and size by id (ids grow with arrival: the first is the
+    /// oldest).
+    order: BTreeMap<u64, (UserId, usize)>,
 }
 
 impl Recent {
@@ -152,9 +153,9 @@ impl Recent {
             inner.forget(old.id);
         }
         inner.bytes += size;
-        inner.order.push_back((logged.id, user, size));
+        inner.order.insert(logged.id, (user, size));
         while inner.bytes > self.limits.bytes {
-            let Some((id, user, size)) = inner.order.pop_front() else {
+            let Some((id, (user, size))) = inner.order.pop_first() else {
                 break;
             };
             inner.bytes -= size;
@@ -193,8 +194,7 @@ impl Recent {
 impl Inner {
     /// Drop entry `id` from the byte account.
     fn forget(&mut self, id: u64) {
-        if let Some(at) = self.order.iter().position(|&(kept, _, _)| kept == id) {
-            let (_, _, size) = self.order.remove(at).expect("the position is in range");
+        if let Some((_, size)) = self.order.remove(&id) {
             self.bytes -= size;
         }
     }
