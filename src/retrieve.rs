@@ -28,7 +28,10 @@ use crate::dictionary::derive::{
     PREFETCH_INDEX_AHEAD, PREFETCH_TOKENS_AHEAD, Quantized, prefetch_token,
 };
 use crate::dictionary::derive::{RetrievalRow, derive};
-use crate::relevance::{CONTEXT_AFTER, CONTEXT_BEFORE, HybridScorer, in_context, signature_share};
+use crate::relevance::{
+    CONTEXT_AFTER, CONTEXT_BEFORE, HybridScorer, OPENING_AFTER, after_shares, in_context,
+    signature_share,
+};
 use crate::scan::kernels::{
     BLOCK_ROWS, Kernels, LUT_ENTRY_MAX, Lookahead, PAIR_ENTRIES, SignatureTerm, TwoBitQuery,
     code_words, prefetch, prefetch_l2,
@@ -579,11 +582,12 @@ fn rank(mut hits: Vec<Retrieved>, k: usize) -> Vec<Retrieved> {
 }
 
 /// The neighbours of the row in `slot` in its conversation towards `side`, nearest first,
-/// up to `N` of them ([`Arena::neighbour`] followed `N` times, stopping at the first gap).
-fn walk<const N: usize>(arena: &Arena, slot: Slot, side: Side) -> [Option<Slot>; N] {
+/// up to `steps` of them ([`Arena::neighbour`] followed `steps` times at most, stopping at the
+/// first gap).
+fn walk<const N: usize>(arena: &Arena, slot: Slot, side: Side, steps: usize) -> [Option<Slot>; N] {
     let mut out = [None; N];
     let mut at = slot;
-    for place in &mut out {
+    for place in out.iter_mut().take(steps) {
         match arena.neighbour(at, side) {
             Some(next) => {
                 *place = Some(next);
@@ -596,18 +600,19 @@ fn walk<const N: usize>(arena: &Arena, slot: Slot, side: Side) -> [Option<Slot>;
 }
 
 /// The neighbours whose own scores the score in context of the row in `slot` reads: up to
-/// `CONTEXT_BEFORE.len()` earlier rows of its conversation and `CONTEXT_AFTER.len()` later
-/// ones, nearest first.
+/// `CONTEXT_BEFORE.len()` earlier rows of its conversation and as many later ones as it has
+/// shares for ([`after_shares`]), nearest first.
 type Context = (
     [Option<Slot>; CONTEXT_BEFORE.len()],
-    [Option<Slot>; CONTEXT_AFTER.len()],
+    [Option<Slot>; OPENING_AFTER.len()],
 );
 
 fn context(arena: &Arena, slot: Slot) -> Context {
-    (
-        walk(arena, slot, Side::Before),
-        walk(arena, slot, Side::After),
-    )
+    let before: [Option<Slot>; CONTEXT_BEFORE.len()] =
+        walk(arena, slot, Side::Before, CONTEXT_BEFORE.len());
+    let read = before.iter().map_while(|s| *s).count();
+    let after = walk(arena, slot, Side::After, after_shares(read).len());
+    (before, after)
 }
 
 /// [`in_context`] of a row with own score `own` and neighbours `context`, each neighbour's own
@@ -630,29 +635,39 @@ fn score_in_context(own: f32, context: &Context, own_of: impl Fn(Slot) -> f32) -
     in_context(own, &before[..b], &after[..a])
 }
 
-/// `slots` and every row that lies within `before` rows before or `after` rows after one of
-/// them in its conversation, once each, in row id order.
-fn with_neighbours(
+/// The rows whose score in context reads the row in `slot` ([`context`] the other way): the
+/// rows up to `CONTEXT_BEFORE.len()` after it, the one before it, and an opening up to
+/// `OPENING_AFTER.len()` before it.
+fn read_by(arena: &Arena, slot: Slot) -> impl Iterator<Item = Slot> {
+    let after: [Option<Slot>; CONTEXT_BEFORE.len()] =
+        walk(arena, slot, Side::After, CONTEXT_BEFORE.len());
+    let before: [Option<Slot>; OPENING_AFTER.len()] =
+        walk(arena, slot, Side::Before, OPENING_AFTER.len());
+    let reads = move |(distance, row): (usize, Slot)| {
+        distance < CONTEXT_AFTER.len() || arena.neighbour(row, Side::Before).is_none()
+    };
+    after.into_iter().flatten().chain(
+        before
+            .into_iter()
+            .map_while(|s| s)
+            .enumerate()
+            .filter(move |&pair| reads(pair))
+            .map(|(_, row)| row),
+    )
+}
+
+/// `slots` and the rows `around` gives for each, once each, in row id order.
+fn with_rows_around<I: Iterator<Item = Slot>>(
     arena: &Arena,
     slots: impl IntoIterator<Item = Slot>,
-    before: usize,
-    after: usize,
+    around: impl Fn(Slot) -> I,
 ) -> Vec<(RowId, Slot)> {
-    let mut out = Vec::new();
     let id = |slot: Slot| RowId(arena.page(slot.page).row_ids[slot.index as usize]);
-    for slot in slots {
-        out.push((id(slot), slot));
-        for (side, reach) in [(Side::Before, before), (Side::After, after)] {
-            let mut at = slot;
-            for _ in 0..reach {
-                let Some(next) = arena.neighbour(at, side) else {
-                    break;
-                };
-                out.push((id(next), next));
-                at = next;
-            }
-        }
-    }
+    let mut out: Vec<(RowId, Slot)> = slots
+        .into_iter()
+        .flat_map(|slot| std::iter::once(slot).chain(around(slot)))
+        .map(|slot| (id(slot), slot))
+        .collect();
     out.sort_unstable_by_key(|&(row, _)| row);
     out.dedup_by_key(|&mut (row, _)| row);
     out
@@ -741,26 +756,23 @@ pub fn search_from(
         .get(k.saturating_sub(1))
         .copied()
         .unwrap_or(f32::NEG_INFINITY);
-    // A row lifts the rows that hold it among their neighbours: those up to
-    // `CONTEXT_BEFORE.len()` after it and `CONTEXT_AFTER.len()` before it.
-    let ranked = with_neighbours(
+    // A row lifts the rows that read it among their neighbours ([`read_by`]).
+    let ranked = with_rows_around(
         arena,
         own.iter()
             .filter(|&&(_, _, score)| score >= floor)
             .map(|&(_, slot, _)| slot),
-        CONTEXT_AFTER.len(),
-        CONTEXT_BEFORE.len(),
+        |slot| read_by(arena, slot),
     );
     own.sort_unstable_by_key(|&(row, _, _)| row);
-    let unscored: Vec<(RowId, Slot)> = with_neighbours(
-        arena,
-        ranked.iter().map(|&(_, slot)| slot),
-        CONTEXT_BEFORE.len(),
-        CONTEXT_AFTER.len(),
-    )
-    .into_iter()
-    .filter(|&(row, _)| own.binary_search_by_key(&row, |&(id, _, _)| id).is_err())
-    .collect();
+    let unscored: Vec<(RowId, Slot)> =
+        with_rows_around(arena, ranked.iter().map(|&(_, slot)| slot), |slot| {
+            let (before, after) = context(arena, slot);
+            before.into_iter().chain(after).flatten()
+        })
+        .into_iter()
+        .filter(|&(row, _)| own.binary_search_by_key(&row, |&(id, _, _)| id).is_err())
+        .collect();
     own.extend(scored(unscored));
     own.sort_unstable_by_key(|&(row, _, _)| row);
     let own_of = |slot: Slot| {
