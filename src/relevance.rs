@@ -317,8 +317,8 @@ pub const CONTEXT_AFTER: [f32; 1] = [0.25];
 /// much context as any other row. The turn that answers an opening echoes it as an answer
 /// echoes its question; with the later side's share alone an opening scored as if its
 /// context were missing, and openings hold a conversation's request (on RealMem 53% of the
-/// evidence turns open their session, on LoCoMo 14%, where one turn in twenty opens one;
-/// `docs/benchmarks.md`).
+/// evidence turns open their session, where one turn in seven opens one; on LoCoMo 14%, where
+/// one turn in 22 does; `docs/benchmarks.md`).
 pub const OPENING_AFTER: [f32; 2] = [CONTEXT_AFTER[0] + CONTEXT_BEFORE[0], CONTEXT_BEFORE[1]];
 
 const _: () = assert!(
