@@ -45,6 +45,7 @@ use crate::relevance::{Bm25, mean_row_len};
 use crate::retrieve::{PreparedQuery, search};
 use crate::scan::kernels::Kernels;
 use crate::store::{Store, StoreError, StoreOptions};
+use crate::tools::{Call, TurnState};
 use crate::types::{Role, RowId, UserId};
 
 /// Depths reported when `--k` is not given.
@@ -403,10 +404,12 @@ impl Serialize for Level {
 }
 
 /// Frame metrics of ours, pooled (`null` for the other systems): the share of questions whose
-/// every evidence turn is inside the rendered frame, and the frame's size in tokens.
+/// every evidence turn is inside the rendered frame, the share whose every evidence turn is in
+/// the frame or in what one `memory_reopen` returns after it, and the frame's size in tokens.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct FrameMetrics {
     pub evidence_in_frame: Option<f64>,
+    pub evidence_in_frame_or_reopen: Option<f64>,
     pub median_tokens: Option<u64>,
     pub p90_tokens: Option<u64>,
 }
@@ -633,11 +636,13 @@ struct Answers {
     elapsed: Duration,
 }
 
-/// The turns a rendered frame shows, and its tokens.
+/// The turns a rendered frame shows, its tokens, and the turns one `memory_reopen` after it
+/// returns (the retrieved set's turns the frame left out).
 #[derive(Debug, Clone)]
 struct Shown {
     turns: HashSet<Turn>,
     tokens: usize,
+    reopened: HashSet<Turn>,
 }
 
 /// What the harness reads of one store: each row's turn and session, and each asked user's
@@ -765,15 +770,25 @@ impl Probe<'_> {
                     now_ms: self.corpus.latest.get(&user).copied(),
                 };
                 let recall = recall(memory, self.arena, self.kernels, config, &ask)?;
-                Some(Shown {
-                    turns: recall
-                        .frame
-                        .rows
-                        .iter()
+                let reopened = TurnState::new(
+                    user,
+                    &[user],
+                    ask.now_ms,
+                    recall.retrieved.iter().map(|r| RowId(r.row)).collect(),
+                    &recall.frame.rows,
+                )
+                .run(memory, self.arena, self.kernels, &Call::Reopen)?
+                .rows;
+                let turns_of = |rows: &[RowId]| -> HashSet<Turn> {
+                    rows.iter()
                         .filter_map(|row| self.corpus.units.get(row))
                         .map(|(turn, _)| turn.clone())
-                        .collect(),
+                        .collect()
+                };
+                Some(Shown {
+                    turns: turns_of(&recall.frame.rows),
                     tokens: recall.frame.tokens,
+                    reopened: turns_of(&reopened),
                 })
             }
             None => None,
@@ -792,14 +807,22 @@ impl Probe<'_> {
     }
 }
 
+/// One question's frame: whether every evidence turn was shown, and whether every one was
+/// shown or returned by one `memory_reopen` (`None` without turn evidence); the frame's tokens.
+#[derive(Debug, Clone, Copy)]
+struct FrameScore {
+    all_in: Option<bool>,
+    with_reopen: Option<bool>,
+    tokens: usize,
+}
+
 /// One question's metrics at both levels (`None` where it has no evidence at that level), and
-/// its frame's: whether every evidence turn was shown (`None` without turn evidence) and the
-/// frame's tokens.
+/// its frame's.
 #[derive(Debug, Clone)]
 struct Scored {
     turn: Option<Vec<f64>>,
     session: Option<Vec<f64>>,
-    frame: Option<(Option<bool>, usize)>,
+    frame: Option<FrameScore>,
 }
 
 impl Scored {
@@ -811,9 +834,14 @@ impl Scored {
             session: (!sessions.is_empty())
                 .then(|| question_metrics(&ranked.sessions, &sessions, ks)),
             frame: frame.map(|shown| {
-                let all_in =
-                    (!turns.is_empty()).then(|| turns.iter().all(|t| shown.turns.contains(t)));
-                (all_in, shown.tokens)
+                let all = |held: &dyn Fn(&Turn) -> bool| {
+                    (!turns.is_empty()).then(|| turns.iter().all(held))
+                };
+                FrameScore {
+                    all_in: all(&|t| shown.turns.contains(t)),
+                    with_reopen: all(&|t| shown.turns.contains(t) || shown.reopened.contains(t)),
+                    tokens: shown.tokens,
+                }
             }),
         }
     }
@@ -832,7 +860,7 @@ struct Outcome<'a> {
 
 fn summarize<'a>(ks: &[usize], scores: impl Iterator<Item = &'a Scored>) -> Summary {
     let (mut turn, mut session) = (Level::new(ks), Level::new(ks));
-    let (mut in_frame, mut tokens) = (Vec::new(), Vec::new());
+    let (mut in_frame, mut with_reopen, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
     for scored in scores {
         if let Some(metrics) = &scored.turn {
             turn.add(metrics);
@@ -840,21 +868,25 @@ fn summarize<'a>(ks: &[usize], scores: impl Iterator<Item = &'a Scored>) -> Summ
         if let Some(metrics) = &scored.session {
             session.add(metrics);
         }
-        if let Some((all_in, frame_tokens)) = scored.frame {
-            in_frame.extend(all_in);
-            tokens.push(frame_tokens as u64);
+        if let Some(frame) = scored.frame {
+            in_frame.extend(frame.all_in);
+            with_reopen.extend(frame.with_reopen);
+            tokens.push(frame.tokens as u64);
         }
     }
     tokens.sort_unstable();
     let quantile = |q: f64| {
         (!tokens.is_empty()).then(|| tokens[((tokens.len() - 1) as f64 * q).round() as usize])
     };
+    let share = |held: &[bool]| {
+        (!held.is_empty()).then(|| held.iter().filter(|&&b| b).count() as f64 / held.len() as f64)
+    };
     Summary {
         turn,
         session,
         frame: FrameMetrics {
-            evidence_in_frame: (!in_frame.is_empty())
-                .then(|| in_frame.iter().filter(|&&b| b).count() as f64 / in_frame.len() as f64),
+            evidence_in_frame: share(&in_frame),
+            evidence_in_frame_or_reopen: share(&with_reopen),
             median_tokens: quantile(0.5),
             p90_tokens: quantile(0.9),
         },
@@ -1658,12 +1690,13 @@ impl Report {
         let frame = &self.overall.frame;
         match (
             frame.evidence_in_frame,
+            frame.evidence_in_frame_or_reopen,
             frame.median_tokens,
             frame.p90_tokens,
         ) {
-            (Some(share), Some(median), Some(p90)) => writeln!(
+            (Some(share), Some(reopen), Some(median), Some(p90)) => writeln!(
                 out,
-                "\nframe, {} (probe mode): evidence in frame {share:.3}, tokens median {median}, p90 {p90}",
+                "\nframe, {} (probe mode): evidence in frame {share:.3} (or one memory_reopen away {reopen:.3}), tokens median {median}, p90 {p90}",
                 self.memory_label()
             )?,
             _ => writeln!(out, "\nframe: no question with turn evidence")?,

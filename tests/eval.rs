@@ -93,6 +93,11 @@ fn assert_small_file_figures(report: &Value, system: &str) {
     // shows every evidence turn; only ours, pooled, renders a frame.
     if system == "overall" {
         assert_near(report, &[system, "frame", "evidence_in_frame"], 1.0);
+        assert_near(
+            report,
+            &[system, "frame", "evidence_in_frame_or_reopen"],
+            1.0,
+        );
         let (median, p90) = (
             number(report, &[system, "frame", "median_tokens"]),
             number(report, &[system, "frame", "p90_tokens"]),
@@ -102,7 +107,12 @@ fn assert_small_file_figures(report: &Value, system: &str) {
             "{median} {p90}"
         );
     } else {
-        for frame in ["evidence_in_frame", "median_tokens", "p90_tokens"] {
+        for frame in [
+            "evidence_in_frame",
+            "evidence_in_frame_or_reopen",
+            "median_tokens",
+            "p90_tokens",
+        ] {
             assert!(at(report, &[system, "frame", frame]).is_null());
         }
     }
@@ -595,6 +605,14 @@ fn realmem_every_query_is_accounted_for() {
     }
     // The baseline is sound: BM25 finds an evidence session in the top 10 for most queries.
     assert!(number(&json, &["bm25", "session", "recall_any@10"]) > 0.6);
+    // The frame leaves evidence out of some queries, and one memory_reopen (the retrieved set
+    // the frame did not show) brings some of it back.
+    let in_frame = number(&json, &["overall", "frame", "evidence_in_frame"]);
+    let with_reopen = number(&json, &["overall", "frame", "evidence_in_frame_or_reopen"]);
+    assert!(
+        in_frame < with_reopen && with_reopen < 1.0,
+        "{in_frame} {with_reopen}"
+    );
 }
 
 /// The file's users, each once.
