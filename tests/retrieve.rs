@@ -362,3 +362,49 @@ fn synthetic_two_stage_agrees_with_brute_force() {
         assert_eq!(runs[0], runs[2], "{text}");
     }
 }
+
+/// A conversation's opening reads the two turns after it (`relevance::OPENING_AFTER`): an
+/// opening with none of the query's words ranks by the turns that answer it, above notes that
+/// share a word with the query, and the two-stage search returns it where brute force does,
+/// though it is not among the candidates and the strongest match lies two rows after it.
+#[test]
+fn an_opening_ranks_by_the_turns_after_it_in_both_searches() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let dict = common::dictionary();
+    let mut messages = Vec::new();
+    for c in 0..8 {
+        for text in [
+            "Good morning, something new came up today.".to_string(),
+            "Happy to help. Is it the copper one?".to_string(),
+            format!("Plan {c}: a cedar birdhouse with a copper roof for the orchard wrens."),
+        ] {
+            messages.push(Message {
+                conversation: format!("plan {c}"),
+                ..say("ann", &text)
+            });
+        }
+    }
+    for f in 0..200 {
+        messages.push(Message {
+            conversation: format!("note {f}"),
+            ..say("ann", &format!("Note {f}: the shed roof needs a look."))
+        });
+    }
+    let (ids, arena) = captured(&store, &messages);
+    let openings: Vec<RowId> = (0..8).map(|c| ids[3 * c]).collect();
+    let query = PreparedQuery::new(dict, &arena, "cedar birdhouse copper roof wrens");
+    let kernels = Kernels::detect(false);
+    let scope = [UserId::from_key("ann")];
+    let mut openings_ranked = 0;
+    for k in [10, 12, 16, 20] {
+        let exact = brute_force(dict, &arena, &scope, &query, k);
+        assert_eq!(
+            search(dict, &arena, &kernels, &scope, &query, k),
+            exact,
+            "k = {k}"
+        );
+        openings_ranked += exact.iter().filter(|h| openings.contains(&h.row)).count();
+    }
+    assert!(openings_ranked > 0, "some opening ranks among the best");
+}
