@@ -770,25 +770,35 @@ impl Probe<'_> {
                     now_ms: self.corpus.latest.get(&user).copied(),
                 };
                 let recall = recall(memory, self.arena, self.kernels, config, &ask)?;
-                let reopened = TurnState::new(
-                    user,
-                    &[user],
-                    ask.now_ms,
-                    recall.retrieved.iter().map(|r| RowId(r.row)).collect(),
-                    &recall.frame.rows,
-                )
-                .run(memory, self.arena, self.kernels, &Call::Reopen)?
-                .rows;
                 let turns_of = |rows: &[RowId]| -> HashSet<Turn> {
                     rows.iter()
                         .filter_map(|row| self.corpus.units.get(row))
                         .map(|(turn, _)| turn.clone())
                         .collect()
                 };
+                let turns = turns_of(&recall.frame.rows);
+                // The tool reads each row it returns from the store: called only where the
+                // frame left some evidence out.
+                let reopened = if evidence_turns(question).iter().all(|t| turns.contains(t)) {
+                    HashSet::new()
+                } else {
+                    let mut state = TurnState::new(
+                        user,
+                        &[user],
+                        ask.now_ms,
+                        recall.retrieved.iter().map(|r| RowId(r.row)).collect(),
+                        &recall.frame.rows,
+                    );
+                    turns_of(
+                        &state
+                            .run(memory, self.arena, self.kernels, &Call::Reopen)?
+                            .rows,
+                    )
+                };
                 Some(Shown {
-                    turns: turns_of(&recall.frame.rows),
+                    turns,
                     tokens: recall.frame.tokens,
-                    reopened: turns_of(&reopened),
+                    reopened,
                 })
             }
             None => None,
