@@ -20,12 +20,7 @@ pub fn has_avx2() -> bool {
 /// looked up with one `VPSHUFB` in its place's 16-entry table, and the entries are summed
 /// in 16 bits per row (even and odd rows apart, by `VPMADDUBSW`), widened every 16 chunks,
 /// and put back in row order at the end. All integer, so equal to the scalar loop.
-pub fn two_bit(
-    query: &super::TwoBitQuery,
-    codes: &[u8],
-    out: &mut [i32],
-    ahead: super::Lookahead,
-) {
+pub fn two_bit(query: &super::TwoBitQuery, codes: &[u8], out: &mut [i32], ahead: super::Lookahead) {
     #[cfg(target_arch = "x86_64")]
     super::checked_two_bit(
         (has_avx2(), "avx2::two_bit", x86::two_bit_regrouped),
@@ -123,8 +118,8 @@ mod x86 {
         // Within each 128-bit lane (four rows' chunks): byte `4k + i` takes byte `4i + k`,
         // place `k` of the lane's row `i`.
         let by_place = _mm256_setr_epi8(
-            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2,
-            6, 10, 14, 3, 7, 11, 15,
+            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6,
+            10, 14, 3, 7, 11, 15,
         );
         let (even, odd) = (_mm256_set1_epi16(0x0001), _mm256_set1_epi16(0x0100));
         for (g, sums) in out.chunks_exact_mut(LUT_ROWS).enumerate() {
@@ -133,8 +128,7 @@ mod x86 {
                 let mut totals = [0i32; HALF_ROWS];
                 let chunks = bytes / CHUNK_BYTES;
                 for run in (0..chunks).step_by(RUN) {
-                    let (mut evens, mut odds) =
-                        (_mm256_setzero_si256(), _mm256_setzero_si256());
+                    let (mut evens, mut odds) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                     for c in run..(run + RUN).min(chunks) {
                         let at = (c * LUT_ROWS + h * HALF_ROWS) * CHUNK_BYTES;
                         // Hints only, for both 64-byte lines: the addresses are never read.
@@ -179,19 +173,15 @@ mod x86 {
                                     _mm256_broadcastsi128_si256(_mm_loadu_si128(
                                         tables
                                             .add(
-                                                (2 * c + half) * TABLE_BYTES
-                                                    + place * PAIR_ENTRIES,
+                                                (2 * c + half) * TABLE_BYTES + place * PAIR_ENTRIES,
                                             )
                                             .cast(),
                                     ))
                                 };
                                 let entries = _mm256_shuffle_epi8(table, index);
-                                evens = _mm256_add_epi16(
-                                    evens,
-                                    _mm256_maddubs_epi16(even, entries),
-                                );
-                                odds =
-                                    _mm256_add_epi16(odds, _mm256_maddubs_epi16(odd, entries));
+                                evens =
+                                    _mm256_add_epi16(evens, _mm256_maddubs_epi16(even, entries));
+                                odds = _mm256_add_epi16(odds, _mm256_maddubs_epi16(odd, entries));
                             }
                         }
                     }

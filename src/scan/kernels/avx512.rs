@@ -67,12 +67,7 @@ pub fn signature_weights(
 /// byte's position in its row's chunk choosing the table's quarter), and `VPDPBUSD` adds
 /// each row's four looked-up entries into its 32-bit sum. All integer, so equal to the
 /// scalar loop.
-pub fn two_bit(
-    query: &super::TwoBitQuery,
-    codes: &[u8],
-    out: &mut [i32],
-    ahead: super::Lookahead,
-) {
+pub fn two_bit(query: &super::TwoBitQuery, codes: &[u8], out: &mut [i32], ahead: super::Lookahead) {
     #[cfg(target_arch = "x86_64")]
     super::checked_two_bit(
         (has_lookup(), "avx512::two_bit", x86::two_bit_lookup),
@@ -289,9 +284,7 @@ mod x86 {
             }
             for (s, total) in totals.into_iter().enumerate() {
                 // SAFETY: as in `two_bit_lookup`.
-                unsafe {
-                    _mm512_storeu_si512(sums[s * CHUNK_ROWS..].as_mut_ptr().cast(), total)
-                };
+                unsafe { _mm512_storeu_si512(sums[s * CHUNK_ROWS..].as_mut_ptr().cast(), total) };
             }
         }
     }
