@@ -15,6 +15,7 @@ pub mod codec;
 pub mod config;
 pub mod datasets;
 pub mod dictionary;
+pub mod engine;
 pub mod error;
 pub mod eval;
 pub mod failpoint;

@@ -10,7 +10,6 @@ use anyhow::Context as _;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use perpetuity::arena::Arena;
 use perpetuity::backup;
 use perpetuity::bench;
 use perpetuity::config::{self, AdminToken, ServeConfig};
@@ -18,6 +17,7 @@ use perpetuity::datasets::{self, Format};
 use perpetuity::dictionary::derive::{derive, embed};
 use perpetuity::dictionary::stats::FrequencyTable;
 use perpetuity::dictionary::{self, Dictionary};
+use perpetuity::engine::Engine;
 use perpetuity::ingest::{self, IngestSummary};
 use perpetuity::integrity;
 use perpetuity::memory::{self as data_dir, Memory};
@@ -185,6 +185,8 @@ enum Command {
     Purge {
         #[command(flatten)]
         data: DataArgs,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
         /// The user's key.
         #[arg(long)]
         user: String,
@@ -199,6 +201,8 @@ enum Command {
     Exclude {
         #[command(flatten)]
         data: DataArgs,
+        #[command(flatten)]
+        dictionary: DictionaryArgs,
         /// The user's key.
         #[arg(long)]
         user: String,
@@ -681,7 +685,7 @@ fn main() -> anyhow::Result<()> {
                 ..Default::default()
             };
             print_frame(
-                &memory,
+                memory,
                 &config,
                 &user,
                 conversation.as_deref(),
@@ -783,60 +787,55 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Purge {
             data,
+            dictionary,
             user,
             all_subusers,
         } => {
-            let store = Store::open(data.existing()?, &data.options())?;
+            data.existing()?;
+            let (engine, _, _) = Engine::open(dictionary.open(&data)?, Kernels::detect(false))?;
             let started = Instant::now();
-            let (rows, sub_users) = if all_subusers {
-                let purged = store.purge_credential(UserId::from_key(&user))?;
-                (purged.rows, purged.sub_users.len())
-            } else {
-                (store.purge_user(UserId::from_key(&user))?, 0)
-            };
-            // The arena holds the user's vectors and term ids: drop it whole (the purge count
-            // would make the next process rebuild it anyway).
-            perpetuity::arena::remove_all(store.path())?;
+            let purged = engine.purge(UserId::from_key(&user), all_subusers)?;
             println!(
-                "purged user {user:?} and {sub_users} sub-users: {rows} rows removed, compacted in {:.2?}",
+                "purged user {user:?} and {} sub-users: {} rows removed, compacted in {:.2?}",
+                purged.sub_users.len(),
+                purged.rows,
                 started.elapsed()
             );
             Ok(())
         }
         Command::Exclude {
             data,
+            dictionary,
             user,
             conversation,
             undo,
             rows,
         } => {
-            let store = Store::open(data.existing()?, &data.options())?;
+            data.existing()?;
+            let memory = dictionary.open(&data)?;
             let user_id = UserId::from_key(&user);
-            if store.user_key(user_id)?.is_none() {
-                anyhow::bail!("no memory for user {user:?} in {}", store.path().display());
+            if memory.store.user_key(user_id)?.is_none() {
+                anyhow::bail!(
+                    "no memory for user {user:?} in {}",
+                    memory.store.path().display()
+                );
             }
-            let mut rows: Vec<RowId> = rows.into_iter().map(RowId).collect();
-            if let Some(conversation) = &conversation {
-                for row in store.conversation_rows_newest_first(user_id, conversation) {
-                    rows.push(row?);
-                }
-            }
-            let changed = store.set_excluded(user_id, &rows, !undo)?;
-            if !rows.is_empty() {
+            let (engine, _, _) = Engine::open(memory, Kernels::detect(false))?;
+            let excluded = if rows.is_empty() && conversation.is_none() {
+                engine.exclusions(user_id)?
+            } else {
+                let rows = rows.into_iter().map(RowId).collect();
+                let done = engine.exclude(user_id, rows, conversation.as_deref(), !undo)?;
                 println!(
                     "{} {} of {} rows ({} were not the user's or already so)",
                     if undo { "included" } else { "excluded" },
-                    changed.len(),
-                    rows.len(),
-                    rows.len() - changed.len()
+                    done.changed.len(),
+                    done.asked,
+                    done.asked - done.changed.len()
                 );
-            }
-            let mut excluded: Vec<u64> = store
-                .exclusions(user_id)?
-                .into_iter()
-                .map(|r| r.0)
-                .collect();
-            excluded.sort_unstable();
+                done.excluded
+            };
+            let excluded: Vec<u64> = excluded.into_iter().map(|r| r.0).collect();
             println!(
                 "user {user:?} excludes {} rows: {excluded:?}",
                 excluded.len()
@@ -855,10 +854,9 @@ fn main() -> anyhow::Result<()> {
                 },
         } => {
             data.existing()?;
-            let memory = dictionary.open(&data)?;
-            let installed = perpetuity::swap::install(&memory.store, &path)?;
-            eprintln!("installed {} dark", installed.version());
-            prepare_dark(&memory).map(drop)
+            let (engine, _, _) = Engine::open(dictionary.open(&data)?, Kernels::detect(false))?;
+            eprintln!("installed {} dark", engine.install(&path)?);
+            prepare_dark(&engine)
         }
         Command::Dict {
             command:
@@ -870,16 +868,18 @@ fn main() -> anyhow::Result<()> {
         } => {
             data.existing()?;
             let memory = dictionary.open(&data)?;
-            let dark = memory
+            memory
                 .store
                 .dark_dictionary()
                 .filter(|d| d.version() == version)
                 .with_context(|| format!("{version} is not the installed dark version"))?;
-            let mut arena = prepare_dark(&memory)?;
+            let (engine, _, _) = Engine::open(memory, Kernels::detect(false))?;
+            prepare_dark(&engine)?;
             let started = Instant::now();
-            let retired = perpetuity::swap::flip(&memory.store, &dark, &mut arena)?;
+            let flipped = engine.flip(&version)?;
             println!(
-                "serving {version} (retired {retired}), flipped in {:.2?}",
+                "serving {version} (retired {}), flipped in {:.2?}",
+                flipped.retired,
                 started.elapsed()
             );
             Ok(())
@@ -1030,13 +1030,8 @@ fn fresh_state(
         uncompressed: false,
     })?;
     let secret = proxy::identity::Secret::load_or_create(&place.dir)?;
-    Ok(Arc::new(proxy::State::new(
-        memory,
-        Arena::new(),
-        Kernels::detect(false),
-        secret,
-        config,
-    )))
+    let (engine, _, _) = Engine::open(memory, Kernels::detect(false))?;
+    Ok(Arc::new(proxy::State::new(engine, secret, config)))
 }
 
 /// `perpetuity bench bodies`: peak resident memory while large bodies pass through a proxy
@@ -1176,11 +1171,10 @@ fn serve(
             "serving"
         );
         let started = Instant::now();
-        let (mut arena, opened) = Arena::open(&memory.store, &memory.dictionary)?;
-        let caught = arena.catch_up(&memory.store, &memory.dictionary)?;
+        let (engine, opened, caught) = Engine::open(memory, kernels)?;
         tracing::info!(
             opened = ?opened,
-            rows = arena.rows(),
+            rows = engine.stats().arena_rows,
             caught_up = caught,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "arena ready"
@@ -1193,13 +1187,7 @@ fn serve(
             gemini = proxy_config.gemini,
             "upstreams"
         );
-        let state = Arc::new(proxy::State::new(
-            memory,
-            arena,
-            kernels,
-            secret,
-            proxy_config,
-        ));
+        let state = Arc::new(proxy::State::new(engine, secret, proxy_config));
         // Where this server listens, for `perpetuity backup` run beside it.
         let listening = config.data_dir.join(data_dir::LISTENING_FILE);
         let address = listener.local_addr().context("the listening address")?;
@@ -1220,7 +1208,7 @@ fn serve(
 
 /// Open and catch up the arena, recall for one question in probe mode, print the frame.
 fn print_frame(
-    memory: &Memory,
+    memory: Memory,
     config: &perpetuity::recall::RecallConfig,
     user_key: &str,
     conversation: Option<&str>,
@@ -1235,12 +1223,10 @@ fn print_frame(
             memory.store.path().display()
         );
     }
-    let (mut arena, _) = Arena::open(&memory.store, &memory.dictionary)?;
-    arena.catch_up(&memory.store, &memory.dictionary)?;
-    let kernels = Kernels::detect(false);
+    let (engine, _, _) = Engine::open(memory, Kernels::detect(false))?;
     let scope = [user];
     let ask = perpetuity::recall::Ask::probe(&scope, conversation, question, now_ms);
-    let recall = perpetuity::recall::recall(memory, &arena, &kernels, config, &ask)?;
+    let recall = engine.generation().recall(&engine.kernels, config, &ask)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&recall)?);
         return Ok(());
@@ -1334,27 +1320,24 @@ fn ingest_file(memory: &Memory, format: Format, file: &Path) -> anyhow::Result<(
 
 /// Re-derive the installed dark version's rows (resuming, progress on stderr) and build its
 /// arena generation.
-fn prepare_dark(memory: &Memory) -> anyhow::Result<Arena> {
-    let dark = memory
-        .store
-        .dark_dictionary()
+/// Re-derive the installed dark version's rows on every core and build its arena, with
+/// progress on stderr.
+fn prepare_dark(engine: &Engine) -> anyhow::Result<()> {
+    let prepared = engine
+        .prepare_dark(false, |p| {
+            eprint!("\rderiving {}: {}/{} rows", p.version, p.done, p.total);
+        })?
         .context("no dark dictionary version is installed")?;
-    let before = memory.store.dark()?.map_or(0, |d| d.done);
-    let started = Instant::now();
-    let state = perpetuity::swap::rederive(&memory.store, |p| {
-        eprint!("\rderiving {}: {}/{} rows", p.version, p.done, p.total);
-    })?;
-    let derived = started.elapsed();
-    let arena = perpetuity::swap::build_arena(&memory.store, &dark)?;
     eprintln!(
-        "\n{} ready: {} rows re-derived in {derived:.2?} ({:.0} rows/s), arena of {} rows built in {:.2?}",
-        state.version,
-        state.done - before,
-        (state.done - before) as f64 / derived.as_secs_f64().max(1e-9),
-        arena.rows(),
-        started.elapsed() - derived
+        "\n{} ready: {} rows re-derived in {:.2?} ({:.0} rows/s), arena of {} rows built in {:.2?}",
+        prepared.version,
+        prepared.derived_rows,
+        prepared.derive_time,
+        prepared.derived_rows as f64 / prepared.derive_time.as_secs_f64().max(1e-9),
+        prepared.arena_rows,
+        prepared.build_time
     );
-    Ok(arena)
+    Ok(())
 }
 
 /// Whether opening a data directory failed because another process holds it.
@@ -1659,10 +1642,15 @@ fn bench_proxy(
             progress_printer("proxy"),
         )?;
     }
-    let (mut arena, _) = Arena::open(&memory.store, &memory.dictionary)?;
-    arena.catch_up(&memory.store, &memory.dictionary)?;
-    let held = arena.rows();
-    let scope_rows = arena.scope_rows(&[UserId::from_key(&user_keys[0])]);
+    let (engine, _, _) = Engine::open(memory, Kernels::detect(false))?;
+    let (held, scope_rows) = {
+        let generation = engine.generation();
+        let arena = generation.arena.read();
+        (
+            arena.rows(),
+            arena.scope_rows(&[UserId::from_key(&user_keys[0])]),
+        )
+    };
     let questions: Vec<String> = bench::synthetic_queries(requests.min(1_000), 1)
         .into_iter()
         .map(|(_, text)| text)
@@ -1675,13 +1663,7 @@ fn bench_proxy(
             max_concurrent: concurrency.max(256),
             ..proxy::ProxyConfig::default()
         };
-        let state = Arc::new(proxy::State::new(
-            memory,
-            arena,
-            Kernels::detect(false),
-            secret,
-            config,
-        ));
+        let state = Arc::new(proxy::State::new(engine, secret, config));
         proxy::bench::measure(state, upstream, (held, scope_rows), calls, &questions).await
     })?;
     if json {
@@ -1756,8 +1738,9 @@ fn bench_fidelity(
             &dataset.messages,
             progress_printer("fidelity-locomo"),
         )?;
-        let mut arena = Arena::new();
-        arena.catch_up(&memory.store, &memory.dictionary)?;
+        let (engine, _, _) = Engine::open(memory, kernels)?;
+        let generation = engine.generation();
+        let (dictionary, arena) = (&generation.memory.dictionary, generation.arena.read());
         let mut everyone: Vec<UserId> = dataset
             .questions
             .iter()
@@ -1779,20 +1762,16 @@ fn bench_fidelity(
             "bench fidelity: {} LoCoMo questions, own and pooled scope",
             own.len()
         );
-        report.locomo_own_scope = Some(bench::fidelity(&memory.dictionary, &arena, &kernels, &own));
-        report.locomo_pooled_scope = Some(bench::fidelity(
-            &memory.dictionary,
-            &arena,
-            &kernels,
-            &pooled,
-        ));
+        report.locomo_own_scope = Some(bench::fidelity(dictionary, &arena, &kernels, &own));
+        report.locomo_pooled_scope = Some(bench::fidelity(dictionary, &arena, &kernels, &pooled));
     }
     if settings.rows > 0 {
         anyhow::ensure!(settings.users > 0, "--users must be at least 1");
         let (_place, memory) = synthetic_memory(data, settings, dictionary, "fidelity")?;
         let started = Instant::now();
-        let (mut arena, _) = Arena::open(&memory.store, &memory.dictionary)?;
-        arena.catch_up(&memory.store, &memory.dictionary)?;
+        let (engine, _, _) = Engine::open(memory, kernels)?;
+        let generation = engine.generation();
+        let arena = generation.arena.read();
         eprintln!(
             "bench fidelity: arena of {} rows ready in {:.1?}; {} synthetic queries",
             arena.rows(),
@@ -1807,7 +1786,7 @@ fn bench_fidelity(
         report.synthetic = Some(SyntheticFidelity {
             rows: arena.rows(),
             users: settings.users,
-            fidelity: bench::fidelity(&memory.dictionary, &arena, &kernels, &asked),
+            fidelity: bench::fidelity(&generation.memory.dictionary, &arena, &kernels, &asked),
         });
     }
     if json {

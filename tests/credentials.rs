@@ -18,7 +18,7 @@ fn messages(question: &str) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anthropic_request_with_two_different_keys_is_refused_unstored_and_unforwarded() {
     let proxy = Harness::start(|_| {}).await;
-    let store_rows = || proxy.state.generation().memory.store.next_row();
+    let store_rows = || proxy.state.engine.generation().memory.store.next_row();
     let before = store_rows();
 
     let response = proxy
@@ -81,7 +81,7 @@ async fn an_anthropic_request_with_two_different_keys_is_refused_unstored_and_un
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gemini_request_whose_header_and_query_keys_differ_is_refused_in_geminis_shape() {
     let proxy = Harness::start(|_| {}).await;
-    let before = proxy.state.generation().memory.store.next_row();
+    let before = proxy.state.engine.generation().memory.store.next_row();
     let response = proxy
         .send(
             "POST",
@@ -100,5 +100,8 @@ async fn a_gemini_request_whose_header_and_query_keys_differ_is_refused_in_gemin
     assert_eq!(body["error"]["status"], "INVALID_ARGUMENT", "{body}");
     assert_eq!(body["error"]["code"], 400, "{body}");
     assert!(proxy.received().is_empty(), "the upstream was called");
-    assert_eq!(proxy.state.generation().memory.store.next_row(), before);
+    assert_eq!(
+        proxy.state.engine.generation().memory.store.next_row(),
+        before
+    );
 }

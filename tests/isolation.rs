@@ -143,7 +143,7 @@ async fn no_user_ever_sees_another_users_canary_and_identical_texts_stay_apart()
     }
 
     // Every retrieval and frame, asked directly in probe mode: only the tenant's rows.
-    let generation = h.state.generation();
+    let generation = h.state.engine.generation();
     let memory = &generation.memory;
     generation
         .arena
@@ -157,7 +157,7 @@ async fn no_user_ever_sees_another_users_canary_and_identical_texts_stay_apart()
         let recalled = recall(
             memory,
             &arena,
-            &h.state.kernels,
+            &h.state.engine.kernels,
             &RecallConfig::default(),
             &Ask {
                 user,
@@ -334,7 +334,7 @@ async fn no_header_reaches_another_credentials_memory() {
 
     // Refused before any memory is read or written, and never forwarded.
     let received = h.received().len();
-    let next_row = h.state.generation().memory.store.next_row();
+    let next_row = h.state.engine.generation().memory.store.next_row();
     let refused: [Case; 5] = [
         (
             "no credential",
@@ -398,7 +398,7 @@ async fn no_header_reaches_another_credentials_memory() {
         "refused requests are never forwarded"
     );
     assert_eq!(
-        h.state.generation().memory.store.next_row(),
+        h.state.engine.generation().memory.store.next_row(),
         next_row,
         "nor stored"
     );
@@ -517,7 +517,7 @@ async fn a_group_scope_reads_its_members_and_nobody_else() {
         )
         .await;
     }
-    let generation = h.state.generation();
+    let generation = h.state.engine.generation();
     let store = &generation.memory.store;
     let planner_heat = |h: &Harness| -> Vec<_> {
         store
@@ -582,6 +582,7 @@ async fn a_members_exclusions_hold_across_its_group_scope() {
     let coder_user = UserId::from_key(&coder.key(&h));
     let row_saying = |canary: &str| {
         h.state
+            .engine
             .generation()
             .memory
             .store
@@ -665,7 +666,7 @@ async fn a_members_exclusions_hold_across_its_group_scope() {
 
     // The tools with nothing shown yet: the planner's kept row is reached, the excluded one
     // neither by a search nor as the kept row's neighbour in its conversation.
-    let generation = h.state.generation();
+    let generation = h.state.engine.generation();
     let memory = &generation.memory;
     generation
         .arena
@@ -682,7 +683,7 @@ async fn a_members_exclusions_hold_across_its_group_scope() {
         Call::Chain { item: kept },
     ] {
         let outcome = TurnState::new(coder_user, &scope, None, Vec::new(), &[])
-            .run(memory, &arena, &h.state.kernels, &call)
+            .run(memory, &arena, &h.state.engine.kernels, &call)
             .unwrap();
         assert!(outcome.rows.contains(&kept), "{call:?}: {}", outcome.text);
         assert!(

@@ -265,7 +265,7 @@ async fn switches_turn_recall_and_capture_off_and_probe_writes_nothing() {
     let rows = h.rows_of("sk-alice", 2);
     assert_eq!(rows.len(), 2, "recall off still captures");
 
-    let before = h.state.generation().memory.store.next_row();
+    let before = h.state.engine.generation().memory.store.next_row();
     for switch in [
         ("x-perpetuity-probe", "on"),
         ("x-perpetuity-capture", "off"),
@@ -296,13 +296,14 @@ async fn switches_turn_recall_and_capture_off_and_probe_writes_nothing() {
     }
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
-        h.state.generation().memory.store.next_row(),
+        h.state.engine.generation().memory.store.next_row(),
         before,
         "probe and capture-off store nothing"
     );
     let alice = UserId::from_key(&h.state.secret.user_key("sk-alice", None));
     assert!(
         h.state
+            .engine
             .generation()
             .memory
             .store
@@ -525,7 +526,7 @@ async fn admin_endpoints_need_the_token_and_purge_forgets_a_user() {
             .unwrap();
     assert_eq!(
         stats["next_row"],
-        h.state.generation().memory.store.next_row().0
+        h.state.engine.generation().memory.store.next_row().0
     );
     assert_eq!(stats["dictionary"], DEFAULT_VERSION);
     let response = h.send("GET", "/admin/integrity", &admin, b"").await;
@@ -820,7 +821,7 @@ async fn an_excluded_row_stays_stored_and_leaves_recall_until_included_again() {
         "an excluded row stays stored"
     );
     {
-        let generation = h.state.generation();
+        let generation = h.state.engine.generation();
         let memory = &generation.memory;
         let arena = generation.arena.read();
         let user = UserId::from_key(&h.state.secret.user_key("sk-alice", None));
@@ -828,7 +829,7 @@ async fn an_excluded_row_stays_stored_and_leaves_recall_until_included_again() {
             .run(
                 memory,
                 &arena,
-                &h.state.kernels,
+                &h.state.engine.kernels,
                 &perpetuity::tools::Call::Search {
                     query: "locker code".into(),
                     limit: 10,

@@ -267,7 +267,7 @@ async fn a_swap_under_concurrent_queries_and_captures_is_atomic_and_complete() {
     let credential = "sk-swap-user";
     let user_key = h.state.secret.user_key(credential, None);
     {
-        let generation = h.state.generation();
+        let generation = h.state.engine.generation();
         Capturer::new(&generation.memory.dictionary)
             .capture(&generation.memory.store, &seed(&user_key, 3000))
             .unwrap();
@@ -360,7 +360,7 @@ async fn a_swap_under_concurrent_queries_and_captures_is_atomic_and_complete() {
 
     let (status, report) = admin(&h, "GET", "/admin/integrity").await;
     assert_eq!(status, StatusCode::OK, "{report}");
-    let generation = h.state.generation();
+    let generation = h.state.engine.generation();
     assert_eq!(generation.memory.dictionary.version(), "v2");
     {
         let store = &generation.memory.store;
@@ -471,7 +471,7 @@ async fn a_version_that_names_a_path_outside_its_folder_is_refused_everywhere() 
 
     // The admin endpoint: 400, and the serving process's own data directory intact.
     let h = Harness::start(|config| config.admin_token = Some(ADMIN.1.into())).await;
-    let served = capture(&h.state.generation().memory);
+    let served = capture(&h.state.engine.generation().memory);
     for (i, version) in hostile.iter().enumerate() {
         let table = tables.join(i.to_string());
         let (status, body) = admin(
@@ -494,7 +494,7 @@ async fn a_version_that_names_a_path_outside_its_folder_is_refused_everywhere() 
         listed["versions"],
         json!([{"version": DEFAULT_VERSION, "state": "serving"}])
     );
-    assert_eq!(h.state.generation().memory.store.next_row(), served);
+    assert_eq!(h.state.engine.generation().memory.store.next_row(), served);
     for file in &sentinels {
         assert_eq!(std::fs::read(file).unwrap(), b"still here", "{file:?}");
     }

@@ -76,8 +76,8 @@ fn remember_a_long_past(h: &Harness, credential: &str) {
             text: filler(i),
         });
     }
-    Capturer::new(&h.state.generation().memory.dictionary)
-        .capture(&h.state.generation().memory.store, &messages)
+    Capturer::new(&h.state.engine.generation().memory.dictionary)
+        .capture(&h.state.engine.generation().memory.store, &messages)
         .unwrap();
 }
 
@@ -344,6 +344,7 @@ async fn a_chat_stream_runs_our_search_in_the_middle_and_the_client_sees_one_str
     assert_eq!(rows.last().unwrap().role, Role::Assistant, "then the reply");
     let warm: Vec<u64> = h
         .state
+        .engine
         .generation()
         .memory
         .store

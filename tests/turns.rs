@@ -326,9 +326,9 @@ async fn a_tool_round_continued_after_the_turn_was_forgotten_shows_the_question_
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
     ]});
     // The question was stored by the turn's first request, before a restart.
-    perpetuity::capture::Capturer::new(&h.state.generation().memory.dictionary)
+    perpetuity::capture::Capturer::new(&h.state.engine.generation().memory.dictionary)
         .capture(
-            &h.state.generation().memory.store,
+            &h.state.engine.generation().memory.store,
             &[perpetuity::capture::Message {
                 user_key: h.state.secret.user_key("sk-codex", None),
                 conversation: "weather".into(),

@@ -32,12 +32,12 @@ fn refused(status: u16) -> Answer {
 /// Every row of the user behind `credential`, now.
 fn rows(h: &Harness, credential: &str) -> Vec<perpetuity::store::Row> {
     let user = UserId::from_key(&h.state.secret.user_key(credential, None));
-    let store = &h.state.generation().memory.store;
+    let store = &h.state.engine.generation().memory.store;
     store.rows_of(user).collect::<Result<_, _>>().unwrap()
 }
 
 fn assert_integrity(h: &Harness, when: &str) {
-    let report = perpetuity::proxy::ops::integrity(&h.state).unwrap();
+    let report = h.state.engine.integrity().unwrap();
     assert!(report.is_clean(), "{when}: {:?}", report.violations);
 }
 
@@ -86,7 +86,7 @@ async fn a_credential_the_provider_refuses_leaves_nothing_behind() {
             "attempt {i}: the provider's own error reaches the client"
         );
         let user = UserId::from_key(&h.state.secret.user_key(&random, None));
-        let store = &h.state.generation().memory.store;
+        let store = &h.state.engine.generation().memory.store;
         assert!(rows(&h, &random).is_empty(), "attempt {i}: rows stored");
         assert_eq!(
             store.user_key(user).unwrap(),
@@ -190,7 +190,7 @@ async fn a_stream_in_flight_across_its_users_purge_stores_nothing_after_it() {
     let key = h.state.secret.user_key(credential, None);
     let state = std::sync::Arc::clone(&h.state);
     let removed =
-        tokio::task::spawn_blocking(move || perpetuity::proxy::ops::purge(&state, &key, false))
+        tokio::task::spawn_blocking(move || perpetuity::proxy::admin::purge(&state, &key, false))
             .await
             .unwrap()
             .unwrap();

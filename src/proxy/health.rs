@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 
 use super::State;
-use crate::types::now_ms;
 
 /// How often a server that is not ready tries a write again. RocksDB itself checks for free
 /// space every 5 s after a full disk, so a shorter interval finds it resumed within 2 s.
@@ -98,7 +97,7 @@ pub async fn watch(state: Arc<State>) -> Infallible {
         }
         let probed = {
             let state = Arc::clone(&state);
-            tokio::task::spawn_blocking(move || probe(&state)).await
+            tokio::task::spawn_blocking(move || state.engine.probe()).await
         };
         match probed {
             Ok(Ok(())) => state.health.recovered(),
@@ -106,19 +105,4 @@ pub async fn watch(state: Arc<State>) -> Infallible {
             Err(err) => tracing::warn!(%err, "the probe task failed"),
         }
     }
-}
-
-/// One small write through the store's write-ahead log, then an arena catch-up (what a
-/// request's capture and recall do; the arena may have failed to grow while the store took
-/// the write).
-fn probe(state: &State) -> Result<(), Error> {
-    let _writing = state.writes.read();
-    let generation = state.generation();
-    let memory = &generation.memory;
-    memory.store.probe(now_ms())?;
-    generation
-        .arena
-        .write()
-        .catch_up(&memory.store, &memory.dictionary)?;
-    Ok(())
 }

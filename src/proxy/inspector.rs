@@ -22,9 +22,10 @@ use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::engine::Generation;
 use crate::frame;
 use crate::heat;
-use crate::recall::{Ask, Recall, RecallConfig, recall};
+use crate::recall::{Ask, Recall, RecallConfig};
 use crate::store::Cf;
 use crate::store::keys;
 use crate::types::{ConversationId, RowId, UserId, now_ms};
@@ -32,7 +33,7 @@ use crate::types::{ConversationId, RowId, UserId, now_ms};
 use super::identity::USER_HEADER;
 use super::provider::Provider;
 use super::recent::Logged;
-use super::{Body, State, json as json_response, ops, utf8_header};
+use super::{Body, State, admin, json as json_response, utf8_header};
 
 /// Where the inspector lives.
 pub const PREFIX: &str = "/perpetuity/";
@@ -134,7 +135,7 @@ pub async fn route(req: Request<Incoming>, state: Arc<State>) -> Response<Body> 
 /// The viewer a request's headers name: the operator (admin token) or a credential's user;
 /// 401 without either.
 fn viewer(state: &State, headers: &HeaderMap) -> Result<Viewer, Refused> {
-    if ops::is_admin(state, headers) {
+    if admin::is_admin(state, headers) {
         return Ok(Viewer::Operator);
     }
     let provider = Provider::from_headers(headers).unwrap_or(Provider::OpenAi);
@@ -350,7 +351,7 @@ async fn prepare(req: Request<Incoming>, state: &Arc<State>) -> Result<Read, Ref
                 ));
             }
             Box::new(move || {
-                let purged = ops::purge(&state, &key, false)?;
+                let purged = admin::purge(&state, &key, false)?;
                 Ok(json!({"user": key, "rows_removed": purged.rows}))
             })
         }
@@ -388,7 +389,7 @@ fn users(
     after: Option<&str>,
     limit: usize,
 ) -> Result<serde_json::Value, Failed> {
-    let generation = state.generation();
+    let generation = state.engine.generation();
     let store = &generation.memory.store;
     let mut listed = Vec::new();
     let mut next = None;
@@ -436,7 +437,7 @@ fn conversations(
     after: Option<crate::types::ConversationId>,
     limit: usize,
 ) -> Result<serde_json::Value, Failed> {
-    let store = &state.generation().memory.store;
+    let store = &state.engine.generation().memory.store;
     let user = UserId::from_key(key);
     let mut listed = Vec::new();
     let mut more = false;
@@ -547,7 +548,7 @@ impl Shown {
 /// [`Shown::row`] has it, and with `?request=ID` why each was or was not in that logged
 /// request's frame ([`Why`]).
 fn turns(state: &State, key: &str, page: &Page) -> Result<serde_json::Value, Failed> {
-    let store = &state.generation().memory.store;
+    let store = &state.engine.generation().memory.store;
     let user = UserId::from_key(key);
     let shown = Shown::of(store, user)?;
     let logged = page.request.map(|id| logged(state, user, id)).transpose()?;
@@ -801,26 +802,15 @@ fn probe(
     key: &str,
     conversation: Option<&str>,
     question: &str,
-) -> Result<(Recall, Arc<super::Generation>), Failed> {
-    let generation = state.generation();
-    let memory = &generation.memory;
-    generation
-        .arena
-        .write()
-        .catch_up(&memory.store, &memory.dictionary)?;
+) -> Result<(Recall, Arc<Generation>), Failed> {
+    let generation = state.engine.generation();
     let scope = [UserId::from_key(key)];
     let ask = Ask::probe(&scope, conversation, question, now_ms());
     let config = RecallConfig {
         tools: false,
         ..state.config.recall
     };
-    let recalled = recall(
-        memory,
-        &generation.arena.read(),
-        &state.kernels,
-        &config,
-        &ask,
-    )?;
+    let recalled = generation.recall(&state.engine.kernels, &config, &ask)?;
     Ok((recalled, generation))
 }
 

@@ -7,13 +7,14 @@
 //! through to the provider the credential names, untouched. `docs/proxy.md` has the switches and
 //! headers; `docs/security.md` the trust model.
 
+pub mod admin;
 pub mod bench;
 mod deadline;
 pub mod harness;
 pub mod health;
 pub mod identity;
 pub mod inspector;
-pub mod ops;
+pub mod metrics;
 pub mod prefix;
 pub mod provider;
 pub mod recent;
@@ -21,9 +22,8 @@ pub mod rounds;
 pub mod turns;
 pub mod wire;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use std::convert::Infallible;
-use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -42,13 +42,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use crate::arena::Arena;
-use crate::capture::{Capturer, Message};
 use crate::config::{AdminToken, FileConfig};
+use crate::engine::{Author, Engine, Exclusions, Generation};
 use crate::error::Error;
-use crate::memory::Memory;
-use crate::recall::{Ask, Recall, RecallConfig, recall};
-use crate::scan::kernels::Kernels;
+use crate::recall::{Ask, Recall, RecallConfig};
 use crate::store::StoreError;
 use crate::types::{Role, RowId, UserId, now_ms};
 
@@ -210,32 +207,15 @@ fn set<T>(target: &mut T, value: Option<T>) {
 
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// One serving dictionary version: the memory with its dictionary and the arena generation
-/// derived under it. A request takes one generation at its start and uses it to its end, so it
-/// sees the old version or the new one, never a mix.
-pub struct Generation {
-    pub memory: Memory,
-    /// The arena the scan reads, caught up before every recall.
-    pub arena: RwLock<Arena>,
-}
-
 /// What every connection shares.
 pub struct State {
-    /// The serving generation, swapped whole by a dictionary flip.
-    serving: RwLock<Arc<Generation>>,
-    /// The dark version's arena generation and the store's purge count it was built at, put
-    /// here by the re-derivation job once it is built and taken by the flip (which rebuilds it
-    /// when a purge ran since); locked by the job while it runs.
-    dark_arena: Mutex<Option<(Arena, u64)>>,
-    pub kernels: Kernels,
+    /// The serving memory and every operation on it.
+    pub engine: Engine,
     pub secret: Secret,
     pub config: ProxyConfig,
-    pub metrics: ops::Metrics,
+    pub metrics: metrics::Metrics,
     /// Whether the memory takes writes (`/healthz`).
     pub health: health::Health,
-    /// Held shared by every write of a request (capture, reheat, reply) and exclusively by the
-    /// admin integrity check and purge, which need the store still.
-    writes: RwLock<()>,
     /// Chat requests in flight, streams until their last byte.
     permits: Arc<tokio::sync::Semaphore>,
     client: HttpsClient,
@@ -250,20 +230,14 @@ pub struct State {
 impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("State")
-            .field("memory", &self.generation().memory)
+            .field("engine", &self.engine)
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
 }
 
 impl State {
-    pub fn new(
-        memory: Memory,
-        arena: Arena,
-        kernels: Kernels,
-        secret: Secret,
-        config: ProxyConfig,
-    ) -> Self {
+    pub fn new(engine: Engine, secret: Secret, config: ProxyConfig) -> Self {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_connect_timeout(Some(config.connect_timeout));
@@ -278,18 +252,12 @@ impl State {
             .build(https);
         let recent = recent::Recent::new(config.recent);
         Self {
-            serving: RwLock::new(Arc::new(Generation {
-                memory,
-                arena: RwLock::new(arena),
-            })),
-            dark_arena: Mutex::new(None),
-            kernels,
+            engine,
             secret,
             permits: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent)),
             config,
-            metrics: ops::Metrics::default(),
+            metrics: metrics::Metrics::default(),
             health: health::Health::default(),
-            writes: RwLock::new(()),
             client,
             continued: rounds::Continued::default(),
             turns: Turns::default(),
@@ -299,14 +267,9 @@ impl State {
 }
 
 impl State {
-    /// The serving generation. Take it once per request, after the writes gate.
     /// Chat requests holding one of the [`ProxyConfig::max_concurrent`] slots now.
     pub fn requests_in_flight(&self) -> usize {
         self.config.max_concurrent - self.permits.available_permits()
-    }
-
-    pub fn generation(&self) -> Arc<Generation> {
-        Arc::clone(&self.serving.read())
     }
 }
 
@@ -314,8 +277,15 @@ impl State {
 /// fails ([`health::watch`]). A dark dictionary version installed and not yet derived (the
 /// server stopped midway) is resumed first, in the background.
 pub async fn serve(listener: TcpListener, state: Arc<State>) -> Infallible {
-    if state.generation().memory.store.dark_dictionary().is_some() {
-        ops::start_rederive(&state);
+    if state
+        .engine
+        .generation()
+        .memory
+        .store
+        .dark_dictionary()
+        .is_some()
+    {
+        admin::start_rederive(&state);
     }
     tokio::select! {
         never = accept(listener, Arc::clone(&state)) => never,
@@ -387,7 +357,7 @@ pub fn raise_descriptor_limit() -> Option<u64> {
 async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path().to_owned();
     if path.starts_with("/admin/") {
-        return Ok(admin(req, state).await);
+        return Ok(admin::route(req, state).await);
     }
     if path.starts_with(inspector::PREFIX) && path != EXCLUSIONS_PATH {
         return Ok(inspector::route(req, state).await);
@@ -397,7 +367,7 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
         (&Method::GET | &Method::POST, EXCLUSIONS_PATH) => exclusions(req, state).await,
         (&Method::GET, "/metrics") => {
             let mut response =
-                Response::new(Full::new(Bytes::from(ops::render_metrics(&state))).boxed());
+                Response::new(Full::new(Bytes::from(metrics::render_metrics(&state))).boxed());
             response.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4"),
@@ -405,14 +375,14 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
             response
         }
         (&Method::POST, "/v1/chat/completions") => {
-            piped(req, state, wire::Format::Chat, ops::Route::OpenAiChat).await
+            piped(req, state, wire::Format::Chat, metrics::Route::OpenAiChat).await
         }
         (&Method::POST, "/v1/responses") => {
             piped(
                 req,
                 state,
                 wire::Format::Responses,
-                ops::Route::OpenAiResponses,
+                metrics::Route::OpenAiResponses,
             )
             .await
         }
@@ -421,17 +391,23 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
                 req,
                 state,
                 wire::Format::Messages,
-                ops::Route::AnthropicMessages,
+                metrics::Route::AnthropicMessages,
             )
             .await
         }
         (&Method::POST, path) if gemini_model(path).is_some() => {
-            piped(req, state, wire::Format::Gemini, ops::Route::GeminiGenerate).await
+            piped(
+                req,
+                state,
+                wire::Format::Gemini,
+                metrics::Route::GeminiGenerate,
+            )
+            .await
         }
         _ => {
             state
                 .metrics
-                .count(ops::Event::Request(ops::Route::PassThrough));
+                .count(metrics::Event::Request(metrics::Route::PassThrough));
             counted(&state, pass_through(req, Arc::clone(&state)).await)
         }
     })
@@ -440,7 +416,7 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
 /// `GET /healthz`: 200 while the memory takes writes, 503 with the reason while it does not
 /// (a load balancer stops routing here; requests that still come are passed through).
 fn healthz(state: &State) -> Response<Body> {
-    let generation = state.generation();
+    let generation = state.engine.generation();
     let (dictionary, next_row) = (
         generation.memory.dictionary.version(),
         generation.memory.store.next_row().0,
@@ -483,9 +459,9 @@ async fn piped(
     req: Request<Incoming>,
     state: Arc<State>,
     format: wire::Format,
-    route: ops::Route,
+    route: metrics::Route,
 ) -> Response<Body> {
-    state.metrics.count(ops::Event::Request(route));
+    state.metrics.count(metrics::Event::Request(route));
     counted(&state, chat(req, Arc::clone(&state), format).await)
 }
 
@@ -497,153 +473,11 @@ fn counted(state: &State, response: Response<Body>) -> Response<Body> {
         .get(PROXY_ERROR)
         .map(HeaderValue::as_bytes)
     {
-        Some(b"upstream") => state.metrics.count(ops::Event::UpstreamFailed),
-        Some(_) => state.metrics.count(ops::Event::Refused),
+        Some(b"upstream") => state.metrics.count(metrics::Event::UpstreamFailed),
+        Some(_) => state.metrics.count(metrics::Event::Refused),
         None => {}
     }
     response
-}
-
-/// The admin endpoints: disabled without a configured token, refused without the right one.
-async fn admin(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
-    let plain = |status: StatusCode, message: &str| {
-        json(
-            status,
-            &serde_json::json!({"error": {"message": message, "type": "admin_error"}}),
-        )
-    };
-    if state.config.admin_token.is_none() {
-        return plain(
-            StatusCode::NOT_FOUND,
-            "the admin endpoints are disabled (no admin token configured)",
-        );
-    }
-    if !ops::is_admin(&state, req.headers()) {
-        return plain(
-            StatusCode::UNAUTHORIZED,
-            "the admin endpoints need the admin token",
-        );
-    }
-    let path = req.uri().path().to_owned();
-    let query = req.uri().query().unwrap_or("");
-    let param = |name: &str| -> Result<Option<String>, String> {
-        query
-            .split('&')
-            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
-            .filter(|value| !value.is_empty())
-            .map(|value| {
-                percent_decoded(value)
-                    .ok_or_else(|| format!("?{name}= is not percent-encoded UTF-8: {value:?}"))
-            })
-            .transpose()
-    };
-    let (user, credential_user, path_param, version) = match (
-        param("user"),
-        param("credential_user"),
-        param("path"),
-        param("version"),
-    ) {
-        (Ok(user), Ok(credential_user), Ok(path), Ok(version)) => {
-            (user, credential_user, path, version)
-        }
-        (Err(reason), _, _, _)
-        | (_, Err(reason), _, _)
-        | (_, _, Err(reason), _)
-        | (_, _, _, Err(reason)) => {
-            return plain(StatusCode::BAD_REQUEST, &reason);
-        }
-    };
-    let work = match (req.method(), path.as_str()) {
-        (&Method::GET, "/admin/stats") => return json(StatusCode::OK, &ops::stats(&state)),
-        (&Method::GET, "/admin/integrity") => tokio::task::spawn_blocking(move || {
-            ops::integrity(&state).map(|report| {
-                let status = if report.is_clean() {
-                    StatusCode::OK
-                } else {
-                    StatusCode::CONFLICT
-                };
-                (
-                    status,
-                    serde_json::to_value(&report).expect("a report serialises"),
-                )
-            })
-        }),
-        (&Method::GET, "/admin/dictionary") => tokio::task::spawn_blocking(move || {
-            ops::dictionaries(&state).map(|listed| (StatusCode::OK, listed))
-        }),
-        (&Method::POST, "/admin/dictionary/install") => {
-            let Some(path) = path_param else {
-                return plain(StatusCode::BAD_REQUEST, "install needs ?path=DIR");
-            };
-            tokio::task::spawn_blocking(move || {
-                ops::install(&state, Path::new(&path)).map(|listed| (StatusCode::ACCEPTED, listed))
-            })
-        }
-        (&Method::POST, "/admin/dictionary/flip") => {
-            let Some(version) = version else {
-                return plain(StatusCode::BAD_REQUEST, "flip needs ?version=VERSION");
-            };
-            tokio::task::spawn_blocking(move || {
-                ops::flip(&state, &version).map(|flipped| (StatusCode::OK, flipped))
-            })
-        }
-        (&Method::POST, "/admin/backup") => {
-            let Some(path) = path_param.map(PathBuf::from) else {
-                return plain(StatusCode::BAD_REQUEST, "backup needs ?path=DEST");
-            };
-            if !path.is_absolute() {
-                return plain(
-                    StatusCode::BAD_REQUEST,
-                    "backup needs an absolute ?path=DEST (a new folder on the server's machine)",
-                );
-            }
-            tokio::task::spawn_blocking(move || {
-                ops::backup(&state, &path).map(|manifest| {
-                    (
-                        StatusCode::OK,
-                        serde_json::to_value(&manifest).expect("a manifest serialises"),
-                    )
-                })
-            })
-        }
-        (&Method::POST, "/admin/purge") => {
-            let (user, sub_users) = match (user, credential_user) {
-                (Some(user), None) => (user, false),
-                (None, Some(user)) => (user, true),
-                _ => {
-                    return plain(
-                        StatusCode::BAD_REQUEST,
-                        "purge needs one of ?user=KEY and ?credential_user=KEY",
-                    );
-                }
-            };
-            tokio::task::spawn_blocking(move || {
-                ops::purge(&state, &user, sub_users).map(|purged| {
-                    (
-                        StatusCode::OK,
-                        serde_json::json!({"user": user, "rows_removed": purged.rows,
-                            "sub_users_removed": purged.sub_users.len()}),
-                    )
-                })
-            })
-        }
-        (method, path) => {
-            return plain(
-                StatusCode::NOT_FOUND,
-                &format!("no admin route {method} {path}"),
-            );
-        }
-    };
-    match work.await {
-        Ok(Ok((status, body))) => json(status, &body),
-        Ok(Err(err)) if err.is_swap_refusal() => plain(StatusCode::CONFLICT, &err.to_string()),
-        Ok(Err(err)) if err.is_bad_version() => plain(StatusCode::BAD_REQUEST, &err.to_string()),
-        Ok(Err(err)) if err.is_existing_destination() => {
-            plain(StatusCode::CONFLICT, &err.to_string())
-        }
-        Ok(Err(err)) => plain(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
-        Err(err) => plain(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
-    }
 }
 
 /// A query value percent-decoded (`%2F` is `/`, `+` a space); `None` for a broken escape or
@@ -740,6 +574,18 @@ struct Identity {
     owner: Option<UserId>,
 }
 
+impl Identity {
+    /// Whom this request's captures belong to.
+    fn author(&self) -> Author<'_> {
+        Author {
+            user_key: &self.user_key,
+            conversation: &self.conversation,
+            since: self.since,
+            owner: self.owner,
+        }
+    }
+}
+
 /// One of the [`ProxyConfig::max_concurrent`] slots for a request to `provider`, held until its
 /// response has been relayed; without a free one, 503 in the provider's shape.
 fn admit(
@@ -822,7 +668,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             .map(str::to_owned)
             .or_else(|| harness::session(format, &request.body, &parts.headers))
             .unwrap_or_else(|| identity::conversation_key(request.first.as_deref().unwrap_or(""))),
-        since: state.generation().memory.store.purge_epoch(),
+        since: state.engine.generation().memory.store.purge_epoch(),
     };
     // Continuing a reply that a memory round continued names the response holding all of it.
     let bytes = match request
@@ -867,11 +713,23 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         Some(Ok((remembered, dictionary))) => (Some(Ok(remembered)), dictionary),
         Some(Err(err)) => (
             Some(Err(err)),
-            state.generation().memory.dictionary.version().to_owned(),
+            state
+                .engine
+                .generation()
+                .memory
+                .dictionary
+                .version()
+                .to_owned(),
         ),
         None => (
             None,
-            state.generation().memory.dictionary.version().to_owned(),
+            state
+                .engine
+                .generation()
+                .memory
+                .dictionary
+                .version()
+                .to_owned(),
         ),
     };
     state.metrics.memory_time(started.elapsed());
@@ -915,16 +773,16 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         Some(Ok(Err(err))) => {
             tracing::error!(%err, "memory unavailable; forwarding the request untouched");
             state.health.report("remembering a request", &err);
-            state.metrics.count(ops::Event::MemoryUnavailable);
+            state.metrics.count(metrics::Event::MemoryUnavailable);
             (bytes, "unavailable", None, None)
         }
         None => {
-            state.metrics.count(ops::Event::MemoryUnavailable);
+            state.metrics.count(metrics::Event::MemoryUnavailable);
             (bytes, "unavailable", None, None)
         }
         Some(Err(err)) => {
             tracing::error!(%err, "memory task failed; forwarding the request untouched");
-            state.metrics.count(ops::Event::MemoryUnavailable);
+            state.metrics.count(metrics::Event::MemoryUnavailable);
             (bytes, "unavailable", None, None)
         }
     };
@@ -951,12 +809,12 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
                 Ok(Err(err)) => {
                     tracing::error!(%err, "capturing what waited for the provider failed");
                     state.health.report("capturing a request", &err);
-                    state.metrics.count(ops::Event::MemoryUnavailable);
+                    state.metrics.count(metrics::Event::MemoryUnavailable);
                     memory_status = "unavailable";
                 }
                 Err(err) => {
                     tracing::error!(%err, "the capture task failed");
-                    state.metrics.count(ops::Event::MemoryUnavailable);
+                    state.metrics.count(metrics::Event::MemoryUnavailable);
                     memory_status = "unavailable";
                 }
             }
@@ -993,7 +851,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
     if let Some(log) = &log {
         state.recent.keep(Arc::clone(log));
         // A purge that ran meanwhile may have missed it.
-        if state.generation().memory.store.purge_epoch() != identity.since {
+        if state.engine.generation().memory.store.purge_epoch() != identity.since {
             state.recent.forget_users(&[log.user]);
         }
     }
@@ -1167,23 +1025,23 @@ fn change_exclusions(
     user: UserId,
     change: Option<ExclusionChange>,
 ) -> Result<serde_json::Value, Error> {
-    let _writing = state.writes.read();
-    let store = &state.generation().memory.store;
-    let mut changed = Vec::new();
-    if let Some(change) = change {
-        let mut rows: Vec<RowId> = change.rows.into_iter().map(RowId).collect();
-        if let Some(conversation) = &change.conversation {
-            for row in store.conversation_rows_newest_first(user, conversation) {
-                rows.push(row?);
-            }
-        }
-        changed = store.set_excluded(user, &rows, change.excluded)?;
-        changed.sort_unstable();
-    }
-    let mut excluded: Vec<RowId> = store.exclusions(user)?.into_iter().collect();
-    excluded.sort_unstable();
+    let exclusions = match change {
+        Some(change) => state.engine.exclude(
+            user,
+            change.rows.into_iter().map(RowId).collect(),
+            change.conversation.as_deref(),
+            change.excluded,
+        )?,
+        None => Exclusions {
+            excluded: state.engine.exclusions(user)?,
+            ..Exclusions::default()
+        },
+    };
     let ids = |rows: &[RowId]| rows.iter().map(|r| r.0).collect::<Vec<_>>();
-    Ok(serde_json::json!({"changed": ids(&changed), "excluded": ids(&excluded)}))
+    Ok(serde_json::json!({
+        "changed": ids(&exclusions.changed),
+        "excluded": ids(&exclusions.excluded),
+    }))
 }
 
 /// A header's value as text, `Ok(None)` when absent. Any UTF-8 is taken (a user's name may be
@@ -1245,8 +1103,7 @@ fn remember(
     identity: &Identity,
     switches: Switches,
 ) -> (Remembered, String) {
-    let _writing = state.writes.read();
-    let generation = state.generation();
+    let generation = state.engine.writing();
     let remembered = remember_in(state, &generation, request, identity, switches);
     (
         remembered,
@@ -1292,7 +1149,7 @@ fn remember_in(
     if switches.writes() && new && !retry {
         let text = request.question.clone().unwrap_or_default();
         if owned {
-            match capture(memory, identity, Role::User, None, text) {
+            match generation.capture(&identity.author(), Role::User, None, text) {
                 Ok(ids) => {
                     stored = ids.first().is_some_and(|ids| !ids.is_empty());
                     if let (true, Some(key)) = (stored, key) {
@@ -1340,7 +1197,7 @@ fn remember_in(
         let rows = round_rows(request, &recalled.turn);
         if owned {
             for text in rows {
-                if let Err(err) = capture(memory, identity, Role::Tool, None, text) {
+                if let Err(err) = generation.capture(&identity.author(), Role::Tool, None, text) {
                     return failed(stored, err);
                 }
             }
@@ -1355,36 +1212,6 @@ fn remember_in(
         recall: recalled,
         deferred,
     }
-}
-
-/// Store `text` as one message of `role` (named `name`) in the asker's conversation, now;
-/// dropped when the asker was purged since the request arrived. A sub-user is linked to its
-/// credential's own user first, so a purge of the credential finds it.
-fn capture(
-    memory: &crate::memory::Memory,
-    identity: &Identity,
-    role: Role,
-    name: Option<String>,
-    text: String,
-) -> Result<Vec<Vec<RowId>>, Error> {
-    if let Some(owner) = identity.owner {
-        memory
-            .store
-            .link_owner(UserId::from_key(&identity.user_key), owner)?;
-    }
-    Ok(Capturer::new(&memory.dictionary).capture_since(
-        &memory.store,
-        &[Message {
-            user_key: identity.user_key.clone(),
-            conversation: identity.conversation.clone(),
-            role,
-            name,
-            timestamp_ms: Some(now_ms()),
-            source_turn: None,
-            text,
-        }],
-        Some(identity.since),
-    )?)
 }
 
 /// Rows a continuation's recall hides: the conversation's newest rows back to its newest user
@@ -1429,11 +1256,10 @@ fn round_rows(request: &wire::Request, turn: &TurnFrame) -> Vec<String> {
 /// Write the captures that waited for the provider (which has not refused the credential);
 /// whether the turn's question is among what was stored.
 fn capture_deferred(state: &State, identity: &Identity, deferred: Deferred) -> Result<bool, Error> {
-    let _writing = state.writes.read();
-    let generation = state.generation();
+    let generation = state.engine.writing();
     let mut question = deferred.question;
     for (i, (role, text)) in deferred.messages.into_iter().enumerate() {
-        let ids = capture(&generation.memory, identity, role, None, text)?;
+        let ids = generation.capture(&identity.author(), role, None, text)?;
         if i == 0 && question {
             question = ids.first().is_some_and(|ids| !ids.is_empty());
             if let (true, Some(key)) = (question, deferred.key) {
@@ -1458,7 +1284,6 @@ fn recall_for(
     stored: bool,
     hidden: &[RowId],
 ) -> Result<Option<Recalled>, Error> {
-    let memory = &generation.memory;
     let (true, false, Some(question)) = (
         switches.recall,
         request.server_history,
@@ -1466,11 +1291,6 @@ fn recall_for(
     ) else {
         return Ok(None);
     };
-    generation
-        .arena
-        .write()
-        .catch_up(&memory.store, &memory.dictionary)?;
-    let arena = generation.arena.read();
     let config = RecallConfig {
         tools: switches.tools(&state.config, request.format),
         ..state.config.recall
@@ -1484,7 +1304,7 @@ fn recall_for(
         hidden,
         now_ms: Some(now_ms()),
     };
-    let recall = recall(memory, &arena, &state.kernels, &config, &ask)?;
+    let recall = generation.recall(&state.engine.kernels, &config, &ask)?;
     Ok(Some(Recalled {
         scanned: Some((recall.scanned_rows, recall.scan_us)),
         turn: Arc::new(TurnFrame {
@@ -1522,18 +1342,16 @@ impl Reply {
         } else {
             format!("{text}\n[reply truncated: the stream ended before the provider finished]")
         };
-        let _writing = self.state.writes.read();
-        let generation = self.state.generation();
-        let result = capture(
-            &generation.memory,
-            &self.identity,
+        let generation = self.state.engine.writing();
+        let result = generation.capture(
+            &self.identity.author(),
             Role::Assistant,
             Some(self.model),
             text,
         );
         match result {
             Ok(ids) if ids.first().is_some_and(|ids| !ids.is_empty()) => {
-                self.state.metrics.count(ops::Event::Reply {
+                self.state.metrics.count(metrics::Event::Reply {
                     truncated: !complete,
                 });
                 if let Some(log) = &self.log {

@@ -1210,19 +1210,13 @@ impl Loop {
     /// and what it returned reheated, as the switches allow.
     fn run(&mut self, calls: &[Pending]) -> Vec<String> {
         let state = &self.state;
-        let _writing = state.writes.read();
-        let generation = state.generation();
+        let generation = state.engine.writing();
         // What was stored since the turn's frame was recalled (a continuation reuses the
         // frame without a search; a new credential's question is written after its recall).
-        let memory = &generation.memory;
-        if let Err(err) = generation
-            .arena
-            .write()
-            .catch_up(&memory.store, &memory.dictionary)
-        {
+        let arena = generation.caught_up().unwrap_or_else(|err| {
             tracing::error!(%err, "catching the arena up for a memory tool failed");
-        }
-        let arena = generation.arena.read();
+            generation.arena.read()
+        });
         let mut results = Vec::with_capacity(calls.len());
         for call in calls {
             let result = match Call::parse(&call.name, &call.arguments) {
@@ -1230,7 +1224,7 @@ impl Loop {
                 Ok(parsed) => {
                     match self
                         .turn
-                        .run(&generation.memory, &arena, &state.kernels, &parsed)
+                        .run(&generation.memory, &arena, &state.engine.kernels, &parsed)
                     {
                         Ok(outcome) => {
                             if self.reply.is_some()

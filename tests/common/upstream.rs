@@ -20,6 +20,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 use perpetuity::arena::Arena;
+use perpetuity::engine::Engine;
 use perpetuity::proxy::identity::Secret;
 use perpetuity::proxy::{ProxyConfig, State, serve};
 use perpetuity::scan::kernels::Kernels;
@@ -216,9 +217,7 @@ impl Harness {
         };
         configure(&mut config);
         let state = Arc::new(State::new(
-            memory,
-            Arena::new(),
-            Kernels::detect(false),
+            Engine::new(memory, Arena::new(), Kernels::detect(false)),
             Secret::from_bytes([7; 32]),
             config,
         ));
@@ -278,6 +277,7 @@ impl Harness {
         loop {
             let rows: Vec<_> = self
                 .state
+                .engine
                 .generation()
                 .memory
                 .store
