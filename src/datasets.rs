@@ -21,7 +21,7 @@ use crate::capture::Message;
 use crate::types::Role;
 
 /// The supported file formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     Locomo,
     Longmemeval,
@@ -29,6 +29,14 @@ pub enum Format {
 }
 
 impl Format {
+    /// Every format, in the order the command line lists them.
+    pub const ALL: [Self; 3] = [Self::Locomo, Self::Longmemeval, Self::Realmem];
+
+    /// The format named `name` (what [`Format::name`] gives).
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.name() == name)
+    }
+
     /// The name `--format` takes.
     pub fn name(self) -> &'static str {
         match self {

@@ -74,45 +74,6 @@ const LOCOMO_CATEGORIES: [(&str, &str); 5] = [
     ("5", "adversarial"),
 ];
 
-/// `perpetuity eval` arguments.
-#[derive(Debug, Clone, clap::Args)]
-pub struct EvalArgs {
-    /// The file's format.
-    #[arg(long, value_enum)]
-    pub format: Format,
-    /// The benchmark file.
-    pub file: PathBuf,
-    /// Data directory of the pooled memory: reused as it is when it already holds rows, else
-    /// the file is ingested into it [default: a fresh temp folder, removed afterwards].
-    #[arg(long)]
-    pub data: Option<PathBuf>,
-    /// Depths k at which every ranked metric is reported.
-    #[arg(long = "k", value_delimiter = ',', default_values_t = DEFAULT_KS)]
-    pub ks: Vec<usize>,
-    /// Print one JSON object (names in docs/eval.md).
-    #[arg(long)]
-    pub json: bool,
-    /// Add a table per question category.
-    #[arg(long)]
-    pub by_category: bool,
-    /// After the file, capture in every user's memory the tool rows of a replayed agent
-    /// session (`bench prefix`'s: 6 turns of 5 file reads), in a conversation of its own, to
-    /// measure what an agent's tool rounds do to the retrieval of the conversations (a fresh
-    /// data directory only).
-    #[arg(long)]
-    pub agent_session: bool,
-    /// Also write one JSON line per asked question to this file: where each evidence turn and
-    /// session ranked, ours and BM25, and whether the frame showed it.
-    #[arg(long, value_name = "FILE")]
-    pub per_question: Option<PathBuf>,
-    /// Split the file's users over this many shards, each its own store with its own arena
-    /// and frequency statistic, by a jump consistent hash of the user id; every question is
-    /// asked of its user's shard only. At 1, one pooled memory; above 1, the data directory
-    /// holds the first shard and must be empty (docs/eval.md, "Shards").
-    #[arg(long, default_value_t = 1)]
-    pub shards: usize,
-}
-
 /// An evaluation could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
