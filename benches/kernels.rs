@@ -1,7 +1,7 @@
 //! Kernel throughput on one core, out of cache, against this machine's memory read bandwidth
 //! measured in the same run.
 //!
-//! Run: `cargo bench --bench kernels`. Read bandwidth comes from `perpetuity::bench::read_bandwidth`
+//! Run: `cargo bench --bench kernels`. Read bandwidth comes from `perpetuity::measure::read_bandwidth`
 //! over 512 MiB, in the same run. Sizes: 2-bit codes of 256 dims (64 bytes per row: a nibble per
 //! pair of dimensions, byte-major in groups of 64 rows) for 4M rows (256 MiB), int8 rows of 256 dims for 1M
 //! rows (256 MiB); larger than the L3 cache.
@@ -90,7 +90,7 @@ fn main() {
         .into_iter()
         .flat_map(u64::to_le_bytes)
         .collect();
-    let bandwidth = perpetuity::bench::read_bandwidth(BANDWIDTH_BYTES);
+    let bandwidth = perpetuity::measure::read_bandwidth(BANDWIDTH_BYTES);
     println!(
         "memory read bandwidth, one core, {} MiB sequential: {:.2} GB/s",
         BANDWIDTH_BYTES >> 20,

@@ -40,12 +40,12 @@ use crate::dictionary::stats::FrequencyTable;
 use crate::ingest::{self, IngestSummary};
 use crate::latency;
 use crate::memory::Memory;
+use crate::memory_tools::{Call, TurnState};
 use crate::recall::{Ask, RecallConfig, recall};
 use crate::relevance::{Bm25, mean_row_len};
 use crate::retrieve::{PreparedQuery, search};
 use crate::scan::kernels::Kernels;
 use crate::store::{Store, StoreError, StoreOptions};
-use crate::tools::{Call, TurnState};
 use crate::types::{Role, RowId, UserId};
 
 /// Depths reported when `--k` is not given.

@@ -32,7 +32,7 @@ pub const LABEL_ESTIMATE_TOKENS: usize = 20;
 /// for the room it takes. No LoCoMo turn reaches it (the longest is 87 words), so a two-person
 /// chat is framed as before; on RealMem, whose assistant turns are five times its user turns,
 /// the frame holds all the evidence of 0.457 of the queries instead of 0.387 at the same
-/// tokens (`docs/benchmarks.md`).
+/// tokens (`docs/journal/benchmarks.md`).
 pub const TURN_ROOM_TOKENS: usize = 128;
 
 /// Tokens the omission line costs, for the first pass's estimate.

@@ -8,7 +8,6 @@
 
 pub mod arena;
 pub mod backup;
-pub mod bench;
 pub mod budget;
 pub mod capture;
 pub mod codec;
@@ -24,7 +23,9 @@ pub mod heat;
 pub mod ingest;
 pub mod integrity;
 pub mod latency;
+pub mod measure;
 pub mod memory;
+pub mod memory_tools;
 pub mod proxy;
 pub mod recall;
 pub mod relevance;
@@ -33,5 +34,4 @@ pub mod scan;
 pub mod store;
 pub mod swap;
 pub mod tokens;
-pub mod tools;
 pub mod types;

@@ -4,7 +4,7 @@ mod cli;
 
 /// A turn allocates and frees many small buffers (decoded rows, embeddings, frame text) on
 /// every thread at once; mimalloc's per-thread heaps serve that with less work than the system
-/// allocator (`docs/benchmarks.md`).
+/// allocator (`docs/journal/benchmarks.md`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -337,7 +337,7 @@ fn conversation_in(arena: &Arena, row: RowId) -> u64 {
 /// `ordered` already and not excluded. A conversation's opening states what it is about (an
 /// agent session's task, the user's request), and a retrieved turn of it is read in its light:
 /// on RealMem a third of the evidence turns open their session and rank far below their
-/// session's best row (`docs/benchmarks.md`).
+/// session's best row (`docs/journal/benchmarks.md`).
 fn with_openers(
     store: &Store,
     arena: &Arena,
@@ -379,7 +379,7 @@ fn with_openers(
 /// its speaker); best lifted score first, ties by row id. Each hit's score becomes its lifted
 /// one. A conversation that holds a strong match is likely about the question in other turns
 /// too, and a question about a person is mostly answered by what that person said: on LoCoMo
-/// both raise the share of questions whose evidence the frame holds (`docs/benchmarks.md`).
+/// both raise the share of questions whose evidence the frame holds (`docs/journal/benchmarks.md`).
 /// The search itself stays exact: this only reorders what it returned.
 pub fn frame_order<C: Copy + Eq + std::hash::Hash>(
     hits: Vec<Retrieved>,

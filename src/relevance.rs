@@ -165,7 +165,7 @@ impl QueryTerms {
 
 /// Weight of the dense part in the hybrid score (the lexical part has the rest). Chosen with
 /// [`HYBRID_BM25`] on the even LoCoMo conversations once rows were read in context, checked on
-/// the odd ones (`docs/benchmarks.md`); 0.5 before.
+/// the odd ones (`docs/journal/benchmarks.md`); 0.5 before.
 pub const DENSE_WEIGHT: f32 = 0.4;
 
 /// The BM25 of the hybrid's lexical part: quicker saturation and milder length normalisation
@@ -318,7 +318,7 @@ pub const CONTEXT_AFTER: [f32; 1] = [0.25];
 /// echoes its question; with the later side's share alone an opening scored as if its
 /// context were missing, and openings hold a conversation's request (on RealMem 53% of the
 /// evidence turns open their session, where one turn in seven opens one; on LoCoMo 14%, where
-/// one turn in 22 does; `docs/benchmarks.md`).
+/// one turn in 22 does; `docs/journal/benchmarks.md`).
 pub const OPENING_AFTER: [f32; 2] = [CONTEXT_AFTER[0] + CONTEXT_BEFORE[0], CONTEXT_BEFORE[1]];
 
 const _: () = assert!(

@@ -84,7 +84,7 @@ const PREFETCH_TERMS_AHEAD: usize = 4;
 /// Candidates of the int8 stage that the exact rescore scores (or the `k` asked for, if more).
 /// The int8 cosine is close to the exact one, so the exact top 10 lies well inside these: with
 /// 128 as with 256, 200 of 200 synthetic queries at a million rows and 1,986 of 1,986 LoCoMo
-/// questions agree with brute force (`docs/benchmarks.md`), and the exact rescore, which
+/// questions agree with brute force (`docs/journal/benchmarks.md`), and the exact rescore, which
 /// re-embeds each row from its tokens, costs half.
 pub const RESCORE_K: usize = 128;
 /// Growth of the first pass with the scope: `FIRST_PASS_SQRT_FACTOR · √rows`. How far down
@@ -93,7 +93,7 @@ pub const RESCORE_K: usize = 128;
 /// (at least 512) to hold the fidelity target; with three bits per term and no stop words
 /// ([`crate::arena::signature`]) once is enough: on a million synthetic rows 200 of 200
 /// queries agree with brute force, 197 with half as many candidates, 193 with a quarter
-/// (`perpetuity bench fidelity`, which reports those shallower counts; `docs/benchmarks.md`).
+/// (`perpetuity bench fidelity`, which reports those shallower counts; `docs/journal/benchmarks.md`).
 pub const FIRST_PASS_SQRT_FACTOR: f64 = 16.0;
 
 /// Candidates kept by the first pass for a scope of `live_rows` rows: at least
@@ -350,7 +350,7 @@ pub fn refine(
 /// quarter of the candidates holds the brute-force top 10 as often as all of them: on a million
 /// synthetic rows 200 of 200 queries agree (199 with an eighth), on 100,000 rows 200 of 200
 /// with at least 2,048 (199 with 1,024), and LoCoMo is unchanged (`perpetuity bench fidelity`,
-/// `docs/benchmarks.md`).
+/// `docs/journal/benchmarks.md`).
 pub fn narrow_k(hits: usize) -> usize {
     (hits / 4).max(2048)
 }

@@ -16,9 +16,9 @@ use perpetuity::arena::{
     Arena, CODE_BYTES, Opened, PAGE_ROWS, Page, Sketch, Unusable, arena_dir, code_byte,
     page_checksum,
 };
-use perpetuity::bench::synthetic_messages;
 use perpetuity::ingest::ingest;
 use perpetuity::integrity::{self, Report};
+use perpetuity::measure::synthetic_messages;
 use perpetuity::retrieve::{PreparedQuery, Retrieved, search};
 use perpetuity::scan::kernels::{Kernels, code_offset};
 use perpetuity::store::{Store, StoreOptions};

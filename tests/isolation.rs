@@ -12,10 +12,10 @@ use hyper::StatusCode;
 use serde_json::{Value, json};
 
 use common::upstream::{Answer, Harness, body_of, chat_reply, chat_request, header};
+use perpetuity::memory_tools::{Call, TurnState};
 use perpetuity::proxy::ProxyConfig;
 use perpetuity::proxy::identity::Groups;
 use perpetuity::recall::{Ask, RecallConfig, recall};
-use perpetuity::tools::{Call, TurnState};
 use perpetuity::types::{RowId, UserId};
 
 /// Users in the pool: credentials, and on the last credential narrowed users.

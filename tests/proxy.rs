@@ -825,17 +825,18 @@ async fn an_excluded_row_stays_stored_and_leaves_recall_until_included_again() {
         let memory = &generation.memory;
         let arena = generation.arena.read();
         let user = UserId::from_key(&h.state.secret.user_key("sk-alice", None));
-        let outcome = perpetuity::tools::TurnState::new(user, &[user], None, Vec::new(), &[])
-            .run(
-                memory,
-                &arena,
-                &h.state.engine.kernels,
-                &perpetuity::tools::Call::Search {
-                    query: "locker code".into(),
-                    limit: 10,
-                },
-            )
-            .unwrap();
+        let outcome =
+            perpetuity::memory_tools::TurnState::new(user, &[user], None, Vec::new(), &[])
+                .run(
+                    memory,
+                    &arena,
+                    &h.state.engine.kernels,
+                    &perpetuity::memory_tools::Call::Search {
+                        query: "locker code".into(),
+                        limit: 10,
+                    },
+                )
+                .unwrap();
         assert!(!outcome.rows.is_empty() && !outcome.rows.contains(&locker));
     }
 

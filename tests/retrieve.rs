@@ -330,16 +330,16 @@ fn synthetic_two_stage_agrees_with_brute_force() {
     let store = open(dir.path());
     let dict = common::dictionary();
     let messages =
-        perpetuity::bench::synthetic_messages(20_000, 1, perpetuity::bench::MESSAGE_SEED);
+        perpetuity::measure::synthetic_messages(20_000, 1, perpetuity::measure::MESSAGE_SEED);
     ingest(&store, dict, &messages, |_, _| {}).unwrap();
     let mut arena = Arena::new();
     arena.catch_up(&store, dict).unwrap();
-    let asked: Vec<(Vec<UserId>, String)> = perpetuity::bench::synthetic_queries(100, 1)
+    let asked: Vec<(Vec<UserId>, String)> = perpetuity::measure::synthetic_queries(100, 1)
         .into_iter()
         .map(|(user, text)| (vec![user], text))
         .collect();
     let kernels = Kernels::detect(false);
-    let fidelity = perpetuity::bench::fidelity(dict, &arena, &kernels, &asked);
+    let fidelity = perpetuity::measure::fidelity(dict, &arena, &kernels, &asked);
     println!("synthetic 20,000 rows: {fidelity:?}");
     assert_eq!(fidelity.queries, 100);
     assert!(fidelity.share >= 0.995, "{fidelity:?}");

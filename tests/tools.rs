@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use common::upstream::{Answer, Harness, body_of, fixture, gemini_jsonl_as_sse, header};
 use perpetuity::capture::{Capturer, Message};
-use perpetuity::tools::{Call, TurnState};
+use perpetuity::memory_tools::{Call, TurnState};
 use perpetuity::types::{Role, UserId};
 
 const OPENAI: [(&str, &str); 2] = [

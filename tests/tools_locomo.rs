@@ -13,9 +13,9 @@ use std::collections::{HashMap, HashSet};
 use perpetuity::arena::Arena;
 use perpetuity::datasets::{self, Format};
 use perpetuity::ingest;
+use perpetuity::memory_tools::{Call, SEARCH_LIMIT_DEFAULT, TurnState};
 use perpetuity::recall::{Ask, RecallConfig, recall};
 use perpetuity::scan::kernels::Kernels;
-use perpetuity::tools::{Call, SEARCH_LIMIT_DEFAULT, TurnState};
 use perpetuity::types::{RowId, UserId};
 
 #[test]

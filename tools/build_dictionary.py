@@ -65,7 +65,7 @@ FROM_DIMS = 384
 DEFAULT_DIMS = 256
 MAX_PIECES = 14
 # Score-time weighting written into the header (tuned on half of LoCoMo, checked on the other;
-# docs/benchmarks.md): SIF constant and the prior's pseudo-token mass.
+# docs/journal/benchmarks.md): SIF constant and the prior's pseudo-token mass.
 WEIGHTING_A = 0.0003
 PRIOR_MASS_TOKENS = 1_000.0
 DTYPE_I8_ROW_SCALE = 1

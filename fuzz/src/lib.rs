@@ -14,7 +14,6 @@ use perpetuity::arena::file::{
 use perpetuity::arena::{
     Arena, ArenaFiles, PAGE_ROWS, Page, Side, Sketch, arena_dir, page_checksum,
 };
-use perpetuity::bench::synthetic_messages;
 use perpetuity::config::default_dictionaries_root;
 use perpetuity::dictionary::format::Table;
 use perpetuity::dictionary::{
@@ -22,6 +21,7 @@ use perpetuity::dictionary::{
 };
 use perpetuity::frame::{Frame, Message, Omitted, Side as Speaker};
 use perpetuity::ingest::ingest;
+use perpetuity::measure::synthetic_messages;
 use perpetuity::proxy::rounds::Splice;
 use perpetuity::proxy::wire::{self, Format, StreamReader};
 use perpetuity::retrieve::{PreparedQuery, search};

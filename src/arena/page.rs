@@ -74,7 +74,7 @@ const _: () = assert!(std::mem::size_of::<Page>().is_multiple_of(64));
 /// What stage one reads of a page's rows, in `sketches.bin` at the page's index: 7,232 bytes.
 /// A scope's pages are mostly consecutive in the file (a user's rows fill one page after
 /// another), and so are their sketches: stage one reads one stream instead of 7 KiB of every
-/// 26 KiB, which loads about 1.5 times as fast (`docs/benchmarks.md`). `rows`, `term_lens` and
+/// 26 KiB, which loads about 1.5 times as fast (`docs/journal/benchmarks.md`). `rows`, `term_lens` and
 /// `row_ids` repeat the page's; the codes, their scales and the signatures are only here.
 /// Slots at and past `rows` are zero, as in the page.
 #[repr(C)]

@@ -7,7 +7,7 @@
 //! row has; it wrongly reports one the row lacks with a probability that grows with how full
 //! the word is. One bit per term (layout version 4) wrongly matched about one query term in
 //! nine on rows of thirty terms; three bits in one word, with the stop words below left out,
-//! about one in sixty (`docs/benchmarks.md`).
+//! about one in sixty (`docs/journal/benchmarks.md`).
 //!
 //! Stop words (the most frequent English function words) are never set: they are in almost
 //! every row, so their bits would fill the signature while saying nothing. A query's stop word

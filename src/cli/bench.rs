@@ -8,10 +8,10 @@ use std::time::Instant;
 use anyhow::Context as _;
 use clap::Subcommand;
 
-use perpetuity::bench;
 use perpetuity::datasets::{self, Format};
 use perpetuity::engine::Engine;
 use perpetuity::ingest::{self};
+use perpetuity::measure;
 use perpetuity::memory::Memory;
 use perpetuity::proxy;
 use perpetuity::scan::kernels::Kernels;
@@ -33,7 +33,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             data,
             dictionary,
         } => bench_scan(
-            bench::ScanSettings {
+            measure::ScanSettings {
                 rows,
                 users,
                 threads,
@@ -55,7 +55,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             dictionary,
         } => bench_fidelity(
             locomo.as_deref(),
-            bench::ScanSettings {
+            measure::ScanSettings {
                 rows,
                 users,
                 threads: rayon::current_num_threads(),
@@ -92,7 +92,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             dictionary,
         } => bench_proxy(
             rows,
-            proxy::bench::Calls {
+            proxy::load::Calls {
                 users,
                 concurrency,
                 requests,
@@ -140,7 +140,7 @@ pub enum BenchCommand {
         /// stderr.
         #[arg(long)]
         during_rederive: bool,
-        /// Print one JSON object (names in docs/benchmarks.md).
+        /// Print one JSON object (names in docs/journal/benchmarks.md).
         #[arg(long)]
         json: bool,
         /// Where to put the store (default: a fresh temp folder, removed afterwards); a store
@@ -294,7 +294,7 @@ fn fresh_state(
 }
 
 /// `perpetuity bench bodies`: peak resident memory while large bodies pass through a proxy
-/// over a fresh store (`proxy::bench::bodies`).
+/// over a fresh store (`proxy::load::bodies`).
 fn bench_bodies(
     concurrent: usize,
     mib: usize,
@@ -308,14 +308,14 @@ fn bench_bodies(
     let place = BenchDir::new(None, "bodies", Existing::Refuse)?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let report = runtime.block_on(async {
-        let upstream = proxy::bench::local_upstream().await?;
+        let upstream = proxy::load::local_upstream().await?;
         let config = proxy::ProxyConfig {
             openai: format!("http://{upstream}"),
             body_limit: (mib + 1) << 20,
             ..proxy::ProxyConfig::default()
         };
         let state = fresh_state(&place, dictionary, config)?;
-        anyhow::Ok(proxy::bench::bodies(state, concurrent, mib << 20).await?)
+        anyhow::Ok(proxy::load::bodies(state, concurrent, mib << 20).await?)
     })?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -441,7 +441,7 @@ fn bench_ingest(
         uncompressed: false,
     };
     let memory = dictionary.open(&data)?;
-    let input = bench::synthetic_messages(messages, users, bench::MESSAGE_SEED);
+    let input = measure::synthetic_messages(messages, users, measure::MESSAGE_SEED);
     let summary = ingest::ingest(
         &memory.store,
         &memory.dictionary,
@@ -476,7 +476,7 @@ fn bench_backup(
         users > 0 && writers > 0,
         "--users and --writers must be at least 1"
     );
-    let settings = bench::ScanSettings {
+    let settings = measure::ScanSettings {
         rows,
         users,
         threads: 1,
@@ -491,7 +491,7 @@ fn bench_backup(
     };
     let (to, restored) = (beside("backup"), beside("restored"));
     let warmup = std::time::Duration::from_secs_f64(seconds);
-    let report = bench::backup_under_load(&memory, &to, &restored, writers, warmup);
+    let report = measure::backup_under_load(&memory, &to, &restored, writers, warmup);
     for dir in [&to, &restored] {
         if let Err(err) = std::fs::remove_dir_all(dir) {
             eprintln!("could not remove {}: {err}", dir.display());
@@ -526,7 +526,7 @@ fn bench_backup(
 /// holds rows), with the guard that removes a temporary one.
 fn synthetic_memory(
     data: Option<PathBuf>,
-    settings: bench::ScanSettings,
+    settings: measure::ScanSettings,
     dictionary: &DictionaryArgs,
     name: &'static str,
 ) -> anyhow::Result<(BenchDir, Memory)> {
@@ -537,7 +537,8 @@ fn synthetic_memory(
         uncompressed: false,
     })?;
     if memory.store.rows_since(RowId(0)).next().is_none() {
-        let input = bench::synthetic_messages(settings.rows, settings.users, bench::MESSAGE_SEED);
+        let input =
+            measure::synthetic_messages(settings.rows, settings.users, measure::MESSAGE_SEED);
         ingest::ingest(
             &memory.store,
             &memory.dictionary,
@@ -557,12 +558,12 @@ fn synthetic_memory(
 /// data directory), then the measurement over loopback.
 fn bench_proxy(
     rows: usize,
-    calls: proxy::bench::Calls,
+    calls: proxy::load::Calls,
     data: Option<PathBuf>,
     json: bool,
     dictionary: &DictionaryArgs,
 ) -> anyhow::Result<()> {
-    let proxy::bench::Calls {
+    let proxy::load::Calls {
         users,
         concurrency,
         requests,
@@ -579,7 +580,7 @@ fn bench_proxy(
     })?;
     let secret = proxy::identity::Secret::load_or_create(&place.dir)?;
     let user_keys: Vec<String> = (0..users)
-        .map(|u| secret.user_key(&proxy::bench::credential(u), None))
+        .map(|u| secret.user_key(&proxy::load::credential(u), None))
         .collect();
     let holds = |key: &String| -> anyhow::Result<bool> {
         Ok(memory.store.user_key(UserId::from_key(key))?.is_some())
@@ -591,7 +592,7 @@ fn bench_proxy(
         place.dir.display()
     );
     if !first && rows > 0 {
-        let mut messages = bench::synthetic_messages(rows, users, bench::MESSAGE_SEED);
+        let mut messages = measure::synthetic_messages(rows, users, measure::MESSAGE_SEED);
         for (i, message) in messages.iter_mut().enumerate() {
             message.user_key.clone_from(&user_keys[i % users]);
         }
@@ -611,25 +612,25 @@ fn bench_proxy(
             arena.scope_rows(&[UserId::from_key(&user_keys[0])]),
         )
     };
-    let questions: Vec<String> = bench::synthetic_queries(requests.min(1_000), 1)
+    let questions: Vec<String> = measure::synthetic_queries(requests.min(1_000), 1)
         .into_iter()
         .map(|(_, text)| text)
         .collect();
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let report = runtime.block_on(async {
-        let upstream = proxy::bench::local_upstream().await?;
+        let upstream = proxy::load::local_upstream().await?;
         let config = proxy::ProxyConfig {
             openai: format!("http://{upstream}"),
             max_concurrent: concurrency.max(256),
             ..proxy::ProxyConfig::default()
         };
         let state = Arc::new(proxy::State::new(engine, secret, config));
-        proxy::bench::measure(state, upstream, (held, scope_rows), calls, &questions).await
+        proxy::load::measure(state, upstream, (held, scope_rows), calls, &questions).await
     })?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        let line = |label: &str, t: &proxy::bench::Timing| {
+        let line = |label: &str, t: &proxy::load::Timing| {
             println!(
                 "  {label:<18} first byte p50 {:.2} ms, p99 {:.2} ms; total p50 {:.2} ms, p99 {:.2} ms",
                 t.first_byte_p50_ms, t.first_byte_p99_ms, t.total_p50_ms, t.total_p99_ms
@@ -657,8 +658,8 @@ fn bench_proxy(
 /// The fidelity report: one entry per part that ran.
 #[derive(serde::Serialize)]
 struct FidelityReport {
-    locomo_own_scope: Option<bench::Fidelity>,
-    locomo_pooled_scope: Option<bench::Fidelity>,
+    locomo_own_scope: Option<measure::Fidelity>,
+    locomo_pooled_scope: Option<measure::Fidelity>,
     synthetic: Option<SyntheticFidelity>,
 }
 
@@ -667,12 +668,12 @@ struct SyntheticFidelity {
     rows: usize,
     users: usize,
     #[serde(flatten)]
-    fidelity: bench::Fidelity,
+    fidelity: measure::Fidelity,
 }
 
 fn bench_fidelity(
     locomo: Option<&Path>,
-    settings: bench::ScanSettings,
+    settings: measure::ScanSettings,
     data: Option<PathBuf>,
     json: bool,
     dictionary: &DictionaryArgs,
@@ -722,8 +723,8 @@ fn bench_fidelity(
             "bench fidelity: {} LoCoMo questions, own and pooled scope",
             own.len()
         );
-        report.locomo_own_scope = Some(bench::fidelity(dictionary, &arena, &kernels, &own));
-        report.locomo_pooled_scope = Some(bench::fidelity(dictionary, &arena, &kernels, &pooled));
+        report.locomo_own_scope = Some(measure::fidelity(dictionary, &arena, &kernels, &own));
+        report.locomo_pooled_scope = Some(measure::fidelity(dictionary, &arena, &kernels, &pooled));
     }
     if settings.rows > 0 {
         anyhow::ensure!(settings.users > 0, "--users must be at least 1");
@@ -739,20 +740,20 @@ fn bench_fidelity(
             settings.queries
         );
         let asked: Vec<(Vec<UserId>, String)> =
-            bench::synthetic_queries(settings.queries, settings.users)
+            measure::synthetic_queries(settings.queries, settings.users)
                 .into_iter()
                 .map(|(user, text)| (vec![user], text))
                 .collect();
         report.synthetic = Some(SyntheticFidelity {
             rows: arena.rows(),
             users: settings.users,
-            fidelity: bench::fidelity(&generation.memory.dictionary, &arena, &kernels, &asked),
+            fidelity: measure::fidelity(&generation.memory.dictionary, &arena, &kernels, &asked),
         });
     }
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        let line = |name: &str, f: &bench::Fidelity| {
+        let line = |name: &str, f: &measure::Fidelity| {
             let [eighth, quarter, half] = f.agree_shallower;
             println!(
                 "  {name}: {} of {} top-10 sets equal brute force's = {:.4} \
@@ -778,7 +779,7 @@ fn bench_fidelity(
 }
 
 fn bench_scan(
-    settings: bench::ScanSettings,
+    settings: measure::ScanSettings,
     data: Option<PathBuf>,
     json: bool,
     during_rederive: bool,
@@ -804,7 +805,7 @@ fn bench_scan(
                 .map(|state| (state.done - before, state.version, started.elapsed()))
         })
     });
-    let report = bench::scan(&memory, &kernels, settings)?;
+    let report = measure::scan(&memory, &kernels, settings)?;
     if let Some(thread) = rederiving {
         let during = done(&memory.store)? - done_before;
         let (rows, version, elapsed) = thread.join().expect("the re-derivation thread")?;

@@ -5,7 +5,7 @@
 //! lexical terms with counts. It needs only what the row stores and the dictionary, so every
 //! retrieval row can be re-derived from the store at any time. The speaker's name is part of
 //! the representation because questions name who said what ("When did Caroline ...?"); on
-//! LoCoMo it is worth 8 points of BM25 recall@10 (`docs/benchmarks.md`).
+//! LoCoMo it is worth 8 points of BM25 recall@10 (`docs/journal/benchmarks.md`).
 //!
 //! [`embed`] turns a retrieval row into its dense [`Embedding`] under the shared frequency
 //! statistic *at score time*: a SIF-weighted mean of the tokens' table vectors. Because the

@@ -82,7 +82,7 @@ pub struct LexicalSpec {
 
 /// Folded words a thread keeps the term of ([`LexicalSpec::terms`]) before it starts over: a
 /// language's common words are most of any text, and stemming each anew was a tenth of
-/// capture's time (`docs/benchmarks.md`). A few megabytes a thread at most.
+/// capture's time (`docs/journal/benchmarks.md`). A few megabytes a thread at most.
 const TERM_CACHE_WORDS: usize = 16_384;
 
 thread_local! {

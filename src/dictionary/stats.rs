@@ -50,7 +50,7 @@ pub const DENSE_TOKENS: usize = 1 << 20;
 pub struct FrequencyTable {
     /// Occurrences by token id below [`DENSE_TOKENS`]: a tokenizer's ids are dense, and the
     /// exact rescore weighs every token of every row it embeds by its count, so an index beats
-    /// a hash lookup (`docs/benchmarks.md`). Ids past the end count zero.
+    /// a hash lookup (`docs/journal/benchmarks.md`). Ids past the end count zero.
     tokens: Vec<u64>,
     /// Occurrences of tokens with larger ids, which no bundled tokenizer has: a damaged count
     /// cannot make the dense table huge.

@@ -8,12 +8,12 @@
 //! headers; `docs/security.md` the trust model.
 
 pub mod admin;
-pub mod bench;
 mod deadline;
 pub mod harness;
 pub mod health;
 pub mod identity;
 pub mod inspector;
+pub mod load;
 pub mod metrics;
 pub mod prefix;
 pub mod provider;
@@ -888,7 +888,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         log: log.clone(),
     });
     if let (Some(base), Some(recalled)) = (tool_base, &turn) {
-        let turn = crate::tools::TurnState::new(
+        let turn = crate::memory_tools::TurnState::new(
             UserId::from_key(&identity.user_key),
             &identity.scope,
             Some(now_ms()),
@@ -905,9 +905,9 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             log,
             permit,
         };
-        return rounds::respond(tool_loop, upstream, report).await;
+        return rounds::answer_with_rounds(tool_loop, upstream, report).await;
     }
-    respond(
+    answer(
         upstream,
         report,
         provider,
@@ -1385,7 +1385,7 @@ fn acknowledge(headers: &mut HeaderMap, what: &str) {
 
 /// The upstream's answer, passed to the client: streamed event by event (and read for its text
 /// on the way), or read whole. Headers from the pipeline are added.
-async fn respond(
+async fn answer(
     upstream: Response<Incoming>,
     report: HeaderMap,
     provider: Provider,
@@ -1527,7 +1527,7 @@ async fn pass_through(req: Request<Incoming>, state: Arc<State>) -> Response<Bod
     };
     match forward(&state, provider, &parts, bytes).await {
         Ok(upstream) => {
-            respond(
+            answer(
                 upstream,
                 HeaderMap::new(),
                 provider,

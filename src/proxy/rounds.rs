@@ -32,8 +32,8 @@ use hyper::{Response, StatusCode};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
+use crate::memory_tools::{self, Call, TurnState};
 use crate::recall::reheat_returned;
-use crate::tools::{self, Call, TurnState};
 use crate::types::UserId;
 
 use super::provider::Failure;
@@ -59,7 +59,7 @@ pub fn supports(format: Format) -> bool {
 }
 
 /// A tool as `format` declares it.
-fn declared(format: Format, spec: &tools::Spec) -> Value {
+fn declared(format: Format, spec: &memory_tools::Spec) -> Value {
     match format {
         Format::Messages => json!({
             "name": spec.name,
@@ -90,7 +90,7 @@ fn declared(format: Format, spec: &tools::Spec) -> Value {
 
 /// Whether an entry of a body's `tools` is one of ours (Gemini: the entry declaring ours).
 fn is_ours(format: Format, tool: &Value) -> bool {
-    let named = |name: &Value| name.as_str().is_some_and(tools::is_memory_tool);
+    let named = |name: &Value| name.as_str().is_some_and(memory_tools::is_memory_tool);
     match format {
         Format::Messages | Format::Responses => named(&tool["name"]),
         Format::Chat => named(&tool["function"]["name"]),
@@ -103,7 +103,10 @@ fn is_ours(format: Format, tool: &Value) -> bool {
 /// Add the memory tools after the harness's own tools (Gemini: one more `functionDeclarations`
 /// entry).
 pub fn offer(format: Format, body: &mut Map<String, Value>) {
-    let declared: Vec<Value> = tools::specs().iter().map(|s| declared(format, s)).collect();
+    let declared: Vec<Value> = memory_tools::specs()
+        .iter()
+        .map(|s| declared(format, s))
+        .collect();
     let added = match format {
         Format::Gemini => vec![json!({"functionDeclarations": declared})],
         Format::Chat | Format::Responses | Format::Messages => declared,
@@ -460,7 +463,7 @@ impl Splice {
             return *slot;
         }
         let slot = match call {
-            Some((name, id)) if self.intercept && tools::is_memory_tool(name) => {
+            Some((name, id)) if self.intercept && memory_tools::is_memory_tool(name) => {
                 self.ours_at.insert(at, self.ours.len());
                 self.ours.push(Pending {
                     id: id.to_owned(),
@@ -642,7 +645,7 @@ impl Splice {
             for part in std::mem::take(parts) {
                 if let Some(call) = part.get("functionCall") {
                     let name = call["name"].as_str().unwrap_or("");
-                    if self.intercept && tools::is_memory_tool(name) {
+                    if self.intercept && memory_tools::is_memory_tool(name) {
                         self.ours.push(Pending {
                             id: call["id"].as_str().unwrap_or("").to_owned(),
                             name: name.to_owned(),
@@ -1075,7 +1078,7 @@ impl Splice {
                         .filter(|p| {
                             !p["functionCall"]["name"]
                                 .as_str()
-                                .is_some_and(tools::is_memory_tool)
+                                .is_some_and(memory_tools::is_memory_tool)
                         })
                         .cloned(),
                 );
@@ -1093,7 +1096,7 @@ impl Splice {
                         .flatten()
                         .filter(|b| {
                             !(b["type"] == "tool_use"
-                                && b["name"].as_str().is_some_and(tools::is_memory_tool))
+                                && b["name"].as_str().is_some_and(memory_tools::is_memory_tool))
                         })
                         .cloned(),
                 );
@@ -1111,7 +1114,9 @@ impl Splice {
                         .flatten()
                         .filter(|item| {
                             !(item["type"] == "function_call"
-                                && item["name"].as_str().is_some_and(tools::is_memory_tool))
+                                && item["name"]
+                                    .as_str()
+                                    .is_some_and(memory_tools::is_memory_tool))
                         })
                         .cloned(),
                 );
@@ -1130,7 +1135,7 @@ impl Splice {
                     calls.retain(|c| {
                         !c["function"]["name"]
                             .as_str()
-                            .is_some_and(tools::is_memory_tool)
+                            .is_some_and(memory_tools::is_memory_tool)
                     });
                     if calls.is_empty()
                         && let Some(message) = message.as_object_mut()
@@ -1360,7 +1365,7 @@ async fn next_round(lp: &Loop, rounds: &[Round]) -> Result<Response<Incoming>, R
 
 /// The upstream's first answer to a request that carries the memory tools, passed to the client
 /// with the tool rounds spliced in; `report` adds the pipeline's headers.
-pub(super) async fn respond(
+pub(super) async fn answer_with_rounds(
     lp: Loop,
     upstream: Response<Incoming>,
     report: HeaderMap,
@@ -1375,7 +1380,7 @@ pub(super) async fn respond(
             ..
         } = lp;
         let config: &ProxyConfig = &state.config;
-        return super::respond(
+        return super::answer(
             upstream,
             report,
             format.provider(),
@@ -1663,7 +1668,7 @@ mod tests {
         for format in [Format::Chat, Format::Messages] {
             let harness = declared(
                 format,
-                &tools::Spec {
+                &memory_tools::Spec {
                     name: "weather",
                     description: "",
                     parameters: json!({"type": "object"}),

@@ -58,7 +58,7 @@ impl Hit {
 /// The first waits until one worker has kept k hits; the second rises once every worker has
 /// seen a few times `k / parts` rows. Where k is a large part of each worker's rows (a first
 /// pass at a million rows keeps 16,000, a sixteenth of the rows is 62,500), the first leaves
-/// most rows offered and merged, the second few (`docs/benchmarks.md`). A hit scoring exactly
+/// most rows offered and merged, the second few (`docs/journal/benchmarks.md`). A hit scoring exactly
 /// the floor may still win a tie on row id, and is kept.
 #[derive(Debug)]
 pub struct SharedFloor {
@@ -267,7 +267,7 @@ impl TopK {
 /// Sort `hits` by row id, least significant byte first over the bytes in which their ids
 /// differ from the least of them (three passes over the ids of a million-row scope): the
 /// first pass's 16,000 candidates sort in a fraction of what a comparison sort takes (half of
-/// the merge of sixteen workers' lists; `docs/benchmarks.md`).
+/// the merge of sixteen workers' lists; `docs/journal/benchmarks.md`).
 fn sort_by_row(hits: &mut Vec<Hit>) {
     let Some(least) = hits.iter().map(|h| h.row.0).min() else {
         return;
@@ -310,7 +310,7 @@ fn sort_by_row(hits: &mut Vec<Hit>) {
 /// One list per worker rather than per rayon task: rayon splits a scan into tens of tasks, and
 /// with k in the thousands each task's list grew from empty, kept no floor of its own until it
 /// held 2k hits, and cost a k-sized merge (a million rows in one scope, two threads: query p50
-/// 0.87x with one list per worker; `docs/benchmarks.md`). `score_block` must not wait on rayon
+/// 0.87x with one list per worker; `docs/journal/benchmarks.md`). `score_block` must not wait on rayon
 /// work (its worker's list is locked while it runs).
 pub fn parallel_top_k<F>(blocks: usize, k: usize, score_block: F) -> TopK
 where

@@ -223,7 +223,7 @@ impl Store {
     /// Add count deltas to the batch as merge operands of family `cf` (`Counts` or
     /// `DarkCounts`), in key order: the memtable then inserts each next to the one before
     /// instead of searching from its top (a bulk ingest ran 1.15 times as fast as in hash
-    /// order, `docs/benchmarks.md`).
+    /// order, `docs/journal/benchmarks.md`).
     pub(super) fn merge_counts(&self, batch: &mut WriteBatch, cf: Cf, deltas: &Deltas) {
         let counts_cf = self.cf(cf);
         let mut tokens: Vec<(&TokenId, &i64)> = deltas.tokens.iter().collect();

@@ -29,14 +29,14 @@
 //!   features at start-up. The lookups replaced a bit-plane popcount kernel
 //!   (VPOPCNTDQ, 27 popcounts per code word of eight rows, its cost linear in the weights'
 //!   bits), then a byte-major `VPSHUFB` kernel with 16-bit entries, which did twice the
-//!   lookups and four blends and shifts per code line (`docs/benchmarks.md`). A VNNI int8 dot
+//!   lookups and four blends and shifts per code line (`docs/journal/benchmarks.md`). A VNNI int8 dot
 //!   over the rows' 256-byte vectors was measured and did not pay: out of cache it ran at
-//!   0.87-0.96x the `wide` kernel (`docs/benchmarks.md`), so there is none.
+//!   0.87-0.96x the `wide` kernel (`docs/journal/benchmarks.md`), so there is none.
 //! - `avx2`: `core::arch` AVX2 for the 2-bit sum on CPUs without AVX-512: 32 rows' chunks
 //!   regrouped by shuffles and unpacks so that a register holds one byte place of 32 rows,
 //!   one `VPSHUFB` lookup a nibble, summed in 16 bits by `VPMADDUBSW` (`Isa::Avx2`; it replaced
 //!   a form that looked up each nibble in all four places' tables, a quarter of each lookup
-//!   useful, 1.66-1.86x slower: `docs/benchmarks.md`); and for the signature weights on CPUs
+//!   useful, 1.66-1.86x slower: `docs/journal/benchmarks.md`); and for the signature weights on CPUs
 //!   without AVX-512 VL, a 64-bit bit test per row and an add of the weight masked by it; each
 //!   chosen after runtime detection.
 //!
@@ -240,7 +240,7 @@ pub fn prefetch<T>(p: *const T) {
 
 /// [`prefetch`] into the second-level cache only (`PREFETCHT2`): for lines needed a step after
 /// the next, which then come from the L2 when [`prefetch`] asks for them, so the first-level
-/// cache's few outstanding misses are held for a shorter time (`docs/benchmarks.md`, "Stage
+/// cache's few outstanding misses are held for a shorter time (`docs/journal/benchmarks.md`, "Stage
 /// one loads two sketches ahead").
 #[inline]
 pub fn prefetch_l2<T>(p: *const T) {

@@ -1,6 +1,6 @@
 //! Benchmarks that print figures (`perpetuity bench ...`): seeded synthetic input, the memory
 //! bandwidth reference, the scan benchmark and the fidelity check. Figures go to
-//! `docs/benchmarks.md`.
+//! `docs/journal/benchmarks.md`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
