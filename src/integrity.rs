@@ -214,7 +214,7 @@ fn check_dark(store: &Store, tokenizer: &Tokenizer, report: &mut Report) -> Resu
             Some(bytes) => match RetrievalRow::decode(&bytes) {
                 Err(e) => report.violation("retrieval row decodes", cf, &key, e.to_string()),
                 Ok(retrieval) => {
-                    recount.add(&retrieval);
+                    retrieval.count_into(&mut recount);
                     if retrieval != derive(&dictionary, tokenizer, row.name.as_deref(), &row.tokens)
                     {
                         report.violation(
@@ -264,7 +264,7 @@ fn check_row(
         Some(bytes) => match RetrievalRow::decode(&bytes) {
             Err(e) => report.violation("retrieval row decodes", Cf::Retrieval, &key, e.to_string()),
             Ok(retrieval) => {
-                recount.add(&retrieval);
+                retrieval.count_into(recount);
                 if retrieval.dictionary_version != dictionary.version() {
                     report.violation(
                         "retrieval row of the serving version",

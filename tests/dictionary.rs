@@ -235,7 +235,7 @@ proptest! {
         prop_assert_eq!(row.tokens.iter().map(|&(_, c)| c as usize).sum::<usize>(), row.token_len as usize);
 
         let mut stats = FrequencyTable::default();
-        stats.add(&row);
+        row.count_into(&mut stats);
         let e = embed(dict, &stats, &row);
         prop_assert_eq!(e.unit.len(), dict.dims());
         let norm: f32 = e.unit.iter().map(|x| x * x).sum::<f32>().sqrt();

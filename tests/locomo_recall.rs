@@ -141,7 +141,7 @@ fn locomo_recall_of_the_shipped_dictionary() {
         })
         .collect();
     let mut stats = FrequencyTable::default();
-    rows.iter().for_each(|r| stats.add(r));
+    rows.iter().for_each(|r| r.count_into(&mut stats));
     let embeddings: Vec<Embedding> = rows.iter().map(|r| embed(dict, &stats, r)).collect();
     let mean_len = mean_row_len(&stats);
     let bm25 = Bm25::STANDARD;

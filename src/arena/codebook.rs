@@ -9,7 +9,7 @@
 use bytemuck::{Pod, Zeroable};
 use rayon::prelude::*;
 
-use super::page::{DIMS, Page, Sketch, WORDS};
+use super::page::{DIMS, Page, RowCode, Sketch, WORDS};
 
 /// Histogram bins per dimension for the median of `|d_i|`: the median is found to within
 /// 1/4,096 of the dimension's largest `|d_i|`, far below the spread the code has to split.
@@ -41,14 +41,6 @@ pub struct Codebook {
 
 const _: () = assert!(std::mem::size_of::<Codebook>() == 4160);
 const _: () = assert!(std::mem::size_of::<Codebook>().is_multiple_of(64));
-
-/// One row's 2-bit code.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RowCode {
-    pub signs: [u64; WORDS],
-    pub magnitudes: [u64; WORDS],
-    pub alpha: f32,
-}
 
 /// The held rows' vectors, each as int8 values and a scale, in page order.
 fn rows<'a>(pages: &[&'a Page]) -> impl Iterator<Item = (&'a [i8], f32)> {

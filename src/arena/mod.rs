@@ -752,7 +752,7 @@ impl Arena {
         while let Some(batch) = next.take() {
             for (row, retrieval) in &batch.rows {
                 if row.id >= self.counted_below {
-                    self.stats.add(retrieval);
+                    retrieval.count_into(&mut self.stats);
                     self.counted_below = RowId(row.id.0 + 1);
                 }
             }

@@ -3,7 +3,6 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::codebook::RowCode;
 use crate::scan::kernels::{BLOCK_ROWS, LUT_ROWS, code_offset};
 #[cfg(doc)]
 use crate::scan::kernels::{prefetch, prefetch_l2};
@@ -17,6 +16,15 @@ pub const DIMS: usize = 256;
 pub const WORDS: usize = DIMS / 64;
 /// Bytes per row of the 2-bit code: a nibble per pair of dimensions.
 pub const CODE_BYTES: usize = DIMS / 4;
+
+/// One row's 2-bit code under a codebook ([`super::codebook::Codebook::encode`]): its sign and
+/// magnitude bits and its scale α.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowCode {
+    pub signs: [u64; WORDS],
+    pub magnitudes: [u64; WORDS],
+    pub alpha: f32,
+}
 
 const _: () = assert!(
     PAGE_ROWS == LUT_ROWS,

@@ -13,7 +13,8 @@
 //! embedding also yields the compact codes the scan's first pass uses (int8 with a scale, and
 //! one sign bit per dimension).
 
-use super::{Dictionary, stats::FrequencyStats};
+use super::Dictionary;
+use super::stats::{FrequencyStats, FrequencyTable};
 use crate::codec::{CodecError, Put as _, Reader};
 use crate::tokens::Tokenizer;
 use crate::types::{TermId, TokenId};
@@ -185,6 +186,16 @@ impl RetrievalRow {
     /// Sum of the term counts: the row's length for BM25.
     pub fn term_len(&self) -> u64 {
         self.terms.iter().map(|&(_, c)| u64::from(c)).sum()
+    }
+
+    /// Count this row into `table`.
+    pub fn count_into(&self, table: &mut FrequencyTable) {
+        table.add_row(
+            &self.tokens,
+            self.terms.iter().map(|&(term, _)| term),
+            u64::from(self.token_len),
+            self.term_len(),
+        );
     }
 
     /// The row's stored bytes (little-endian; grammar in `docs/format.md`):

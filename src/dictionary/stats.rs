@@ -8,8 +8,6 @@ use std::collections::HashMap;
 
 use crate::types::{TermId, TokenId};
 
-use super::derive::RetrievalRow;
-
 /// Read access to corpus-wide counts.
 pub trait FrequencyStats {
     /// Occurrences of `token` across every stored row.
@@ -62,16 +60,23 @@ pub struct FrequencyTable {
 }
 
 impl FrequencyTable {
-    /// Count one row in.
-    pub fn add(&mut self, row: &RetrievalRow) {
-        for &(token, count) in &row.tokens {
+    /// Count one row in: its tokens with their counts, its distinct terms, and its lengths in
+    /// tokens and in terms ([`crate::dictionary::derive::RetrievalRow::count_into`]).
+    pub fn add_row(
+        &mut self,
+        tokens: &[(TokenId, u32)],
+        terms: impl IntoIterator<Item = TermId>,
+        token_len: u64,
+        term_len: u64,
+    ) {
+        for &(token, count) in tokens {
             *self.token_slot(token) += u64::from(count);
         }
-        for &(term, _) in &row.terms {
+        for term in terms {
             *self.terms.entry(term).or_default() += 1;
         }
-        self.total_tokens += u64::from(row.token_len);
-        self.total_terms += row.term_len();
+        self.total_tokens += token_len;
+        self.total_terms += term_len;
         self.rows += 1;
     }
 
