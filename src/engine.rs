@@ -263,8 +263,16 @@ impl Engine {
     /// sub-users' too), then rebuild the arena without it; writes are held back meanwhile. A
     /// dark arena built before the purge holds the user's rows: it is dropped where it is not
     /// being built (one being built records the purge count it started at, and the flip
-    /// rebuilds it when that count has moved). Returns what was removed.
-    pub fn purge(&self, user: UserId, sub_users: bool) -> Result<Purged, Error> {
+    /// rebuilds it when that count has moved). `forget` is handed every purged user once the
+    /// store has removed them, with writes still held back: what the caller keeps of them
+    /// besides the memory (a cached frame, a log) goes before any request can read it again.
+    /// Returns what was removed.
+    pub fn purge(
+        &self,
+        user: UserId,
+        sub_users: bool,
+        forget: impl FnOnce(&[UserId]),
+    ) -> Result<Purged, Error> {
         let _quiet = self.quiet();
         let generation = self.generation();
         let memory = &generation.memory;
@@ -276,6 +284,7 @@ impl Engine {
                 sub_users: Vec::new(),
             }
         };
+        forget(&[&removed.sub_users[..], &[user]].concat());
         if let Some(mut dark) = self.dark_arena.try_lock() {
             *dark = None;
         }

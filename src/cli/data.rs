@@ -300,7 +300,7 @@ pub fn purge(
     data.existing()?;
     let (engine, _, _) = Engine::open(dictionary.open(&data)?, Kernels::detect(false))?;
     let started = Instant::now();
-    let purged = engine.purge(UserId::from_key(&user), all_subusers)?;
+    let purged = engine.purge(UserId::from_key(&user), all_subusers, |_| {})?;
     println!(
         "purged user {user:?} and {} sub-users: {} rows removed, compacted in {:.2?}",
         purged.sub_users.len(),

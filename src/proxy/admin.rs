@@ -185,22 +185,20 @@ pub fn is_admin(state: &State, headers: &HeaderMap) -> bool {
 
 /// `POST /admin/purge?user=KEY`: remove a user's memory ([`crate::engine::Engine::purge`]);
 /// with `sub_users` (`?credential_user=KEY`, KEY a credential's own user) its sub-users' too.
-/// The turns' frames and the inspector's log forget every purged user. Returns what was
-/// removed.
+/// The turns' frames and the inspector's log forget every purged user before writes resume.
+/// Returns what was removed.
 pub fn purge(
     state: &State,
     user_key: &str,
     sub_users: bool,
 ) -> Result<Purged, crate::error::Error> {
     let user = UserId::from_key(user_key);
-    let removed = state.engine.purge(user, sub_users)?;
-    for &purged in removed.sub_users.iter().chain([&user]) {
-        state.turns.forget(purged);
-    }
-    state
-        .recent
-        .forget_users(&[&removed.sub_users[..], &[user]].concat());
-    Ok(removed)
+    state.engine.purge(user, sub_users, |purged| {
+        for &user in purged {
+            state.turns.forget(user);
+        }
+        state.recent.forget_users(purged);
+    })
 }
 
 /// `GET /admin/dictionary`: the data directory's dictionary versions and their states.
