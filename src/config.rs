@@ -206,8 +206,6 @@ impl FileConfig {
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == Some(0)) {
             return Err(format!("{name} must be above 0"));
         }
-        crate::proxy::identity::Groups::new(self.groups.clone())
-            .map_err(|e| format!("groups: {e}"))?;
         if let Some(floor) = self.recall.warm_floor
             && !(0.0..=1.0).contains(&floor)
         {
@@ -288,8 +286,7 @@ mod tests {
         )
         .unwrap();
         file.check().unwrap();
-        let mut proxy = ProxyConfig::default();
-        proxy.overlay(&file).unwrap();
+        let proxy = ProxyConfig::from_file(&file).unwrap();
         assert_eq!(file.listen, Some("127.0.0.1:9000".parse().unwrap()));
         assert_eq!(file.max_concurrent, Some(64));
         assert_eq!(file.uncompressed, Some(true));
@@ -349,8 +346,7 @@ mod tests {
     #[test]
     fn an_empty_file_changes_nothing() {
         let file: FileConfig = toml::from_str("").unwrap();
-        let mut proxy = ProxyConfig::default();
-        proxy.overlay(&file).unwrap();
+        let proxy = ProxyConfig::from_file(&file).unwrap();
         let default = ProxyConfig::default();
         assert_eq!(proxy.openai, default.openai);
         assert_eq!(proxy.body_limit, default.body_limit);
@@ -363,7 +359,7 @@ mod tests {
             toml::from_str::<FileConfig>(text)
                 .map_err(|e| e.to_string())
                 .and_then(|file| file.check().map(|()| file))
-                .and_then(|file| ProxyConfig::default().overlay(&file))
+                .and_then(|file| ProxyConfig::from_file(&file).map(drop))
                 .expect_err(text)
         };
         assert!(refused("lisen = \"127.0.0.1:1\"").contains("lisen"));

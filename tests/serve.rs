@@ -150,6 +150,34 @@ fn a_config_file_sets_what_the_command_line_leaves_open() {
 }
 
 #[test]
+fn the_environment_wins_over_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("perpetuity.toml");
+    std::fs::write(
+        &config,
+        "data = \"from-file-data\"\ndictionaries = \"no-such-dictionaries\"\n",
+    )
+    .unwrap();
+    // The environment's data directory and dictionaries folder win over the file's; the file's
+    // folder does not exist, so the server comes up only if the environment's is the one read.
+    let (_server, health) = Server::start(|command| {
+        command
+            .arg("--config")
+            .arg(&config)
+            .current_dir(dir.path())
+            .env("PERPETUITY_DATA", "from-env-data")
+            .env(
+                "PERPETUITY_DICTIONARIES",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/dictionaries"),
+            )
+            .env("RUST_LOG", "warn");
+    });
+    assert_eq!(health.status, 200, "{}", health.text());
+    assert!(dir.path().join("from-env-data/CURRENT").is_file());
+    assert!(!dir.path().join("from-file-data").exists());
+}
+
+#[test]
 fn a_bad_config_file_stops_serve_with_the_key_named() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("perpetuity.toml");

@@ -674,10 +674,35 @@ class FitResult:
     report: dict
 
 
+WEIGHTINGS = ("counts", "prior")
+
+
+def weighting(name: str, counts: np.ndarray, total: int) -> np.ndarray:
+    """SIF weights as the server derives them from a store's statistic: `counts` is a store whose statistic
+    is the corpus's own o200k counts, `prior` a store with no statistic yet (the Zipf prior alone)."""
+    if name == "counts":
+        return sif_weights(counts, total)
+    return sif_weights(np.zeros_like(counts), 0)
+
+
+@dataclass
+class Weighted:
+    """One weighting's design matrix and the norms of the distilled table's sums under it."""
+
+    name: str
+    design: sparse.csr_matrix
+    norms0: np.ndarray
+
+    def cosines(self, rows: np.ndarray, table: np.ndarray, targets: np.ndarray) -> float:
+        """Mean cosine of these sentences' students and targets."""
+        return mean_cosine(self.design[rows], table, targets[rows])
+
+
 def fit(args: argparse.Namespace, corpus: Corpus, token_lists: list[list[int]], targets: np.ndarray,
         native: np.ndarray, usable: np.ndarray, table_ids: np.ndarray, values0: np.ndarray,
         scales0: np.ndarray) -> FitResult:
-    """Ridge-fit the table on the training slice; choose lambda (and blend) on the held-out slice."""
+    """Ridge-fit the table on the training slice under every weighting at once (their rows stacked);
+    choose lambda (and blend) by the mean held-out cosine over the weightings."""
     rows = len(table_ids)
     row_of = np.full(bd.VOCAB_SIZE, -1, dtype=np.int64)
     row_of[table_ids.astype(np.int64)] = np.arange(rows)
@@ -685,45 +710,57 @@ def fit(args: argparse.Namespace, corpus: Corpus, token_lists: list[list[int]], 
     for ids in token_lists:
         np.add.at(counts, np.asarray(ids, dtype=np.int64), 1.0)
     total = int(counts.sum())
-    weights = sif_weights(counts, total)
-    log(f"SIF weights from the corpus's own counts: {total:,} o200k tokens, {int((counts > 0).sum()):,} distinct")
+    log(f"corpus o200k counts: {total:,} tokens, {int((counts > 0).sum()):,} distinct; weightings "
+        + ", ".join(args.weightings))
 
-    design = design_matrix(token_lists, row_of, weights, rows)
     table0 = dequantised(values0, scales0)
-    prediction0 = design @ table0
-    norms0 = np.linalg.norm(prediction0, axis=1)
-    usable = usable & (norms0 > 0)
+    weighted = []
+    for name in args.weightings:
+        design = design_matrix(token_lists, row_of, weighting(name, counts, total), rows)
+        weighted.append(Weighted(name, design, np.linalg.norm(design @ table0, axis=1)))
+    for each in weighted:
+        usable = usable & (each.norms0 > 0)
     train = np.flatnonzero(usable & ~corpus.held_out)
     held = np.flatnonzero(usable & corpus.held_out)
     unit_targets = unit_rows(targets)
-    design_train = sparse.diags(1.0 / norms0[train]) @ design[train]
+    design_train = sparse.vstack([sparse.diags(1.0 / each.norms0[train]) @ each.design[train] for each in weighted])
+    stacked_targets = np.concatenate([unit_targets[train]] * len(weighted))
     active = np.flatnonzero(np.asarray((design_train != 0).sum(axis=0)).ravel() > 0)
     design_active = design_train[:, active].tocsr()
     log(f"fit: {len(train):,} training and {len(held):,} held-out sentences, {len(active):,} of {rows:,} "
-        f"table rows occur in training, {design_active.nnz:,} non-zeros")
+        f"table rows occur in training, {design_active.nnz:,} non-zeros over {len(weighted)} weighting(s)")
 
     table0_active = table0[active]
-    rhs = design_active.T @ (unit_targets[train] - design_active @ table0_active)
+    rhs = design_active.T @ (stacked_targets - design_active @ table0_active)
     diagonal = np.asarray(design_active.multiply(design_active).sum(axis=0)).ravel()
     median_diagonal = float(np.median(diagonal))
-    held_design, held_targets = design[held], unit_targets[held]
-    train_design, train_targets = design[train], unit_targets[train]
     generator = np.random.default_rng(0)
     first, second = generator.integers(0, len(held), PAIRS), generator.integers(0, len(held), PAIRS)
     different = first != second
     native_held = unit_rows(native[held])
     pairs = Pairs(first[different], second[different],
                   np.sum(native_held[first[different]] * native_held[second[different]], axis=1))
+    held_targets = unit_targets[held]
     target_pairs = np.sum(held_targets[pairs.first] * held_targets[pairs.second], axis=1)
     constant = float(np.linalg.norm(held_targets.mean(axis=0)))
-    baseline = {"held_out_cosine": mean_cosine(held_design, table0, held_targets),
-                "train_cosine": mean_cosine(train_design, table0, train_targets),
-                "held_out_pair_correlation": pairs.correlation(held_design, table0)}
+
+    def scores(table: np.ndarray) -> dict:
+        by = {each.name: {"held_out_cosine": each.cosines(held, table, unit_targets),
+                          "train_cosine": each.cosines(train, table, unit_targets),
+                          "held_out_pair_correlation": pairs.correlation(each.design[held], table)}
+              for each in weighted}
+        return {"held_out_cosine": float(np.mean([v["held_out_cosine"] for v in by.values()])), "by_weighting": by}
+
+    def described(score: dict) -> str:
+        return "; ".join(f"{name}: held-out cosine {v['held_out_cosine']:.4f}, train cosine {v['train_cosine']:.4f}, "
+                         f"pair correlation {v['held_out_pair_correlation']:.4f}"
+                         for name, v in score["by_weighting"].items())
+
+    baseline = scores(table0)
     log(f"targets ({args.target_centre} centring): a constant predictor reaches held-out cosine {constant:.4f}; "
         f"their pair cosines correlate {float(np.corrcoef(target_pairs, pairs.teacher)[0, 1]):.4f} with the "
         f"teacher's own ({len(pairs.first):,} held-out pairs)")
-    log(f"distilled table ({args.table_from}): held-out cosine {baseline['held_out_cosine']:.4f}, "
-        f"train cosine {baseline['train_cosine']:.4f}, pair correlation {baseline['held_out_pair_correlation']:.4f}")
+    log(f"distilled table ({args.table_from}): {described(baseline)}")
 
     def quantised_table(delta: np.ndarray, blend: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         values, scales = values0.copy(), scales0.copy()
@@ -739,25 +776,21 @@ def fit(args: argparse.Namespace, corpus: Corpus, token_lists: list[list[int]], 
         delta, iterations, residual = ridge_cg(design_active, rhs, lam, delta, args.cg_tolerance, args.cg_iterations)
         for blend in args.blends or [1.0]:
             values, scales, table = quantised_table(delta, blend)
-            result = {"lambda_relative": relative_lambda, "lambda": lam, "blend": blend,
-                      "held_out_cosine": mean_cosine(held_design, table, held_targets),
-                      "train_cosine": mean_cosine(train_design, table, train_targets),
-                      "held_out_pair_correlation": pairs.correlation(held_design, table),
+            result = {"lambda_relative": relative_lambda, "lambda": lam, "blend": blend, **scores(table),
                       "cg_iterations": iterations, "cg_relative_residual": residual,
                       "seconds": round(time.monotonic() - started, 1)}
             candidates.append(result)
-            log(f"  lambda={relative_lambda:g}×median diag ({lam:.3g}), blend {blend:g}: held-out cosine "
-                f"{result['held_out_cosine']:.4f}, train cosine {result['train_cosine']:.4f}, "
-                f"pair correlation {result['held_out_pair_correlation']:.4f}")
+            log(f"  lambda={relative_lambda:g}×median diag ({lam:.3g}), blend {blend:g}: {described(result)}")
             if best is None or result["held_out_cosine"] > best[0]["held_out_cosine"]:
                 best = (result, values, scales)
     chosen, values, scales = best
     report = {"distilled": baseline, "candidates": candidates, "chosen": chosen,
-              "target_centre": args.target_centre, "constant_predictor_held_out_cosine": constant,
+              "target_centre": args.target_centre, "weightings": list(args.weightings),
+              "constant_predictor_held_out_cosine": constant,
               "median_diagonal": median_diagonal, "train_sentences": len(train),
               "held_out_sentences": len(held), "trained_rows": len(active),
               "corpus_tokens": total, "design_nonzeros": int(design_active.nnz)}
-    log(f"chosen: lambda={chosen['lambda_relative']:g}×median diag, blend {chosen['blend']:g}, held-out cosine "
+    log(f"chosen: lambda={chosen['lambda_relative']:g}×median diag, blend {chosen['blend']:g}, mean held-out cosine "
         f"{chosen['held_out_cosine']:.4f} (distilled {baseline['held_out_cosine']:.4f})")
     return FitResult(values, scales, chosen["lambda"], chosen["blend"], len(active), report)
 
@@ -804,8 +837,10 @@ def write_output(args: argparse.Namespace, teacher: bd.Teacher, tiktoken_sha: st
         f"towards the distilled vectors, lambda {result.lam:.4g} ({chosen['lambda_relative']:g} × the median "
         f"diagonal of the normal equations), blend {result.blend:g}, chosen on a held-out {args.holdout:g} slice "
         f"(held-out mean cosine {chosen['held_out_cosine']:.4f}, distilled "
-        f"{result.report['distilled']['held_out_cosine']:.4f}). SIF weights during training: the corpus's own "
-        f"o200k counts. Corpus: {len(corpus.texts):,} deduplicated sentences (sha256 {corpus.sha256}) from the "
+        f"{result.report['distilled']['held_out_cosine']:.4f}, means over the weightings). SIF weights during "
+        f"training, rows stacked: {' and '.join(args.weightings)} (counts: the corpus's own o200k counts; prior: "
+        f"the Zipf prior alone). Corpus: {len(corpus.texts):,} deduplicated sentences (sha256 {corpus.sha256}) "
+        "from the "
         f"Debian 12 packages {packages} (licences in MODEL_LICENCE.md); scipy {scipy.__version__}. "
         "Rows absent from the training slice keep the distilled int8 values. " + source_document["provenance"]
     )
@@ -918,6 +953,15 @@ def train(args: argparse.Namespace) -> None:
     log(f"report: {report_path}; total {time.monotonic() - started:,.0f} s")
 
 
+def weightings_flag(value: str) -> tuple[str, ...]:
+    """`counts`, `prior` or `counts,prior`."""
+    names = tuple(value.split(","))
+    unknown = [name for name in names if name not in WEIGHTINGS]
+    if unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a comma-separated subset of {','.join(WEIGHTINGS)}")
+    return names
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line flags."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -936,6 +980,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "the distilled table was centred on)")
     parser.add_argument("--lambdas", default=DEFAULT_LAMBDAS,
                         help=f"ridge strengths tried, in units of the median normal-equation diagonal (default {DEFAULT_LAMBDAS})")
+    parser.add_argument("--weightings", type=weightings_flag, default=WEIGHTINGS,
+                        help="the SIF weightings a sentence is summed under during training, rows stacked: counts "
+                             "(a store whose statistic is the corpus's counts), prior (a store with no statistic "
+                             f"yet), or both (default {','.join(WEIGHTINGS)})")
     parser.add_argument("--blend", dest="blends", type=float, action="append", default=[],
                         help="try table = distilled + BLEND * (trained - distilled) instead of the trained table "
                              "(BLEND 1); repeatable, the best on the held-out slice is kept")

@@ -86,8 +86,19 @@ pub fn run() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let matches = Cli::command().get_matches();
+    // `serve --config FILE`: the file's values become the defaults of a second parse, so clap
+    // applies the one precedence rule (command line, environment, file, built-in default).
+    let (matches, file) = match serve::SettingsFile::read(&matches)? {
+        Some(file) => (
+            Cli::command()
+                .mut_subcommand("serve", |serve| file.defaults(serve))
+                .get_matches(),
+            Some(file),
+        ),
+        None => (matches, None),
+    };
     match Cli::from_arg_matches(&matches)?.command {
-        Command::Serve(args) => serve::run(args, &matches),
+        Command::Serve(args) => serve::run(args, file),
         Command::Ingest(args) => data::ingest(args),
         Command::Eval(args) => eval::eval(args),
         Command::Frame(args) => data::frame(args),
@@ -138,9 +149,8 @@ impl DataArgs {
 
 #[derive(clap::Args)]
 struct DictionaryArgs {
-    /// Folder holding dictionaries/<version>/ [default: $PERPETUITY_DICTIONARIES, else the
-    /// source tree's dictionaries/].
-    #[arg(long)]
+    /// Folder holding dictionaries/<version>/ [default: the source tree's dictionaries/].
+    #[arg(long, env = "PERPETUITY_DICTIONARIES")]
     dictionaries: Option<PathBuf>,
     /// Dictionary version of a new store [default: v3]; a store serves the version it
     /// records (set by `dict flip`), and another one given here is refused.

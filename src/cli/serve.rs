@@ -1,16 +1,16 @@
 //! `perpetuity serve`: the settings file laid under the command line and the environment, the
 //! engine opened, the proxy run until interrupted.
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use clap::ArgMatches;
-use clap::parser::ValueSource;
+use clap::{ArgMatches, Command};
 
-use perpetuity::config::{self, AdminToken, ServeConfig};
+use perpetuity::config::{self, AdminToken, FileConfig, ServeConfig};
 use perpetuity::engine::Engine;
 use perpetuity::memory::{self as data_dir, Memory};
 use perpetuity::proxy;
@@ -54,65 +54,106 @@ pub struct ServeArgs {
     pub dictionary: DictionaryArgs,
 }
 
+/// The settings file `serve` was given (`--config`, `PERPETUITY_CONFIG`), read and checked.
+pub struct SettingsFile {
+    path: PathBuf,
+    file: FileConfig,
+}
+
+impl SettingsFile {
+    /// The file named by `serve`'s matches; `None` for another command or without one.
+    pub fn read(matches: &ArgMatches) -> anyhow::Result<Option<Self>> {
+        let Some(path) = matches
+            .subcommand_matches("serve")
+            .and_then(|serve| serve.get_one::<PathBuf>("config"))
+        else {
+            return Ok(None);
+        };
+        let file = FileConfig::load(path)?;
+        Ok(Some(Self {
+            path: path.clone(),
+            file,
+        }))
+    }
+
+    /// `serve` with the file's values as its arguments' defaults: the command line and the
+    /// environment still win, the built-in default applies only where the file is silent too.
+    /// No default shows in `--help` (the admin token is one).
+    pub fn defaults(&self, serve: Command) -> Command {
+        let file = &self.file;
+        let text = |value: &dyn ToString| OsString::from(value.to_string());
+        let defaults: [(&str, Option<OsString>); 11] = [
+            ("listen", file.listen.as_ref().map(|v| text(v))),
+            (
+                "dir",
+                file.data.as_ref().map(|p| p.clone().into_os_string()),
+            ),
+            (
+                "dictionaries",
+                file.dictionaries
+                    .as_ref()
+                    .map(|p| p.clone().into_os_string()),
+            ),
+            (
+                "dictionary_version",
+                file.dictionary_version.as_ref().map(OsString::from),
+            ),
+            ("sync_writes", file.sync_writes.as_ref().map(|v| text(v))),
+            ("uncompressed", file.uncompressed.as_ref().map(|v| text(v))),
+            (
+                "scalar_kernels",
+                file.scalar_kernels.as_ref().map(|v| text(v)),
+            ),
+            (
+                "max_concurrent",
+                file.max_concurrent.as_ref().map(|v| text(v)),
+            ),
+            ("memory_tools", file.memory_tools.as_ref().map(|v| text(v))),
+            ("tool_rounds", file.tool_rounds.as_ref().map(|v| text(v))),
+            (
+                "admin_token",
+                file.admin_token
+                    .as_ref()
+                    .map(|t| OsString::from(t.reveal())),
+            ),
+        ];
+        defaults
+            .into_iter()
+            .filter_map(|(id, value)| Some((id, value?)))
+            .fold(serve, |serve, (id, value)| {
+                serve.mut_arg(id, |arg| arg.default_value(value).hide_default_value(true))
+            })
+    }
+
+    /// The proxy's settings from the file's sections (`[upstreams]`, `[limits]`, `[recall]`,
+    /// `[groups]`, `[inspector]`), which no flag sets: the file over the built-in defaults.
+    fn proxy_config(&self) -> anyhow::Result<proxy::ProxyConfig> {
+        proxy::ProxyConfig::from_file(&self.file)
+            .map_err(|e| anyhow::anyhow!("config file {}: {e}", self.path.display()))
+    }
+}
+
 pub fn run(
     ServeArgs {
-        mut listen,
-        mut scalar_kernels,
+        listen,
+        scalar_kernels,
         upstream,
-        mut admin_token,
-        mut max_concurrent,
-        mut memory_tools,
-        mut tool_rounds,
-        config,
-        mut data,
-        mut dictionary,
+        admin_token,
+        max_concurrent,
+        memory_tools,
+        tool_rounds,
+        config: _,
+        data,
+        dictionary,
     }: ServeArgs,
-    matches: &ArgMatches,
+    file: Option<SettingsFile>,
 ) -> anyhow::Result<()> {
     let descriptors = proxy::raise_descriptor_limit();
     tracing::info!(?descriptors, "open-descriptor limit");
-    let mut proxy_config = proxy::ProxyConfig::default();
-    if let Some(path) = config {
-        let file = config::FileConfig::load(&path)?;
-        let given = matches
-            .subcommand_matches("serve")
-            .expect("the serve command's own matches");
-        let given = |id: &str| given_explicitly(given, id);
-        overlay(&mut listen, file.listen, given("listen"));
-        overlay(
-            &mut max_concurrent,
-            file.max_concurrent,
-            given("max_concurrent"),
-        );
-        overlay(
-            &mut scalar_kernels,
-            file.scalar_kernels,
-            given("scalar_kernels"),
-        );
-        overlay(&mut data.dir, file.data.clone(), given("dir"));
-        overlay(
-            &mut data.sync_writes,
-            file.sync_writes,
-            given("sync_writes"),
-        );
-        overlay(
-            &mut data.uncompressed,
-            file.uncompressed,
-            given("uncompressed"),
-        );
-        overlay(
-            &mut dictionary.dictionary_version,
-            file.dictionary_version.clone().map(Some),
-            given("dictionary_version"),
-        );
-        dictionary.dictionaries = dictionary.dictionaries.or(file.dictionaries.clone());
-        overlay(&mut memory_tools, file.memory_tools, given("memory_tools"));
-        overlay(&mut tool_rounds, file.tool_rounds, given("tool_rounds"));
-        admin_token = admin_token.or(file.admin_token.clone());
-        proxy_config
-            .overlay(&file)
-            .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
-    }
+    let mut proxy_config = match &file {
+        Some(file) => file.proxy_config()?,
+        None => proxy::ProxyConfig::default(),
+    };
     let kernels = Kernels::detect(scalar_kernels);
     tracing::info!(kernels = %kernels.describe(), forced_scalar = scalar_kernels, "scan kernels chosen");
     let config = ServeConfig {
@@ -124,6 +165,7 @@ pub fn run(
     proxy_config.max_concurrent = max_concurrent;
     proxy_config.tools = memory_tools;
     proxy_config.tool_rounds = tool_rounds;
+    // `--upstream` names single providers: it replaces the file's URL for those alone.
     for (provider, url) in upstream {
         proxy_config.set_upstream(provider, url);
     }
@@ -141,22 +183,6 @@ fn parse_upstream(text: &str) -> Result<(perpetuity::proxy::provider::Provider, 
     let url = url.trim();
     config::check_upstream_url(url)?;
     Ok((provider, url.to_owned()))
-}
-
-/// Whether argument `id` was given on the command line or by the environment (not left at its
-/// default), so it wins over the config file.
-fn given_explicitly(matches: &ArgMatches, id: &str) -> bool {
-    matches!(
-        matches.value_source(id),
-        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-    )
-}
-
-/// Take the config file's `value` for `target` unless the argument was `given` explicitly.
-fn overlay<T>(target: &mut T, value: Option<T>, given: bool) {
-    if let (Some(value), false) = (value, given) {
-        *target = value;
-    }
 }
 
 fn serve(

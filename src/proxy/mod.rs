@@ -138,63 +138,68 @@ impl ProxyConfig {
         }
     }
 
-    /// Lay a config file's `[upstreams]`, `[limits]` and `[recall]` over these settings. The command
-    /// line's and the environment's settings are applied after, so they win.
-    pub fn overlay(&mut self, file: &FileConfig) -> Result<(), String> {
+    /// The built-in defaults with a config file's `[upstreams]`, `[limits]`, `[recall]`,
+    /// `[groups]` and `[inspector]` laid over them (the command line's upstreams are set after,
+    /// provider by provider).
+    pub fn from_file(file: &FileConfig) -> Result<Self, String> {
+        let mut config = Self::default();
         for (provider, url) in [
             (Provider::OpenAi, &file.upstreams.openai),
             (Provider::Anthropic, &file.upstreams.anthropic),
             (Provider::Gemini, &file.upstreams.gemini),
         ] {
             if let Some(url) = url {
-                self.set_upstream(provider, url.clone());
+                config.set_upstream(provider, url.clone());
             }
         }
         let limits = &file.limits;
         let seconds = std::time::Duration::from_secs;
-        set(&mut self.body_limit, limits.body_limit_bytes);
+        set(&mut config.body_limit, limits.body_limit_bytes);
         set(
-            &mut self.upstream_timeout,
+            &mut config.upstream_timeout,
             limits.upstream_timeout_s.map(seconds),
         );
         set(
-            &mut self.stream_idle_timeout,
+            &mut config.stream_idle_timeout,
             limits.stream_idle_timeout_s.map(seconds),
         );
         set(
-            &mut self.connect_timeout,
+            &mut config.connect_timeout,
             limits.connect_timeout_s.map(seconds),
         );
         set(
-            &mut self.header_timeout,
+            &mut config.header_timeout,
             limits.header_timeout_s.map(seconds),
         );
         if !file.groups.is_empty() {
-            self.groups = Groups::new(file.groups.clone())?;
+            config.groups = Groups::new(file.groups.clone()).map_err(|e| format!("groups: {e}"))?;
         }
         let recall = &file.recall;
-        set(&mut self.recall.budget.floor, recall.budget_floor_tokens);
+        set(&mut config.recall.budget.floor, recall.budget_floor_tokens);
         set(
-            &mut self.recall.budget.ceiling,
+            &mut config.recall.budget.ceiling,
             recall.budget_ceiling_tokens,
         );
-        set(&mut self.recall.depth, recall.depth);
-        set(&mut self.recall.reach, recall.reach);
-        set(&mut self.recall.conversation_lift, recall.conversation_lift);
-        set(&mut self.recall.speaker_lift, recall.speaker_lift);
-        set(&mut self.recall.mandatory_hits, recall.mandatory_hits);
-        set(&mut self.recall.recent_tokens, recall.recent_tokens);
-        set(&mut self.recall.warm_floor, recall.warm_floor);
-        set(&mut self.recent.per_user, file.inspector.recent_requests);
-        set(&mut self.recent.bytes, file.inspector.recent_bytes);
-        let budget = self.recall.budget;
+        set(&mut config.recall.depth, recall.depth);
+        set(&mut config.recall.reach, recall.reach);
+        set(
+            &mut config.recall.conversation_lift,
+            recall.conversation_lift,
+        );
+        set(&mut config.recall.speaker_lift, recall.speaker_lift);
+        set(&mut config.recall.mandatory_hits, recall.mandatory_hits);
+        set(&mut config.recall.recent_tokens, recall.recent_tokens);
+        set(&mut config.recall.warm_floor, recall.warm_floor);
+        set(&mut config.recent.per_user, file.inspector.recent_requests);
+        set(&mut config.recent.bytes, file.inspector.recent_bytes);
+        let budget = config.recall.budget;
         if budget.floor > budget.ceiling {
             return Err(format!(
                 "the recall budget's floor ({} tokens) is above its ceiling ({} tokens)",
                 budget.floor, budget.ceiling
             ));
         }
-        Ok(())
+        Ok(config)
     }
 }
 
