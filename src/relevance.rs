@@ -163,15 +163,10 @@ impl QueryTerms {
     }
 }
 
-/// Weight of the dense part in the hybrid score (the lexical part has the rest). Chosen with
-/// [`HYBRID_BM25`] on the even LoCoMo conversations once rows were read in context, checked on
-/// the odd ones (`docs/journal/benchmarks.md`); 0.5 before.
-pub const DENSE_WEIGHT: f32 = 0.4;
-
 /// The BM25 of the hybrid's lexical part: quicker saturation and milder length normalisation
 /// than [`Bm25::STANDARD`] (which the evaluation's baseline keeps). Chat turns are short and a
-/// second occurrence of a word in one says little more than the first; chosen with
-/// [`DENSE_WEIGHT`].
+/// second occurrence of a word in one says little more than the first; chosen with the dense
+/// weight ([`crate::dictionary::DEFAULT_DENSE_WEIGHT`]).
 pub const HYBRID_BM25: Bm25 = Bm25 { k1: 0.9, b: 0.3 };
 
 /// The share of a query term's IDF that the first pass's estimate counts when a row's lexical
@@ -195,8 +190,9 @@ pub fn signature_share(stop_word: bool) -> f32 {
 }
 
 /// The exact score of a row on its own for one query (the final order reads it in context,
-/// [`in_context`]): `DENSE_WEIGHT · cosine + (1 − DENSE_WEIGHT) · BM25 / BM25_max`, where
-/// `BM25_max = Σ idf · (k1 + 1)` bounds the query's BM25 from above.
+/// [`in_context`]): `w · cosine + (1 − w) · BM25 / BM25_max`, where `w` is the table's dense
+/// weight ([`crate::dictionary::Dictionary::dense_weight`]) and `BM25_max = Σ idf · (k1 + 1)`
+/// bounds the query's BM25 from above.
 /// Both parts are normalised by the query alone, never by the candidate set, so a row's score
 /// does not depend on which other rows were scored: a two-stage search and a brute-force one
 /// agree whenever the first stage kept the right rows.
@@ -208,6 +204,8 @@ pub struct HybridScorer {
     bm25_max: f32,
     mean_len: f32,
     query_vector: Vec<f32>,
+    /// The dense part's share of the score.
+    dense_weight: f32,
     /// [`HybridScorer::estimate_lexical_part`] as `matched · lexical / (base + slope · len)`:
     /// the constants of the query, so a scan of many rows divides once per row.
     estimate_lexical: f32,
@@ -216,11 +214,13 @@ pub struct HybridScorer {
 }
 
 impl HybridScorer {
-    /// A scorer for the query with `terms` and unit `query_vector` under `stats`.
+    /// A scorer for the query with `terms` and unit `query_vector` under `stats`, the dense
+    /// part weighted `dense_weight`.
     pub fn new(
         terms: &[(TermId, u32)],
         query_vector: Vec<f32>,
         stats: &impl FrequencyStats,
+        dense_weight: f32,
     ) -> Self {
         let idf: Vec<f32> = terms.iter().map(|&(t, _)| Bm25::idf(stats, t)).collect();
         let bm25_max = idf.iter().sum::<f32>() * (HYBRID_BM25.k1 + 1.0);
@@ -233,6 +233,7 @@ impl HybridScorer {
             bm25_max,
             mean_len,
             query_vector,
+            dense_weight,
             estimate_lexical: 0.0,
             estimate_len_base: 1.0 + k1 * (1.0 - b),
             estimate_len_slope: k1 * b / mean_len.max(f32::EPSILON),
@@ -266,7 +267,7 @@ impl HybridScorer {
     /// The factor turning a BM25 sum into the lexical part of the score.
     fn lexical_factor(&self) -> f32 {
         if self.bm25_max > 0.0 {
-            (1.0 - DENSE_WEIGHT) / self.bm25_max
+            (1.0 - self.dense_weight) / self.bm25_max
         } else {
             0.0
         }
@@ -281,7 +282,7 @@ impl HybridScorer {
     /// The dense part of the score for a cosine.
     #[inline]
     pub fn dense_part(&self, cosine: f32) -> f32 {
-        DENSE_WEIGHT * cosine
+        self.dense_weight * cosine
     }
 
     /// The score of a row with `terms` (`term_len` in all) and unit vector `vector`.
@@ -299,7 +300,7 @@ impl HybridScorer {
         } else {
             0.0
         };
-        self.dense_part(cosine) + (1.0 - DENSE_WEIGHT) * lexical
+        self.dense_part(cosine) + (1.0 - self.dense_weight) * lexical
     }
 }
 
@@ -394,7 +395,12 @@ mod tests {
             for (&(term, _), &df) in terms.iter().zip(&df) {
                 stats.set(Count::TermRows(term), df.min(rows));
             }
-            let scorer = HybridScorer::new(&terms, vec![0.0; 4], &stats);
+            let scorer = HybridScorer::new(
+                &terms,
+                vec![0.0; 4],
+                &stats,
+                crate::dictionary::DEFAULT_DENSE_WEIGHT,
+            );
             let bm25 = HYBRID_BM25;
             let once = bm25.term_score(1.0, 1.0, bm25.norm(u64::from(row_len), mean_row_len(&stats)));
             let textbook = scorer.dense_part(cosine) + scorer.lexical_factor() * matched * once;

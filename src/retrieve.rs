@@ -184,7 +184,12 @@ impl PreparedQuery {
         let embedding = embed_row(dictionary, arena.stats(), retrieval.tokens.iter().copied());
         let dense = DenseEstimate::new(arena.codebook(), &embedding.unit);
         let int8 = embedding.quantize();
-        let scorer = HybridScorer::new(&retrieval.terms, embedding.unit, arena.stats());
+        let scorer = HybridScorer::new(
+            &retrieval.terms,
+            embedding.unit,
+            arena.stats(),
+            dictionary.dense_weight(),
+        );
         Self {
             retrieval,
             dense,

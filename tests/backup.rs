@@ -375,7 +375,7 @@ fn a_stopped_store_backs_up_and_restores_with_its_dictionary_and_secret() {
         String::from_utf8_lossy(&forwarded).contains("Bkq0t0001Heron"),
         "the restored memory was recalled"
     );
-    assert_eq!(manifest.serving, "v3");
+    assert_eq!(manifest.serving, perpetuity::dictionary::DEFAULT_VERSION);
 
     // A folder that is not a backup is refused, and nothing is made.
     let bogus = perpetuity(

@@ -7,10 +7,13 @@ use std::path::Path;
 
 use perpetuity::dictionary::derive::{RetrievalRow, derive, embed};
 use perpetuity::dictionary::stats::FrequencyTable;
-use perpetuity::dictionary::{Dictionary, DictionaryError, MANIFEST_FILE, TABLE_FILE};
+use perpetuity::dictionary::{
+    DEFAULT_DENSE_WEIGHT, Dictionary, DictionaryError, MANIFEST_FILE, TABLE_FILE,
+};
 use perpetuity::tokens::{self, Tokenizer};
 use perpetuity::types::TokenId;
 use proptest::prelude::*;
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
 /// A writable copy of the shipped dictionary in a fresh temp dir.
@@ -74,29 +77,267 @@ fn derivation_is_deterministic_to_the_byte() {
     assert_eq!(bits(&embed(&again, &stats, &c).unit), bits(&ea.unit));
 }
 
-#[test]
-fn related_texts_are_closer_than_unrelated_ones() {
+/// (a text, one on the same topic in other words, one on another topic), over everyday
+/// topics: a table that embeds text sensibly puts the second nearer the first than the third.
+const TRIPLES: [(&str, &str, &str); 40] = [
+    (
+        "My dog loves running in the park.",
+        "The puppy plays fetch outside every morning.",
+        "Quarterly tax filings are due to the revenue office.",
+    ),
+    (
+        "I baked a chocolate cake for her birthday.",
+        "The dessert had frosting and candles on top.",
+        "The server crashed after the kernel update.",
+    ),
+    (
+        "We flew to Paris for our holiday.",
+        "The trip to France was a lovely vacation.",
+        "He fixed the leaking pipe under the sink.",
+    ),
+    (
+        "The Rust compiler rejected my borrow.",
+        "The borrow checker complains about lifetimes.",
+        "She planted tomatoes in the garden.",
+    ),
+    (
+        "My knee hurts after the marathon.",
+        "Running long distances strained my leg.",
+        "The invoice lists three unpaid items.",
+    ),
+    (
+        "The stock market fell sharply today.",
+        "Shares dropped as investors sold.",
+        "Our cat sleeps on the windowsill.",
+    ),
+    (
+        "I started learning the guitar.",
+        "Practising chords on my new instrument is hard.",
+        "The database index speeds up queries.",
+    ),
+    (
+        "The baby cried all night.",
+        "Our newborn would not sleep.",
+        "The contract expires in March.",
+    ),
+    (
+        "It rained heavily during the storm.",
+        "The thunderstorm flooded the streets.",
+        "I sorted the list with quicksort.",
+    ),
+    (
+        "She is studying for the medical exam.",
+        "Preparing for the doctor's licensing test takes months.",
+        "The bakery sells sourdough bread.",
+    ),
+    (
+        "The car needs new tyres.",
+        "I took the vehicle to the mechanic for wheels.",
+        "The poem is about lost love.",
+    ),
+    (
+        "We adopted a kitten from the shelter.",
+        "The rescue cat came home with us.",
+        "The quarterly budget was approved.",
+    ),
+    (
+        "Python raised a KeyError in my script.",
+        "The dictionary lookup failed with a missing key.",
+        "The choir sang at the wedding.",
+    ),
+    (
+        "I go swimming every weekend.",
+        "Laps in the pool keep me fit.",
+        "The spreadsheet formula returns an error.",
+    ),
+    (
+        "The painting shows a sunset over the sea.",
+        "The artwork depicts the ocean at dusk.",
+        "My phone battery drains quickly.",
+    ),
+    (
+        "Our team won the football match.",
+        "The soccer game ended in victory for us.",
+        "She renewed her passport online.",
+    ),
+    (
+        "I am allergic to peanuts.",
+        "Nuts give me a bad reaction.",
+        "The train to Berlin was delayed.",
+    ),
+    (
+        "The museum exhibit featured dinosaur fossils.",
+        "We saw ancient bones of a T. rex.",
+        "I updated the firewall rules.",
+    ),
+    (
+        "He proposed to her on the beach.",
+        "They got engaged by the sea.",
+        "The printer is out of toner.",
+    ),
+    (
+        "The recipe needs two cups of flour.",
+        "Add the flour and sugar to the dough.",
+        "The election results were announced.",
+    ),
+    (
+        "I moved into a new apartment downtown.",
+        "My new flat is in the city centre.",
+        "The algorithm runs in linear time.",
+    ),
+    (
+        "The kids built a snowman.",
+        "Children played in the snow all afternoon.",
+        "The mortgage rate went up.",
+    ),
+    (
+        "I'm reading a novel about pirates.",
+        "The book follows sailors hunting treasure.",
+        "The dentist filled my cavity.",
+    ),
+    (
+        "The wifi keeps disconnecting.",
+        "My internet connection drops every few minutes.",
+        "We hiked up the mountain trail.",
+    ),
+    (
+        "She volunteers at the animal shelter.",
+        "She helps care for rescued dogs and cats.",
+        "The GPU renders frames faster.",
+    ),
+    (
+        "The concert was loud and exciting.",
+        "The band played a great live show.",
+        "Fill in the tax return form.",
+    ),
+    (
+        "I lost my wallet on the bus.",
+        "My purse was stolen during the commute.",
+        "The cake recipe uses butter.",
+    ),
+    (
+        "The patient has a high fever.",
+        "His temperature is dangerously elevated.",
+        "The bridge was painted red.",
+    ),
+    (
+        "We are renovating the kitchen.",
+        "New cabinets and countertops are being installed.",
+        "The satellite orbits the earth.",
+    ),
+    (
+        "The meeting was moved to Tuesday.",
+        "We rescheduled the call for next week.",
+        "Lions hunt on the savanna.",
+    ),
+    (
+        "I enjoy painting landscapes with watercolors.",
+        "Art is my favourite hobby; I paint nature scenes.",
+        "The compiler emits a warning.",
+    ),
+    (
+        "The flight was cancelled due to fog.",
+        "Bad weather grounded our plane.",
+        "She knitted a wool scarf.",
+    ),
+    (
+        "My grandmother turned ninety.",
+        "We celebrated grandma's birthday.",
+        "The query returned no rows.",
+    ),
+    (
+        "The function leaks memory in a loop.",
+        "Allocations are never freed inside the iteration.",
+        "We picnicked by the lake.",
+    ),
+    (
+        "I've been feeling anxious lately.",
+        "Stress and worry keep me up at night.",
+        "The shipment arrived on time.",
+    ),
+    (
+        "The garden is full of roses.",
+        "Flowers are blooming in the yard.",
+        "The API returns JSON.",
+    ),
+    (
+        "He plays chess every evening.",
+        "Board games like chess are his passion.",
+        "The river flooded the village.",
+    ),
+    (
+        "The bank approved my loan.",
+        "I got the credit I applied for.",
+        "The bird built a nest.",
+    ),
+    (
+        "We watched a horror movie.",
+        "The scary film kept us awake.",
+        "The engine needs oil.",
+    ),
+    (
+        "I switched to a vegan diet.",
+        "I stopped eating meat and dairy.",
+        "The server uses TLS certificates.",
+    ),
+];
+
+/// Each triple's (related, unrelated) cosines under `stats`.
+fn triple_cosines(stats: &FrequencyTable) -> Vec<(f32, f32)> {
     let dict = common::dictionary();
     let tokenizer = Tokenizer::new();
-    let stats = FrequencyTable::default();
     let vec = |s: &str| {
         embed(
             dict,
-            &stats,
+            stats,
             &derive(dict, &tokenizer, None, &tokenizer.encode(s)),
         )
         .unit
     };
     let cos = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
-    let dog = vec("My dog loves running in the park.");
-    let puppy = vec("The puppy plays fetch outside every morning.");
-    let tax = vec("Quarterly tax filings are due to the revenue office.");
-    assert!(
-        cos(&dog, &puppy) > cos(&dog, &tax) + 0.1,
-        "{} vs {}",
-        cos(&dog, &puppy),
-        cos(&dog, &tax)
-    );
+    TRIPLES
+        .iter()
+        .map(|(text, related, unrelated)| {
+            let text = vec(text);
+            (cos(&text, &vec(related)), cos(&text, &vec(unrelated)))
+        })
+        .collect()
+}
+
+#[test]
+fn related_texts_are_closer_than_unrelated_ones() {
+    // Under an empty statistic (a new memory: token weights from the prior alone) and under
+    // the statistic of the triples' own texts (a memory that holds them).
+    let mut own = FrequencyTable::default();
+    for text in TRIPLES.iter().flat_map(|(a, b, c)| [a, b, c]) {
+        let tokenizer = Tokenizer::new();
+        derive(
+            common::dictionary(),
+            &tokenizer,
+            None,
+            &tokenizer.encode(text),
+        )
+        .count_into(&mut own);
+    }
+    for (name, stats) in [("empty", FrequencyTable::default()), ("own", own)] {
+        let cosines = triple_cosines(&stats);
+        let (dog_puppy, dog_tax) = cosines[0];
+        assert!(
+            dog_puppy > dog_tax + 0.1,
+            "{name} statistic: {dog_puppy} vs {dog_tax}"
+        );
+        let margins: Vec<f32> = cosines
+            .iter()
+            .map(|(related, unrelated)| related - unrelated)
+            .collect();
+        let count = |floor: f32| margins.iter().filter(|&&margin| margin > floor).count();
+        let (closer, wide) = (count(0.0), count(0.1));
+        let mean = margins.iter().sum::<f32>() / margins.len() as f32;
+        assert!(
+            closer >= 38 && wide >= 36 && mean > 0.25,
+            "{name} statistic: margins {margins:?} ({closer} above 0, {wide} above 0.1, mean {mean})"
+        );
+    }
 }
 
 #[test]
@@ -186,6 +427,36 @@ fn bad_magic_and_unknown_fields_are_refused() {
         Dictionary::load(dir.path()),
         Err(DictionaryError::Manifest { .. })
     ));
+}
+
+#[test]
+fn the_dense_weight_travels_in_the_header_and_is_range_checked() {
+    let dir = copy_of_shipped();
+    edit_manifest(dir.path(), |m| {
+        m.as_object_mut().unwrap().remove("hybrid");
+    });
+    assert_eq!(
+        Dictionary::load(dir.path()).unwrap().dense_weight(),
+        DEFAULT_DENSE_WEIGHT,
+        "a header without a hybrid block"
+    );
+    edit_manifest(dir.path(), |m| m["hybrid"] = json!({"dense_weight": 0.25}));
+    assert_eq!(Dictionary::load(dir.path()).unwrap().dense_weight(), 0.25);
+    for bad in [
+        json!({"dense_weight": 1.5}),
+        json!({"dense_weight": -0.1}),
+        json!({"dense_weight": "high"}),
+        json!({"dense_weight": 0.3, "lexical_weight": 0.7}),
+        json!({}),
+    ] {
+        edit_manifest(dir.path(), |m| m["hybrid"] = bad.clone());
+        let err = Dictionary::load(dir.path()).unwrap_err();
+        assert!(
+            matches!(err, DictionaryError::Manifest { .. }),
+            "{bad}: {err}"
+        );
+        assert!(err.to_string().contains(MANIFEST_FILE), "{err}");
+    }
 }
 
 #[test]

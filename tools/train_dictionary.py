@@ -57,11 +57,12 @@ import scipy  # noqa: E402
 import tokenizers  # noqa: E402
 from scipy import sparse  # noqa: E402
 
-TOOL_VERSION = "1.0.0"
+TOOL_VERSION = "1.1.0"
 DEFAULT_VERSION = "v4"
 MAX_POSITIONS = 128  # [CLS] + at most 126 pieces + [SEP]; longer sentences are left out
 MIN_WORDS = 3
-DEFAULT_LAMBDAS = "0.03,0.1,0.3,1,3"
+DEFAULT_LAMBDAS = "0.1,0.3,1"
+DEFAULT_DENSE_WEIGHT = 0.3
 DEFAULT_HOLDOUT = 0.1
 DEFAULT_SEED = "perpetuity-v4"
 CHUNK_SENTENCES = 16_384  # teacher vectors are cached per chunk of length-sorted sentences
@@ -823,6 +824,7 @@ def write_output(args: argparse.Namespace, teacher: bd.Teacher, tiktoken_sha: st
                                   vectors_bytes=vectors_bytes, seconds=seconds,
                                   stem=source_document["lexical"]["stem"])
     document["lexical"] = source_document["lexical"]
+    document["hybrid"] = {"dense_weight": args.dense_weight}
     document["build"].update({"tool": "tools/train_dictionary.py", "tool_version": TOOL_VERSION,
                               "python": platform.python_version()})
     chosen = result.report["chosen"]
@@ -953,6 +955,14 @@ def train(args: argparse.Namespace) -> None:
     log(f"report: {report_path}; total {time.monotonic() - started:,.0f} s")
 
 
+def dense_weight_flag(value: str) -> float:
+    """A weight in 0..=1."""
+    weight = float(value)
+    if not 0.0 <= weight <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value}: the dense weight lies in 0..=1")
+    return weight
+
+
 def weightings_flag(value: str) -> tuple[str, ...]:
     """`counts`, `prior` or `counts,prior`."""
     names = tuple(value.split(","))
@@ -984,6 +994,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the SIF weightings a sentence is summed under during training, rows stacked: counts "
                              "(a store whose statistic is the corpus's counts), prior (a store with no statistic "
                              f"yet), or both (default {','.join(WEIGHTINGS)})")
+    parser.add_argument("--dense-weight", type=dense_weight_flag, default=DEFAULT_DENSE_WEIGHT,
+                        help="the hybrid score's dense weight the table is served with, written to "
+                             f"dictionary.json's hybrid block (default {DEFAULT_DENSE_WEIGHT}: chosen for v4 on LoCoMo "
+                             "and RealMem, docs/journal/benchmarks.md)")
     parser.add_argument("--blend", dest="blends", type=float, action="append", default=[],
                         help="try table = distilled + BLEND * (trained - distilled) instead of the trained table "
                              "(BLEND 1); repeatable, the best on the held-out slice is kept")

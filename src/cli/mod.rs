@@ -152,7 +152,7 @@ struct DictionaryArgs {
     /// Folder holding dictionaries/<version>/ [default: the source tree's dictionaries/].
     #[arg(long, env = "PERPETUITY_DICTIONARIES")]
     dictionaries: Option<PathBuf>,
-    /// Dictionary version of a new store [default: v3]; a store serves the version it
+    /// Dictionary version of a new store [default: v4]; a store serves the version it
     /// records (set by `dict flip`), and another one given here is refused.
     #[arg(long, env = "PERPETUITY_DICTIONARY_VERSION")]
     dictionary_version: Option<String>,

@@ -30,7 +30,7 @@ pub const TABLE_FILE: &str = "vectors.bin";
 /// The header format this build reads.
 pub const MANIFEST_FORMAT_VERSION: u32 = 1;
 /// The dictionary version served when none is configured.
-pub const DEFAULT_VERSION: &str = "v3";
+pub const DEFAULT_VERSION: &str = "v4";
 /// The only dtype this build reads: int8 values, one f32 scale per row.
 const DTYPE_NAME: &str = "i8_row_scale";
 
@@ -132,6 +132,9 @@ pub struct Manifest {
     pub reduction: Reduction,
     pub weighting: Weighting,
     pub lexical: LexicalSpec,
+    /// How the hybrid score weighs this table's dense part (absent: [`DEFAULT_DENSE_WEIGHT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hybrid: Option<Hybrid>,
     pub files: BTreeMap<String, FileInfo>,
     pub build: BuildInfo,
     pub licence: String,
@@ -190,6 +193,40 @@ pub enum WeightingScheme {
 pub enum Prior {
     /// `p(t) ∝ 1 / (t + 2)`: token ids of BPE vocabularies are roughly frequency ranks.
     Zipf,
+}
+
+/// The dense weight a table without a `hybrid` block is scored with: chosen with `v3`'s
+/// distilled table on LoCoMo and RealMem (`docs/journal/benchmarks.md`).
+pub const DEFAULT_DENSE_WEIGHT: f32 = 0.4;
+
+/// How the hybrid score weighs a table's dense part: a better table earns a different share
+/// (`relevance::HybridScorer`), so the weight travels with the table through a hot swap.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, try_from = "HybridFields")]
+pub struct Hybrid {
+    /// The dense part's share of the score, in 0..=1; the lexical part has the rest.
+    pub dense_weight: f32,
+}
+
+/// [`Hybrid`] as written, before its range is checked.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HybridFields {
+    dense_weight: f32,
+}
+
+impl TryFrom<HybridFields> for Hybrid {
+    type Error = String;
+
+    fn try_from(HybridFields { dense_weight }: HybridFields) -> Result<Self, String> {
+        if (0.0..=1.0).contains(&dense_weight) {
+            Ok(Self { dense_weight })
+        } else {
+            Err(format!(
+                "hybrid.dense_weight must lie in 0..=1, not {dense_weight}"
+            ))
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -351,6 +388,13 @@ impl Dictionary {
     /// The weighting scheme.
     pub fn weighting(&self) -> &Weighting {
         &self.manifest.weighting
+    }
+
+    /// The dense part's share of the hybrid score for this table.
+    pub fn dense_weight(&self) -> f32 {
+        self.manifest
+            .hybrid
+            .map_or(DEFAULT_DENSE_WEIGHT, |hybrid| hybrid.dense_weight)
     }
 
     /// The table row of `token`, `None` for a zero row.
