@@ -5,8 +5,8 @@ use crate::backup::BackupError;
 use crate::datasets::DatasetError;
 use crate::dictionary::DictionaryError;
 use crate::ingest::ExportError;
+use crate::memory::OpenError;
 use crate::store::StoreError;
-use crate::swap::SwapError;
 
 /// Every error a library entry point can return; each variant keeps its module's error whole.
 #[derive(Debug, thiserror::Error)]
@@ -26,12 +26,18 @@ pub enum Error {
     /// Class: internal or configuration (see [`ArenaError`]).
     #[error(transparent)]
     Arena(#[from] ArenaError),
-    /// Class: internal (see [`SwapError`]).
-    #[error(transparent)]
-    Swap(#[from] SwapError),
     /// Class: client or internal (see [`BackupError`]).
     #[error(transparent)]
     Backup(#[from] BackupError),
+}
+
+impl From<OpenError> for Error {
+    fn from(error: OpenError) -> Self {
+        match error {
+            OpenError::Store(store) => Self::Store(store),
+            OpenError::Dictionary(dictionary) => Self::Dictionary(dictionary),
+        }
+    }
 }
 
 impl Error {

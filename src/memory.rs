@@ -11,8 +11,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::dictionary::{BadVersion, DEFAULT_VERSION, Dictionary, DictionaryError, check_version};
-use crate::error::Error;
-use crate::store::{Store, StoreOptions};
+use crate::store::{Store, StoreError, StoreOptions};
+
+/// Why a data directory could not be opened: its store, or a dictionary it serves or has
+/// installed. The crate's [`crate::error::Error`] takes either variant as its own.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Dictionary(#[from] DictionaryError),
+}
 
 /// File name of the server secret inside the data directory (`proxy::identity` keys
 /// credentials with it; a backup carries it, so a restored server keys them alike).
@@ -64,7 +73,7 @@ impl Memory {
         dictionaries_root: &Path,
         requested: Option<&str>,
         options: &StoreOptions,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, OpenError> {
         let store = Store::open(data, options)?;
         let version = match store.dictionary_version()? {
             Some(recorded) => {

@@ -29,14 +29,6 @@ pub const REDERIVE_BATCH_ROWS: usize = 256;
 /// load the work still advances, a batch at least this often.
 pub const YIELD_AT_MOST: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Errors of the swap's own file work.
-#[derive(Debug, thiserror::Error)]
-pub enum SwapError {
-    /// Class: internal. Copying the dictionary into the data directory failed.
-    #[error("cannot upload the dictionary to {path}: {source}")]
-    Upload { path: PathBuf, source: io::Error },
-}
-
 /// A dictionary version of a data directory and its state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Listed {
@@ -140,7 +132,7 @@ fn upload(source: &Path, data: &Path, version: &str) -> Result<PathBuf, Error> {
     let uploads = uploads_dir(data);
     let at = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| Error::from(SwapError::Upload { path, source })
+        move |source| Error::from(DictionaryError::Upload { path, source })
     };
     let temp = uploads.join(format!(".{version}.tmp"));
     for dir in [&temp, &target] {

@@ -178,12 +178,14 @@ impl DictionaryArgs {
 
     fn open(&self, data: &DataArgs) -> anyhow::Result<Memory> {
         let started = Instant::now();
+        // As the crate's error, which `is_held_elsewhere` reads.
         let memory = Memory::open(
             &data.dir,
             &self.root(),
             self.dictionary_version.as_deref(),
             &data.options(),
-        )?;
+        )
+        .map_err(perpetuity::error::Error::from)?;
         log_dictionary(&memory.dictionary, started);
         Ok(memory)
     }

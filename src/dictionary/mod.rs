@@ -64,7 +64,7 @@ pub fn check_version(version: &str) -> Result<&str, BadVersion> {
 
 /// Errors loading or using a dictionary. Every variant is class *corruption* (the shipped or
 /// uploaded data is unusable) except [`DictionaryError::Io`] on a missing folder, which is a
-/// configuration error the operator fixes.
+/// configuration error the operator fixes, and those marked otherwise.
 #[derive(Debug, thiserror::Error)]
 pub enum DictionaryError {
     /// Class: client. A version (asked for, or in a header) that cannot name a folder.
@@ -114,6 +114,12 @@ pub enum DictionaryError {
     /// The header and the table disagree, or a field has a value this build does not know.
     #[error("{path}: {reason}")]
     Corrupt { path: PathBuf, reason: String },
+    /// Class: internal. Copying a dictionary into the data directory (`dict install`) failed.
+    #[error("cannot upload the dictionary to {path}: {source}")]
+    Upload {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// `dictionary.json`.
