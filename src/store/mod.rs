@@ -38,6 +38,7 @@
 //! happens under one mutex, so row ids are committed in increasing order: a reader that has seen
 //! row `n` in the log has seen every row below it that will ever exist.
 
+mod cf;
 mod dark;
 pub mod keys;
 mod purge;
@@ -66,6 +67,8 @@ use crate::dictionary::derive::{RetrievalRow, derive};
 use crate::dictionary::stats::FrequencyTable;
 use crate::tokens::Tokenizer;
 use crate::types::{ConversationId, Role, RowId, TermId, TokenId, UserId};
+pub use cf::Cf;
+use cf::{ALL_KEYS_END, SLOTS};
 pub use row::{Activation, Row};
 
 /// A key and its value, as a RocksDB iterator yields them.
@@ -73,106 +76,6 @@ type KeyValue = (Box<[u8]>, Box<[u8]>);
 
 /// The store format this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
-
-/// The column families, declared once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cf {
-    Users,
-    Rows,
-    Retrieval,
-    Activation,
-    Log,
-    Counts,
-    Clock,
-    Chain,
-    Bindings,
-    Meta,
-    Warm,
-    /// The dark dictionary version's retrieval rows (the slot that does not serve).
-    DarkRetrieval,
-    /// The dark dictionary version's frequency counts.
-    DarkCounts,
-    /// Rows a user excluded from its own recall (kept, never shown).
-    Exclusions,
-    /// A sub-user's link to its credential's own user, so a purge of the credential can find
-    /// its sub-users without the credential being stored.
-    Owners,
-}
-
-/// The physical families of the two slots: `[retrieval, counts]` each.
-const SLOTS: [[&str; 2]; 2] = [["retrieval", "counts"], ["retrieval_1", "counts_1"]];
-/// A key above every key of the slotted families (their keys are at most 16 bytes): the end
-/// of a range that clears one.
-const ALL_KEYS_END: [u8; 17] = [0xff; 17];
-
-impl Cf {
-    pub const ALL: [Cf; 15] = [
-        Cf::Users,
-        Cf::Rows,
-        Cf::Retrieval,
-        Cf::Activation,
-        Cf::Log,
-        Cf::Counts,
-        Cf::Clock,
-        Cf::Chain,
-        Cf::Bindings,
-        Cf::Meta,
-        Cf::Warm,
-        Cf::DarkRetrieval,
-        Cf::DarkCounts,
-        Cf::Exclusions,
-        Cf::Owners,
-    ];
-
-    /// The family's name in reports. The four slotted families are named by role
-    /// (`retrieval`, `counts`, `dark_retrieval`, `dark_counts`); their physical families on
-    /// disk depend on the serving slot.
-    pub fn name(self) -> &'static str {
-        match self {
-            Cf::Users => "users",
-            Cf::Rows => "rows",
-            Cf::Retrieval => "retrieval",
-            Cf::Activation => "activation",
-            Cf::Log => "log",
-            Cf::Counts => "counts",
-            Cf::Clock => "clock",
-            Cf::Chain => "chain",
-            Cf::Bindings => "bindings",
-            Cf::Meta => "meta",
-            Cf::Warm => "warm",
-            Cf::DarkRetrieval => "dark_retrieval",
-            Cf::DarkCounts => "dark_counts",
-            Cf::Exclusions => "exclusions",
-            Cf::Owners => "owners",
-        }
-    }
-
-    /// The family on disk when slot `serving` serves.
-    fn physical(self, serving: usize) -> &'static str {
-        match self {
-            Cf::Retrieval => SLOTS[serving][0],
-            Cf::Counts => SLOTS[serving][1],
-            Cf::DarkRetrieval => SLOTS[1 - serving][0],
-            Cf::DarkCounts => SLOTS[1 - serving][1],
-            other => other.name(),
-        }
-    }
-
-    /// Families whose keys all start with the user id.
-    const PER_USER: [Cf; 11] = [
-        Cf::Users,
-        Cf::Rows,
-        Cf::Retrieval,
-        Cf::DarkRetrieval,
-        Cf::Activation,
-        Cf::Clock,
-        Cf::Chain,
-        Cf::Bindings,
-        Cf::Warm,
-        Cf::Exclusions,
-        Cf::Owners,
-    ];
-}
 
 /// Store errors.
 #[derive(Debug, thiserror::Error)]
