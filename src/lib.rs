@@ -1,8 +1,10 @@
 //! Perpetuity: a memory proxy for LLM agents.
 //!
 //! Layers, bottom to top (lower layers never import higher ones; `docs/architecture.md`):
-//! `types`, `codec`, `config`, `error` → `tokens`, `dictionary`, `relevance` → `store`,
-//! `heat` → `capture`, `datasets`, `integrity`, `memory`, `backup` → `ingest` → `proxy`.
+//! `types`, `codec`, `config`, `failpoint`, `latency`, `tokens` → `scan` → `dictionary` →
+//! `store`, `memory` → `relevance` → `arena` → `retrieve` → `heat`, `budget`, `frame` →
+//! `recall` → `capture`, `datasets`, `ingest`, `memory_tools`, `integrity`, `backup` →
+//! `error` → `swap`, `measure`, `eval` → `engine` → `proxy`.
 
 #![deny(unsafe_code)]
 

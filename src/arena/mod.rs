@@ -29,8 +29,8 @@
 //! the first pass only narrows the field, and the exact rescore re-embeds its candidates under
 //! the current statistic.
 //!
-//! Purging while serving is not wired yet: `perpetuity purge` runs on a closed store and bumps
-//! the store's purge count, so the next process rebuilds its arena.
+//! A purge bumps the store's purge count: the engine removes the serving arena and rebuilds it
+//! from the store (`Engine::purge`), and an arena opened later sees the count and rebuilds.
 
 mod catch_up;
 pub mod codebook;
