@@ -18,8 +18,12 @@ teacher's cosines. Per output dimension this is a sparse ridge least-squares pro
 
 where A_i holds sentence i's SIF weights times counts, r_i = 1/||A_i V_distilled|| (so that the
 loss at V_distilled is sum_i 2 (1 - cos_i), a linearisation of the cosine loss) and t_i is the
-unit teacher vector. It is solved with Jacobi-preconditioned conjugate gradients on the normal
-equations, all 256 right-hand sides at once; lambda is chosen on a held-out slice of the corpus.
+unit teacher vector. Each sentence appears once per weighting (``--weightings``, default both):
+its tokens weighted by the corpus's own counts (a memory with a statistic) and by the Zipf prior
+alone (a new memory's first turns), so the table serves both. It is solved with
+Jacobi-preconditioned conjugate gradients on the normal equations, all 256 right-hand sides at
+once; lambda is chosen by the mean held-out cosine over the weightings. The header's ``hybrid``
+block records the dense weight the table is served with (``--dense-weight``).
 Tokens absent from the training slice keep their distilled vector byte for byte.
 
 The corpus is built from Debian packages with permissive licences (CORPUS_PACKAGES: name, version,
