@@ -9,6 +9,7 @@
 
 pub mod admin;
 mod deadline;
+mod format;
 pub mod harness;
 pub mod health;
 pub mod identity;

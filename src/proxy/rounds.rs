@@ -32,10 +32,12 @@ use hyper::{Response, StatusCode};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
+use crate::frame::Side;
 use crate::memory_tools::{self, Call, TurnState};
 use crate::recall::reheat_returned;
 use crate::types::UserId;
 
+use super::format::Event;
 use super::provider::Failure;
 use super::wire::{self, Format};
 use super::{
@@ -52,65 +54,18 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
 
 /// Whether the memory tools can ride along with requests in `format`.
 pub fn supports(format: Format) -> bool {
-    matches!(
-        format,
-        Format::Chat | Format::Responses | Format::Messages | Format::Gemini
-    )
-}
-
-/// A tool as `format` declares it.
-fn declared(format: Format, spec: &memory_tools::Spec) -> Value {
-    match format {
-        Format::Messages => json!({
-            "name": spec.name,
-            "description": spec.description,
-            "input_schema": spec.parameters,
-        }),
-        Format::Gemini => json!({
-            "name": spec.name,
-            "description": spec.description,
-            "parameters": spec.parameters,
-        }),
-        Format::Responses => json!({
-            "type": "function",
-            "name": spec.name,
-            "description": spec.description,
-            "parameters": spec.parameters,
-        }),
-        Format::Chat => json!({
-            "type": "function",
-            "function": {
-                "name": spec.name,
-                "description": spec.description,
-                "parameters": spec.parameters,
-            },
-        }),
-    }
-}
-
-/// Whether an entry of a body's `tools` is one of ours (Gemini: the entry declaring ours).
-fn is_ours(format: Format, tool: &Value) -> bool {
-    let named = |name: &Value| name.as_str().is_some_and(memory_tools::is_memory_tool);
-    match format {
-        Format::Messages | Format::Responses => named(&tool["name"]),
-        Format::Chat => named(&tool["function"]["name"]),
-        Format::Gemini => tool["functionDeclarations"]
-            .as_array()
-            .is_some_and(|d| !d.is_empty() && d.iter().all(|f| named(&f["name"]))),
-    }
+    format.wire().tools()
 }
 
 /// Add the memory tools after the harness's own tools (Gemini: one more `functionDeclarations`
 /// entry).
 pub fn offer(format: Format, body: &mut Map<String, Value>) {
+    let wire = format.wire();
     let declared: Vec<Value> = memory_tools::specs()
         .iter()
-        .map(|s| declared(format, s))
+        .map(|s| wire.declared(s))
         .collect();
-    let added = match format {
-        Format::Gemini => vec![json!({"functionDeclarations": declared})],
-        Format::Chat | Format::Responses | Format::Messages => declared,
-    };
+    let added = wire.offered(declared);
     match body.get_mut("tools") {
         Some(Value::Array(list)) => list.extend(added),
         _ => {
@@ -122,7 +77,7 @@ pub fn offer(format: Format, body: &mut Map<String, Value>) {
 /// Remove the memory tools (and the list, when nothing of the harness's is left).
 fn withdraw(format: Format, body: &mut Map<String, Value>) {
     if let Some(Value::Array(list)) = body.get_mut("tools") {
-        list.retain(|tool| !is_ours(format, tool));
+        list.retain(|tool| !format.wire().is_ours(tool));
         if list.is_empty() {
             body.remove("tools");
         }
@@ -131,139 +86,50 @@ fn withdraw(format: Format, body: &mut Map<String, Value>) {
 
 /// One call of ours the upstream made.
 #[derive(Debug, Clone, Default)]
-struct Pending {
-    id: String,
-    name: String,
+pub(super) struct Pending {
+    pub(super) id: String,
+    pub(super) name: String,
     /// The arguments' JSON text, as streamed.
-    arguments: String,
+    pub(super) arguments: String,
     /// Gemini: the call's part as it came (its thought signature must go back with it).
-    part: Value,
+    pub(super) part: Value,
 }
 
 /// One finished round of ours: what the model said besides the calls, the calls, their results.
 #[derive(Debug, Clone, Default)]
-struct Round {
+pub(super) struct Round {
     /// Chat: the assistant text.
-    text: String,
-    /// Messages: the content blocks other than our calls (text, thinking with its signature).
-    blocks: Vec<Value>,
-    calls: Vec<(Pending, String)>,
+    pub(super) text: String,
+    /// Messages, Gemini, Responses: the content blocks, parts or output items other than our
+    /// calls (text, thinking with its signature).
+    pub(super) blocks: Vec<Value>,
+    pub(super) calls: Vec<(Pending, String)>,
 }
 
 impl Round {
     /// The round in the context, as `format`'s messages (Responses: input items): structured
     /// tool calls and results, or plain text once the tools are withdrawn.
     fn messages(&self, format: Format, structured: bool) -> Vec<Value> {
-        if !structured {
-            let mut said = match format {
-                Format::Messages | Format::Gemini => self
-                    .blocks
-                    .iter()
-                    .filter(|b| b["thought"] != true)
-                    .filter_map(|b| b["text"].as_str())
-                    .collect::<String>(),
-                Format::Responses => self
-                    .blocks
-                    .iter()
-                    .filter_map(|item| wire::text_of(&item["content"]))
-                    .collect::<Vec<_>>()
-                    .join("\n\n"),
-                Format::Chat => self.text.clone(),
-            };
-            let mut results = String::new();
-            for (call, result) in &self.calls {
-                if !said.is_empty() {
-                    said.push('\n');
-                }
-                said.push_str(&format!("[called {} {}]", call.name, call.arguments));
-                if !results.is_empty() {
-                    results.push_str("\n\n");
-                }
-                results.push_str(result);
-            }
-            return match format {
-                Format::Gemini => vec![
-                    json!({"role": "model", "parts": [{"text": said}]}),
-                    json!({"role": "user", "parts": [{"text": results}]}),
-                ],
-                Format::Chat | Format::Responses | Format::Messages => vec![
-                    json!({"role": "assistant", "content": said}),
-                    json!({"role": "user", "content": results}),
-                ],
-            };
+        let wire = format.wire();
+        if structured {
+            return wire.round_items(self);
         }
-        match format {
-            Format::Responses => {
-                let mut items = self.blocks.clone();
-                for (call, _) in &self.calls {
-                    items.push(json!({"type": "function_call", "call_id": call.id, "name": call.name, "arguments": call.arguments}));
-                }
-                let outputs = self.calls.iter().map(|(call, result)| {
-                    json!({"type": "function_call_output", "call_id": call.id, "output": result})
-                });
-                items.extend(outputs);
-                items
+        let mut said = wire.said(self);
+        let mut results = String::new();
+        for (call, result) in &self.calls {
+            if !said.is_empty() {
+                said.push('\n');
             }
-            Format::Gemini => {
-                let mut parts = self.blocks.clone();
-                let mut answers = Vec::new();
-                for (call, result) in &self.calls {
-                    parts.push(call.part.clone());
-                    let mut answer = json!({"name": call.name, "response": {"result": result}});
-                    if !call.id.is_empty() {
-                        answer["id"] = json!(call.id);
-                    }
-                    answers.push(json!({"functionResponse": answer}));
-                }
-                vec![
-                    json!({"role": "model", "parts": parts}),
-                    json!({"role": "user", "parts": answers}),
-                ]
+            said.push_str(&format!("[called {} {}]", call.name, call.arguments));
+            if !results.is_empty() {
+                results.push_str("\n\n");
             }
-            Format::Messages => {
-                // Providers refuse empty text blocks; a block that only opened says nothing.
-                let mut content: Vec<Value> = self
-                    .blocks
-                    .iter()
-                    .filter(|b| {
-                        b["type"] != "text" || b["text"].as_str().is_some_and(|t| !t.is_empty())
-                    })
-                    .cloned()
-                    .collect();
-                let mut results = Vec::new();
-                for (call, result) in &self.calls {
-                    let input: Value =
-                        serde_json::from_str(&call.arguments).unwrap_or_else(|_| json!({}));
-                    content.push(json!({"type": "tool_use", "id": call.id, "name": call.name, "input": input}));
-                    results.push(
-                        json!({"type": "tool_result", "tool_use_id": call.id, "content": result}),
-                    );
-                }
-                vec![
-                    json!({"role": "assistant", "content": content}),
-                    json!({"role": "user", "content": results}),
-                ]
-            }
-            Format::Chat => {
-                let calls: Vec<Value> = self
-                    .calls
-                    .iter()
-                    .map(|(call, _)| json!({"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}))
-                    .collect();
-                let content = if self.text.is_empty() {
-                    Value::Null
-                } else {
-                    Value::String(self.text.clone())
-                };
-                // Chat takes one `tool` message per call, after the assistant's.
-                let mut messages =
-                    vec![json!({"role": "assistant", "content": content, "tool_calls": calls})];
-                messages.extend(self.calls.iter().map(|(call, result)| {
-                    json!({"role": "tool", "tool_call_id": call.id, "content": result})
-                }));
-                messages
-            }
+            results.push_str(result);
         }
+        vec![
+            wire.frame_item(Side::Assistant, &said),
+            wire.frame_item(Side::User, &results),
+        ]
     }
 }
 
@@ -308,7 +174,7 @@ fn add_usage(total: &mut Value, usage: &Value) {
 }
 
 /// Replace `base`'s fields with those `later` sets (a later report of the same round's usage).
-fn override_usage(base: &mut Value, later: &Value) {
+pub(super) fn override_usage(base: &mut Value, later: &Value) {
     let Value::Object(later) = later else { return };
     if !base.is_object() {
         *base = json!({});
@@ -323,7 +189,7 @@ fn override_usage(base: &mut Value, later: &Value) {
 }
 
 /// `key` of an event, `null` when it has none.
-fn field<'a>(event: &'a Map<String, Value>, key: &str) -> &'a Value {
+pub(super) fn field<'a>(event: &'a Map<String, Value>, key: &str) -> &'a Value {
     event.get(key).unwrap_or(&Value::Null)
 }
 
@@ -345,41 +211,41 @@ pub struct Splice {
     /// This round's stream, cut into events.
     events: wire::Events,
     /// Whether our calls are intercepted this round (not on the last one: the tools are gone).
-    intercept: bool,
+    pub(super) intercept: bool,
     /// Rounds finished before this one.
-    finished: usize,
+    pub(super) finished: usize,
     /// The next index the client will see (Chat tool calls, Responses output items, Messages
     /// content blocks), and where this round's indices start.
     next_index: u64,
     base_index: u64,
     /// This round's upstream index → the client's index, `None` for our calls.
-    map: HashMap<u64, Option<u64>>,
+    pub(super) map: HashMap<u64, Option<u64>>,
     /// This round's upstream block index → its place in `round.blocks` (Messages).
-    block_at: HashMap<u64, usize>,
+    pub(super) block_at: HashMap<u64, usize>,
     /// This round's upstream index of each of our calls → its place in `ours`.
-    ours_at: HashMap<u64, usize>,
-    ours: Vec<Pending>,
-    harness_calls: usize,
-    round: Round,
+    pub(super) ours_at: HashMap<u64, usize>,
+    pub(super) ours: Vec<Pending>,
+    pub(super) harness_calls: usize,
+    pub(super) round: Round,
     /// The usage of the finished rounds, summed, and of this round so far.
-    usage: Value,
-    round_usage: Value,
+    pub(super) usage: Value,
+    pub(super) round_usage: Value,
     /// The first round's message id (Chat chunks carry it on every chunk).
-    id: Option<Value>,
+    pub(super) id: Option<Value>,
     /// This round ends in our calls only: its remaining events are held back.
-    holding: bool,
+    pub(super) holding: bool,
     /// Responses sequence numbers: what is added to the upstream's (events held back, earlier
     /// rounds), the last one the client got, and whether this round has set the shift yet.
-    sequence_shift: i64,
-    last_sequence: Option<u64>,
-    sequenced: bool,
+    pub(super) sequence_shift: i64,
+    pub(super) last_sequence: Option<u64>,
+    pub(super) sequenced: bool,
     /// Every output item the client has seen, all rounds (Responses: the closing response
     /// lists them).
-    output: Vec<Value>,
+    pub(super) output: Vec<Value>,
     /// The response the first round's `response.created` announced (Responses: a refused
     /// later round closes it as failed), and the id of the latest round's.
-    created: Option<Value>,
-    latest_id: Option<String>,
+    pub(super) created: Option<Value>,
+    pub(super) latest_id: Option<String>,
 }
 
 impl Splice {
@@ -439,15 +305,29 @@ impl Splice {
     }
 
     /// The usage of every round so far, this one included.
-    fn total_usage(&self) -> Value {
+    pub(super) fn total_usage(&self) -> Value {
         let mut total = self.usage.clone();
         add_usage(&mut total, &self.round_usage);
         total
     }
 
+    /// Keep the first round's message id (under `key`) on every event: the first one seen is
+    /// remembered, a later round's replaced by it; whether `event` was changed.
+    pub(super) fn same_id(&mut self, event: &mut Map<String, Value>, key: &str) -> bool {
+        match (&self.id, event.get(key)) {
+            (None, Some(id)) => self.id = Some(id.clone()),
+            (Some(first), Some(id)) if first != id => {
+                event.insert(key.into(), first.clone());
+                return true;
+            }
+            _ => {}
+        }
+        false
+    }
+
     /// Whether a round whose calls are `ours` ends in them alone (stop reason `reason`): then the
     /// loop goes on. A reply cut short (length, filter) never does.
-    fn ends_in_ours(&self, reason: &str) -> bool {
+    pub(super) fn ends_in_ours(&self, reason: &str) -> bool {
         !self.ours.is_empty()
             && self.harness_calls == 0
             && !matches!(
@@ -458,7 +338,7 @@ impl Splice {
 
     /// The index the client sees for upstream index `at`, first seen as a call of `name`
     /// (`None`: ours, intercepted).
-    fn slot(&mut self, at: u64, call: Option<(&str, &str)>) -> Option<u64> {
+    pub(super) fn slot(&mut self, at: u64, call: Option<(&str, &str)>) -> Option<u64> {
         if let Some(slot) = self.map.get(&at) {
             return *slot;
         }
@@ -488,7 +368,8 @@ impl Splice {
         slot
     }
 
-    fn argument(&mut self, at: u64, piece: &str) {
+    /// Add `piece` to the arguments of our call at upstream index `at`, if it is ours.
+    pub(super) fn argument(&mut self, at: u64, piece: &str) {
         if let Some(&i) = self.ours_at.get(&at) {
             self.ours[i].arguments.push_str(piece);
         }
@@ -524,314 +405,21 @@ impl Splice {
 
     /// What of one upstream event (`raw`, its blank line included) reaches the client.
     fn event(&mut self, raw: &[u8]) -> Option<Vec<u8>> {
-        let out = match serde_json::from_str::<Value>(&wire::event_data(raw)) {
-            Ok(Value::Object(event)) => match self.format {
-                Format::Messages => self.messages_event(event),
-                Format::Gemini => self.gemini_event(event),
-                Format::Responses => self.responses_event(event),
-                Format::Chat => self.chat_event(event),
-            },
+        let event = match serde_json::from_str::<Value>(&wire::event_data(raw)) {
+            Ok(Value::Object(event)) => self.format.wire().splice_event(self, event),
             // `[DONE]`, comments, anything else: as it came, unless the round is held back.
-            _ => (!self.holding).then_some(None),
-        }?;
-        Some(out.unwrap_or_else(|| raw.to_vec()))
-    }
-
-    /// A Chat Completions chunk: `None` held back, `Some(None)` as it came, `Some(Some(bytes))`
-    /// rewritten.
-    fn chat_event(&mut self, mut chunk: Map<String, Value>) -> Option<Option<Vec<u8>>> {
-        let mut changed = false;
-        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()).cloned() {
-            override_usage(&mut self.round_usage, &usage);
-            if self.finished > 0 && !self.holding {
-                chunk.insert("usage".into(), self.total_usage());
-                changed = true;
-            }
-        }
-        if self.holding {
-            return None;
-        }
-        match (&self.id, chunk.get("id")) {
-            (None, Some(id)) => self.id = Some(id.clone()),
-            (Some(first), Some(id)) if first != id => {
-                chunk.insert("id".into(), first.clone());
-                changed = true;
-            }
-            _ => {}
-        }
-        let mut said = false;
-        let mut finished = None;
-        if let Some(Value::Array(choices)) = chunk.get_mut("choices") {
-            for choice in choices
-                .iter_mut()
-                .filter(|c| c["index"].as_u64().unwrap_or(0) == 0)
-            {
-                if let Some(reason) = choice["finish_reason"].as_str() {
-                    finished = Some(reason.to_owned());
-                }
-                let Some(Value::Object(delta)) = choice.get_mut("delta") else {
-                    continue;
-                };
-                if self.finished > 0 && delta.remove("role").is_some() {
-                    changed = true;
-                }
-                if let Some(text) = delta.get("content").and_then(Value::as_str) {
-                    self.round.text.push_str(text);
-                }
-                if let Some(Value::Array(calls)) = delta.get_mut("tool_calls") {
-                    let mut kept = Vec::new();
-                    for mut call in std::mem::take(calls) {
-                        let at = call["index"].as_u64().unwrap_or(0);
-                        let named = call["function"]["name"]
-                            .as_str()
-                            .map(|n| (n.to_owned(), call["id"].as_str().unwrap_or("").to_owned()));
-                        let slot =
-                            self.slot(at, named.as_ref().map(|(n, i)| (n.as_str(), i.as_str())));
-                        match slot {
-                            None => {
-                                if let Some(piece) = call["function"]["arguments"].as_str() {
-                                    self.argument(at, piece);
-                                }
-                                changed = true;
-                            }
-                            Some(out) => {
-                                if out != at {
-                                    call["index"] = json!(out);
-                                    changed = true;
-                                }
-                                kept.push(call);
-                            }
-                        }
-                    }
-                    if kept.is_empty() {
-                        delta.remove("tool_calls");
-                    } else {
-                        *calls = kept;
-                    }
-                }
-                said |= !delta.is_empty();
-            }
-        }
-        if let Some(reason) = &finished
-            && self.ends_in_ours(reason)
-        {
-            self.holding = true;
-            return None;
-        }
-        if !changed {
-            return Some(None);
-        }
-        if !said && finished.is_none() && !chunk.get("usage").is_some_and(Value::is_object) {
-            return None;
-        }
-        Some(Some(wire::encode_event(self.format, &chunk)))
-    }
-
-    /// Take our calls out of a Gemini response (a streamed chunk or a whole body), recording
-    /// the round's other parts: whether anything was taken, the finish reason, whether parts
-    /// are left.
-    fn gemini_parts(&mut self, response: &mut Map<String, Value>) -> (bool, Option<String>, bool) {
-        let Some(candidate) = response.get_mut("candidates").and_then(|c| c.get_mut(0)) else {
-            return (false, None, false);
+            _ if self.holding => Event::Hold,
+            _ => Event::Pass,
         };
-        let finish = candidate["finishReason"].as_str().map(str::to_owned);
-        let mut taken = false;
-        let mut left = false;
-        if let Some(Value::Array(parts)) = candidate
-            .get_mut("content")
-            .and_then(|c| c.get_mut("parts"))
-        {
-            let mut kept = Vec::new();
-            for part in std::mem::take(parts) {
-                if let Some(call) = part.get("functionCall") {
-                    let name = call["name"].as_str().unwrap_or("");
-                    if self.intercept && memory_tools::is_memory_tool(name) {
-                        self.ours.push(Pending {
-                            id: call["id"].as_str().unwrap_or("").to_owned(),
-                            name: name.to_owned(),
-                            arguments: if call["args"].is_object() {
-                                call["args"].to_string()
-                            } else {
-                                String::new()
-                            },
-                            part: part.clone(),
-                        });
-                        taken = true;
-                        continue;
-                    }
-                    self.harness_calls += 1;
-                }
-                self.round.blocks.push(part.clone());
-                kept.push(part);
-            }
-            left = !kept.is_empty();
-            *parts = kept;
+        match event {
+            Event::Hold => None,
+            Event::Pass => Some(raw.to_vec()),
+            Event::Rewrite(bytes) => Some(bytes),
         }
-        (taken, finish, left)
-    }
-
-    /// A Gemini chunk (a whole `GenerateContentResponse`), answered as
-    /// [`Splice::chat_event`] answers.
-    fn gemini_event(&mut self, mut chunk: Map<String, Value>) -> Option<Option<Vec<u8>>> {
-        if let Some(usage) = chunk
-            .get("usageMetadata")
-            .filter(|u| u.is_object())
-            .cloned()
-        {
-            override_usage(&mut self.round_usage, &usage);
-        }
-        if self.holding {
-            return None;
-        }
-        let mut changed = false;
-        match (&self.id, chunk.get("responseId")) {
-            (None, Some(id)) => self.id = Some(id.clone()),
-            (Some(first), Some(id)) if first != id => {
-                chunk.insert("responseId".into(), first.clone());
-                changed = true;
-            }
-            _ => {}
-        }
-        let (taken, finish, left) = self.gemini_parts(&mut chunk);
-        changed |= taken;
-        if let Some(reason) = &finish
-            && self.ends_in_ours(reason)
-        {
-            self.holding = true;
-            return None;
-        }
-        let usage = chunk.contains_key("usageMetadata");
-        if self.finished > 0 && usage {
-            chunk.insert("usageMetadata".into(), self.total_usage());
-            changed = true;
-        }
-        if !changed {
-            return Some(None);
-        }
-        // A chunk left without parts by taking ours out is dropped, usage or not (the usage is
-        // counted, and later chunks carry it): Gemini's chat history refuses a turn in which a
-        // chunk has no parts.
-        if !left && finish.is_none() && (taken || !usage) {
-            return None;
-        }
-        Some(Some(wire::encode_event(self.format, &chunk)))
-    }
-
-    /// An OpenAI Responses event, answered as [`Splice::chat_event`] answers. Output indices
-    /// continue across rounds, sequence numbers keep increasing over the events the client
-    /// gets, and the closing `response.completed` carries the first round's id, every round's
-    /// visible output and the summed usage.
-    fn responses_event(&mut self, mut event: Map<String, Value>) -> Option<Option<Vec<u8>>> {
-        let kind = field(&event, "type").as_str().unwrap_or("").to_owned();
-        let sequence = field(&event, "sequence_number").as_u64();
-        if let Some(seq) = sequence
-            && !self.sequenced
-        {
-            self.sequenced = true;
-            if let Some(last) = self.last_sequence {
-                self.sequence_shift = last as i64 + 1 - seq as i64;
-            }
-        }
-        let Some(mut changed) = self.responses_pass(&kind, &mut event) else {
-            if sequence.is_some() {
-                self.sequence_shift -= 1;
-            }
-            return None;
-        };
-        if let Some(seq) = sequence {
-            let out = u64::try_from(seq as i64 + self.sequence_shift).unwrap_or(0);
-            if out != seq {
-                event.insert("sequence_number".into(), json!(out));
-                changed = true;
-            }
-            self.last_sequence = Some(out);
-        }
-        Some(changed.then(|| wire::encode_event(self.format, &event)))
-    }
-
-    /// Whether a Responses event passes (`None`: held back) and whether it was rewritten.
-    fn responses_pass(&mut self, kind: &str, event: &mut Map<String, Value>) -> Option<bool> {
-        let mut changed = false;
-        match kind {
-            "response.created" | "response.in_progress" => {
-                if self.id.is_none() {
-                    self.id = field(event, "response").get("id").cloned();
-                }
-                if self.created.is_none() {
-                    self.created = Some(field(event, "response").clone());
-                }
-                if let Some(id) = field(event, "response")["id"].as_str() {
-                    self.latest_id = Some(id.to_owned());
-                }
-                if self.finished > 0 {
-                    return None;
-                }
-            }
-            "response.output_item.added" => {
-                let item = field(event, "item");
-                let call = (item["type"] == "function_call").then(|| {
-                    (
-                        item["name"].as_str().unwrap_or("").to_owned(),
-                        item["call_id"].as_str().unwrap_or("").to_owned(),
-                    )
-                });
-                let at = field(event, "output_index").as_u64().unwrap_or(0);
-                self.slot(at, call.as_ref().map(|(n, i)| (n.as_str(), i.as_str())));
-            }
-            "response.output_item.done" => {
-                let at = field(event, "output_index").as_u64().unwrap_or(0);
-                let item = field(event, "item").clone();
-                match self.ours_at.get(&at) {
-                    Some(&i) => {
-                        self.ours[i].arguments =
-                            item["arguments"].as_str().unwrap_or("").to_owned();
-                    }
-                    None => {
-                        self.output.push(item.clone());
-                        self.round.blocks.push(item);
-                    }
-                }
-            }
-            "response.completed" | "response.incomplete" => {
-                let response = field(event, "response").clone();
-                override_usage(&mut self.round_usage, &response["usage"]);
-                let status = response["status"].as_str().unwrap_or("");
-                if self.ends_in_ours(if status == "completed" {
-                    "stop"
-                } else {
-                    "length"
-                }) {
-                    self.holding = true;
-                    return None;
-                }
-                if self.finished > 0 || !self.ours.is_empty() {
-                    let mut response = response;
-                    if let Some(id) = &self.id {
-                        response["id"] = id.clone();
-                    }
-                    response["output"] = Value::Array(self.output.clone());
-                    response["usage"] = self.total_usage();
-                    event.insert("response".into(), response);
-                    changed = true;
-                }
-            }
-            _ => {}
-        }
-        if self.holding {
-            return None;
-        }
-        if let Some(at) = field(event, "output_index").as_u64() {
-            let out = (*self.map.get(&at)?)?;
-            if out != at {
-                event.insert("output_index".into(), json!(out));
-                changed = true;
-            }
-        }
-        Some(changed)
     }
 
     /// The Responses sequence number of the next event the splice adds itself.
-    fn next_sequence(&mut self) -> u64 {
+    pub(super) fn next_sequence(&mut self) -> u64 {
         let next = self.last_sequence.map_or(0, |last| last + 1);
         self.last_sequence = Some(next);
         next
@@ -856,203 +444,13 @@ impl Splice {
             Value::Object,
         );
         let event = wire::error_event(self.format, &body, self.next_sequence());
-        match self.format {
-            Format::Chat | Format::Gemini | Format::Messages => vec![event],
-            Format::Responses => {
-                let error = &body["error"];
-                let failed_at = self.next_sequence();
-                let mut response = self.created.clone().unwrap_or_else(|| json!({}));
-                if let Some(id) = &self.id {
-                    response["id"] = id.clone();
-                }
-                let code = error["code"].as_str().or(error["type"].as_str());
-                response["status"] = json!("failed");
-                response["error"] = json!({"code": code, "message": error["message"]});
-                response["output"] = Value::Array(self.output.clone());
-                response["usage"] = self.total_usage();
-                let failed = json!({"type": "response.failed", "sequence_number": failed_at, "response": response});
-                let failed = failed.as_object().expect("an event is a JSON object");
-                vec![event, wire::encode_event(self.format, failed)]
-            }
-        }
-    }
-
-    /// An Anthropic Messages event, answered as [`Splice::chat_event`] answers.
-    fn messages_event(&mut self, mut event: Map<String, Value>) -> Option<Option<Vec<u8>>> {
-        let kind = event
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned();
-        let at = event.get("index").and_then(Value::as_u64).unwrap_or(0);
-        let mut changed = false;
-        match kind.as_str() {
-            "message_start" => {
-                override_usage(&mut self.round_usage, &field(&event, "message")["usage"]);
-                if self.finished > 0 {
-                    return None;
-                }
-            }
-            "content_block_start" => {
-                let block = event.get("content_block").cloned().unwrap_or(Value::Null);
-                let call = (block["type"] == "tool_use").then(|| {
-                    (
-                        block["name"].as_str().unwrap_or("").to_owned(),
-                        block["id"].as_str().unwrap_or("").to_owned(),
-                    )
-                });
-                let out = self.slot(at, call.as_ref().map(|(n, i)| (n.as_str(), i.as_str())))?;
-                if call.is_none() {
-                    self.block_at.insert(at, self.round.blocks.len());
-                    self.round.blocks.push(block);
-                }
-                if out != at {
-                    event.insert("index".into(), json!(out));
-                    changed = true;
-                }
-            }
-            "content_block_delta" | "content_block_stop" => {
-                let Some(&slot) = self.map.get(&at) else {
-                    return (!self.holding).then_some(None);
-                };
-                let delta = field(&event, "delta").clone();
-                let Some(out) = slot else {
-                    if let Some(piece) = delta["partial_json"].as_str() {
-                        self.argument(at, piece);
-                    }
-                    return None;
-                };
-                if let Some(&i) = self.block_at.get(&at) {
-                    let block = &mut self.round.blocks[i];
-                    for (field, kind) in [
-                        ("text", "text_delta"),
-                        ("thinking", "thinking_delta"),
-                        ("signature", "signature_delta"),
-                    ] {
-                        if delta["type"] == kind
-                            && let Some(piece) = delta[field].as_str()
-                        {
-                            let joined = format!("{}{piece}", block[field].as_str().unwrap_or(""));
-                            block[field] = json!(joined);
-                        }
-                    }
-                }
-                if out != at {
-                    event.insert("index".into(), json!(out));
-                    changed = true;
-                }
-            }
-            "message_delta" => {
-                override_usage(&mut self.round_usage, field(&event, "usage"));
-                let reason = field(&event, "delta")["stop_reason"].as_str().unwrap_or("");
-                if self.ends_in_ours(reason) {
-                    self.holding = true;
-                    return None;
-                }
-                if self.finished > 0 {
-                    let mut usage = event.get("usage").cloned().unwrap_or_else(|| json!({}));
-                    override_usage(&mut usage, &self.total_usage());
-                    event.insert("usage".into(), usage);
-                    changed = true;
-                }
-            }
-            "message_stop" if self.holding => return None,
-            _ => {}
-        }
-        if self.holding {
-            return None;
-        }
-        Some(changed.then(|| wire::encode_event(self.format, &event)))
+        let failed = self.format.wire().failed(self, &body);
+        std::iter::once(event).chain(failed).collect()
     }
 
     /// One whole (non-streamed) reply body: our calls taken out and the round recorded.
     fn whole(&mut self, body: &Value) -> Ended {
-        match self.format {
-            Format::Gemini => {
-                if let Value::Object(mut response) = body.clone() {
-                    let (_, finish, _) = self.gemini_parts(&mut response);
-                    override_usage(&mut self.round_usage, &body["usageMetadata"]);
-                    self.holding = finish.is_some_and(|r| self.ends_in_ours(&r));
-                }
-            }
-            Format::Messages => {
-                for (at, block) in body["content"].as_array().into_iter().flatten().enumerate() {
-                    let call = (block["type"] == "tool_use").then(|| {
-                        (
-                            block["name"].as_str().unwrap_or("").to_owned(),
-                            block["id"].as_str().unwrap_or("").to_owned(),
-                        )
-                    });
-                    if self
-                        .slot(
-                            at as u64,
-                            call.as_ref().map(|(n, i)| (n.as_str(), i.as_str())),
-                        )
-                        .is_none()
-                    {
-                        self.argument(at as u64, &block["input"].to_string());
-                    } else if call.is_none() {
-                        self.round.blocks.push(block.clone());
-                    }
-                }
-                override_usage(&mut self.round_usage, &body["usage"]);
-                let reason = body["stop_reason"].as_str().unwrap_or("");
-                self.holding = self.ends_in_ours(reason);
-            }
-            Format::Responses => {
-                for (at, item) in body["output"].as_array().into_iter().flatten().enumerate() {
-                    let call = (item["type"] == "function_call").then(|| {
-                        (
-                            item["name"].as_str().unwrap_or("").to_owned(),
-                            item["call_id"].as_str().unwrap_or("").to_owned(),
-                        )
-                    });
-                    if self
-                        .slot(
-                            at as u64,
-                            call.as_ref().map(|(n, i)| (n.as_str(), i.as_str())),
-                        )
-                        .is_none()
-                    {
-                        self.argument(at as u64, item["arguments"].as_str().unwrap_or(""));
-                    } else {
-                        self.round.blocks.push(item.clone());
-                    }
-                }
-                override_usage(&mut self.round_usage, &body["usage"]);
-                let status = body["status"].as_str().unwrap_or("");
-                self.holding = self.ends_in_ours(if status == "completed" {
-                    "stop"
-                } else {
-                    "length"
-                });
-            }
-            Format::Chat => {
-                let choice = &body["choices"][0];
-                let message = &choice["message"];
-                if let Some(text) = message["content"].as_str() {
-                    self.round.text.push_str(text);
-                }
-                for (at, call) in message["tool_calls"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .enumerate()
-                {
-                    let name = call["function"]["name"].as_str().unwrap_or("");
-                    let id = call["id"].as_str().unwrap_or("");
-                    if self.slot(at as u64, Some((name, id))).is_none() {
-                        self.argument(
-                            at as u64,
-                            call["function"]["arguments"].as_str().unwrap_or(""),
-                        );
-                    }
-                }
-                override_usage(&mut self.round_usage, &body["usage"]);
-                let reason = choice["finish_reason"].as_str().unwrap_or("");
-                self.holding = self.ends_in_ours(reason);
-            }
-        }
+        self.format.wire().splice_whole(self, body);
         let (ended, round) = self.end_round();
         self.round = round;
         ended
@@ -1061,92 +459,10 @@ impl Splice {
     /// The last whole body as the client gets it: our calls out, the earlier rounds' text in
     /// front, usage summed over every round.
     fn merged(&self, mut body: Value, earlier: &[Round]) -> Value {
-        let mut usage_key = "usage";
-        match self.format {
-            Format::Gemini => {
-                usage_key = "usageMetadata";
-                let mut parts: Vec<Value> = earlier
-                    .iter()
-                    .flat_map(|r| r.blocks.iter().cloned())
-                    .collect();
-                let content = &mut body["candidates"][0]["content"];
-                parts.extend(
-                    content["parts"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter(|p| {
-                            !p["functionCall"]["name"]
-                                .as_str()
-                                .is_some_and(memory_tools::is_memory_tool)
-                        })
-                        .cloned(),
-                );
-                content["parts"] = Value::Array(parts);
-            }
-            Format::Messages => {
-                let mut content: Vec<Value> = earlier
-                    .iter()
-                    .flat_map(|r| r.blocks.iter().cloned())
-                    .collect();
-                content.extend(
-                    body["content"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter(|b| {
-                            !(b["type"] == "tool_use"
-                                && b["name"].as_str().is_some_and(memory_tools::is_memory_tool))
-                        })
-                        .cloned(),
-                );
-                body["content"] = Value::Array(content);
-            }
-            Format::Responses => {
-                let mut output: Vec<Value> = earlier
-                    .iter()
-                    .flat_map(|r| r.blocks.iter().cloned())
-                    .collect();
-                output.extend(
-                    body["output"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter(|item| {
-                            !(item["type"] == "function_call"
-                                && item["name"]
-                                    .as_str()
-                                    .is_some_and(memory_tools::is_memory_tool))
-                        })
-                        .cloned(),
-                );
-                body["output"] = Value::Array(output);
-            }
-            Format::Chat => {
-                let message = &mut body["choices"][0]["message"];
-                let mut text: String = earlier.iter().map(|r| r.text.as_str()).collect();
-                if let Some(last) = message["content"].as_str() {
-                    text.push_str(last);
-                }
-                if !text.is_empty() {
-                    message["content"] = json!(text);
-                }
-                if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
-                    calls.retain(|c| {
-                        !c["function"]["name"]
-                            .as_str()
-                            .is_some_and(memory_tools::is_memory_tool)
-                    });
-                    if calls.is_empty()
-                        && let Some(message) = message.as_object_mut()
-                    {
-                        message.remove("tool_calls");
-                    }
-                }
-            }
-        }
+        let wire = self.format.wire();
+        wire.merge_rounds(&mut body, earlier);
         if !self.usage.is_null() {
-            body[usage_key] = self.usage.clone();
+            body[wire.usage_key()] = self.usage.clone();
         }
         body
     }
@@ -1278,16 +594,6 @@ async fn run_calls(lp: Loop, calls: Vec<Pending>) -> (Loop, Vec<String>) {
     .expect("the tool task does not panic")
 }
 
-/// What a keep-alive looks like in `format`'s stream.
-fn keep_alive(format: Format) -> Bytes {
-    match format {
-        Format::Messages => Bytes::from_static(b"event: ping\ndata: {\"type\": \"ping\"}\n\n"),
-        Format::Chat | Format::Responses | Format::Gemini => {
-            Bytes::from_static(b": keep-alive\n\n")
-        }
-    }
-}
-
 /// Await `work`, sending the client a keep-alive now and every [`KEEP_ALIVE`] while it runs;
 /// also says whether the client has gone meanwhile (the work is finished all the same).
 async fn kept_alive<T>(
@@ -1298,7 +604,7 @@ async fn kept_alive<T>(
     tokio::pin!(work);
     let mut gone = false;
     loop {
-        gone = gone || tx.send(keep_alive(format)).await.is_err();
+        gone = gone || tx.send(format.wire().keep_alive()).await.is_err();
         tokio::select! {
             done = &mut work => return (done, gone),
             () = tokio::time::sleep(KEEP_ALIVE) => {}
@@ -1666,14 +972,11 @@ mod tests {
     #[test]
     fn offer_appends_after_the_harness_tools_and_withdraw_removes_only_ours() {
         for format in [Format::Chat, Format::Messages] {
-            let harness = declared(
-                format,
-                &memory_tools::Spec {
-                    name: "weather",
-                    description: "",
-                    parameters: json!({"type": "object"}),
-                },
-            );
+            let harness = format.wire().declared(&memory_tools::Spec {
+                name: "weather",
+                description: "",
+                parameters: json!({"type": "object"}),
+            });
             let mut body = Map::new();
             body.insert("tools".into(), json!([harness.clone()]));
             offer(format, &mut body);
@@ -1681,7 +984,7 @@ mod tests {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|t| is_ours(format, t))
+                .map(|t| format.wire().is_ours(t))
                 .collect();
             assert_eq!(ours, [false, true, true, true, true]);
             withdraw(format, &mut body);
