@@ -37,7 +37,7 @@ use crate::memory_tools::{self, Call, TurnState};
 use crate::recall::reheat_returned;
 use crate::types::UserId;
 
-use super::format::Event;
+use super::format::{Event, FormatSplice};
 use super::provider::Failure;
 use super::wire::{self, Format};
 use super::{
@@ -210,6 +210,16 @@ pub struct Splice {
     format: Format,
     /// This round's stream, cut into events.
     events: wire::Events,
+    /// What the splice keeps in every format.
+    state: SpliceState,
+    /// What only this format keeps, and what becomes of each of its events.
+    own: Box<dyn FormatSplice>,
+}
+
+/// What the splice keeps in every format: the client's numbering, our calls, the round so far,
+/// the usage, the first round's id.
+#[derive(Debug, Default)]
+pub(super) struct SpliceState {
     /// Whether our calls are intercepted this round (not on the last one: the tools are gone).
     pub(super) intercept: bool,
     /// Rounds finished before this one.
@@ -220,32 +230,18 @@ pub struct Splice {
     base_index: u64,
     /// This round's upstream index → the client's index, `None` for our calls.
     pub(super) map: HashMap<u64, Option<u64>>,
-    /// This round's upstream block index → its place in `round.blocks` (Messages).
-    pub(super) block_at: HashMap<u64, usize>,
     /// This round's upstream index of each of our calls → its place in `ours`.
     pub(super) ours_at: HashMap<u64, usize>,
     pub(super) ours: Vec<Pending>,
     pub(super) harness_calls: usize,
     pub(super) round: Round,
     /// The usage of the finished rounds, summed, and of this round so far.
-    pub(super) usage: Value,
+    usage: Value,
     pub(super) round_usage: Value,
     /// The first round's message id (Chat chunks carry it on every chunk).
     pub(super) id: Option<Value>,
     /// This round ends in our calls only: its remaining events are held back.
     pub(super) holding: bool,
-    /// Responses sequence numbers: what is added to the upstream's (events held back, earlier
-    /// rounds), the last one the client got, and whether this round has set the shift yet.
-    pub(super) sequence_shift: i64,
-    pub(super) last_sequence: Option<u64>,
-    pub(super) sequenced: bool,
-    /// Every output item the client has seen, all rounds (Responses: the closing response
-    /// lists them).
-    pub(super) output: Vec<Value>,
-    /// The response the first round's `response.created` announced (Responses: a refused
-    /// later round closes it as failed), and the id of the latest round's.
-    pub(super) created: Option<Value>,
-    pub(super) latest_id: Option<String>,
 }
 
 impl Splice {
@@ -255,37 +251,115 @@ impl Splice {
         Self {
             format,
             events: wire::Events::new(limit),
-            intercept: true,
-            finished: 0,
-            next_index: 0,
-            base_index: 0,
-            map: HashMap::new(),
-            block_at: HashMap::new(),
-            ours_at: HashMap::new(),
-            ours: Vec::new(),
-            harness_calls: 0,
-            round: Round::default(),
-            usage: Value::Null,
-            round_usage: Value::Null,
-            id: None,
-            holding: false,
-            sequence_shift: 0,
-            last_sequence: None,
-            sequenced: false,
-            output: Vec::new(),
-            created: None,
-            latest_id: None,
+            state: SpliceState {
+                intercept: true,
+                ..SpliceState::default()
+            },
+            own: format.wire().splice(),
         }
     }
 
     /// A Responses reply that a memory round continued as another response: the id the
     /// client got (the first round's) and the last round's.
     fn continued(&self) -> Option<(String, String)> {
-        let shown = self.id.as_ref()?.as_str()?;
-        let latest = self.latest_id.as_deref()?;
+        let shown = self.state.id.as_ref()?.as_str()?;
+        let latest = self.own.latest_id()?;
         (shown != latest).then(|| (shown.to_owned(), latest.to_owned()))
     }
 
+    /// Close the round: what it asked of us; the state moves on to the next round.
+    fn end_round(&mut self) -> (Ended, Round) {
+        self.own.end_round();
+        self.state.end_round()
+    }
+
+    /// Take in the next bytes of this round's stream: what reaches the client of the events
+    /// they complete, in order, each one whole event; refused when an event runs over the
+    /// limit.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, wire::Oversize> {
+        let mut events = std::mem::replace(&mut self.events, wire::Events::new(0));
+        let mut out = Vec::new();
+        let fed = events.feed(bytes, |raw, _| out.extend(self.event(raw)));
+        self.events = events;
+        fed.map(|()| out)
+    }
+
+    /// This round's stream has ended: what reaches the client of its last event when the
+    /// upstream left off the blank line after it, or part of it (the client gets one whole).
+    pub fn flush(&mut self) -> Option<Vec<u8>> {
+        let tail = self.events.take_rest();
+        if tail.iter().all(u8::is_ascii_whitespace) {
+            return None;
+        }
+        let mut out = self.event(&tail)?;
+        let line_ends = out
+            .iter()
+            .rev()
+            .take_while(|&&b| matches!(b, b'\r' | b'\n'));
+        out.truncate(out.len() - line_ends.count());
+        out.extend_from_slice(b"\n\n");
+        Some(out)
+    }
+
+    /// What of one upstream event (`raw`, its blank line included) reaches the client.
+    fn event(&mut self, raw: &[u8]) -> Option<Vec<u8>> {
+        let event = match serde_json::from_str::<Value>(&wire::event_data(raw)) {
+            Ok(Value::Object(event)) => self.own.event(&mut self.state, event),
+            // `[DONE]`, comments, anything else: as it came, unless the round is held back.
+            _ if self.state.holding => Event::Hold,
+            _ => Event::Pass,
+        };
+        match event {
+            Event::Hold => None,
+            Event::Pass => Some(raw.to_vec()),
+            Event::Rewrite(bytes) => Some(bytes),
+        }
+    }
+
+    /// The events that end a streamed reply whose later round the upstream `refused`: its
+    /// own error where it answered with one (Chat, Gemini: `{"error": …}`; Messages: an
+    /// `error` event), else ours; Responses gets an `error` event and then the first round's
+    /// response closed as `response.failed`, numbered on from the last event the client got.
+    fn refusal(&mut self, refused: &Refused) -> Vec<Vec<u8>> {
+        let theirs = refused
+            .answer
+            .as_ref()
+            .and_then(|(_, body)| serde_json::from_slice::<Map<String, Value>>(body).ok())
+            .filter(|body| body.get("error").is_some_and(Value::is_object));
+        let body = theirs.map_or_else(
+            || {
+                self.format
+                    .provider()
+                    .error_body(Failure::Upstream, &refused.message)
+            },
+            Value::Object,
+        );
+        let event = wire::error_event(self.format, &body, self.own.next_sequence());
+        let failed = self.own.failed(&self.state, &body);
+        std::iter::once(event).chain(failed).collect()
+    }
+
+    /// One whole (non-streamed) reply body: our calls taken out and the round recorded.
+    fn whole(&mut self, body: &Value) -> Ended {
+        self.own.whole(&mut self.state, body);
+        let (ended, round) = self.end_round();
+        self.state.round = round;
+        ended
+    }
+
+    /// The last whole body as the client gets it: our calls out, the earlier rounds' text in
+    /// front, usage summed over every round.
+    fn merged(&self, mut body: Value, earlier: &[Round]) -> Value {
+        let wire = self.format.wire();
+        wire.merge_rounds(&mut body, earlier);
+        if !self.state.usage.is_null() {
+            body[wire.usage_key()] = self.state.usage.clone();
+        }
+        body
+    }
+}
+
+impl SpliceState {
     /// Close the round: what it asked of us; the state moves on to the next round.
     fn end_round(&mut self) -> (Ended, Round) {
         let ended = Ended {
@@ -295,9 +369,7 @@ impl Splice {
         add_usage(&mut self.usage, &std::mem::take(&mut self.round_usage));
         self.finished += 1;
         self.base_index = self.next_index;
-        self.sequenced = false;
         self.map.clear();
-        self.block_at.clear();
         self.ours_at.clear();
         self.harness_calls = 0;
         self.holding = false;
@@ -373,98 +445,6 @@ impl Splice {
         if let Some(&i) = self.ours_at.get(&at) {
             self.ours[i].arguments.push_str(piece);
         }
-    }
-
-    /// Take in the next bytes of this round's stream: what reaches the client of the events
-    /// they complete, in order, each one whole event; refused when an event runs over the
-    /// limit.
-    pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, wire::Oversize> {
-        let mut events = std::mem::replace(&mut self.events, wire::Events::new(0));
-        let mut out = Vec::new();
-        let fed = events.feed(bytes, |raw, _| out.extend(self.event(raw)));
-        self.events = events;
-        fed.map(|()| out)
-    }
-
-    /// This round's stream has ended: what reaches the client of its last event when the
-    /// upstream left off the blank line after it, or part of it (the client gets one whole).
-    pub fn flush(&mut self) -> Option<Vec<u8>> {
-        let tail = self.events.take_rest();
-        if tail.iter().all(u8::is_ascii_whitespace) {
-            return None;
-        }
-        let mut out = self.event(&tail)?;
-        let line_ends = out
-            .iter()
-            .rev()
-            .take_while(|&&b| matches!(b, b'\r' | b'\n'));
-        out.truncate(out.len() - line_ends.count());
-        out.extend_from_slice(b"\n\n");
-        Some(out)
-    }
-
-    /// What of one upstream event (`raw`, its blank line included) reaches the client.
-    fn event(&mut self, raw: &[u8]) -> Option<Vec<u8>> {
-        let event = match serde_json::from_str::<Value>(&wire::event_data(raw)) {
-            Ok(Value::Object(event)) => self.format.wire().splice_event(self, event),
-            // `[DONE]`, comments, anything else: as it came, unless the round is held back.
-            _ if self.holding => Event::Hold,
-            _ => Event::Pass,
-        };
-        match event {
-            Event::Hold => None,
-            Event::Pass => Some(raw.to_vec()),
-            Event::Rewrite(bytes) => Some(bytes),
-        }
-    }
-
-    /// The Responses sequence number of the next event the splice adds itself.
-    pub(super) fn next_sequence(&mut self) -> u64 {
-        let next = self.last_sequence.map_or(0, |last| last + 1);
-        self.last_sequence = Some(next);
-        next
-    }
-
-    /// The events that end a streamed reply whose later round the upstream `refused`: its
-    /// own error where it answered with one (Chat, Gemini: `{"error": …}`; Messages: an
-    /// `error` event), else ours; Responses gets an `error` event and then the first round's
-    /// response closed as `response.failed`, numbered on from the last event the client got.
-    fn refusal(&mut self, refused: &Refused) -> Vec<Vec<u8>> {
-        let theirs = refused
-            .answer
-            .as_ref()
-            .and_then(|(_, body)| serde_json::from_slice::<Map<String, Value>>(body).ok())
-            .filter(|body| body.get("error").is_some_and(Value::is_object));
-        let body = theirs.map_or_else(
-            || {
-                self.format
-                    .provider()
-                    .error_body(Failure::Upstream, &refused.message)
-            },
-            Value::Object,
-        );
-        let event = wire::error_event(self.format, &body, self.next_sequence());
-        let failed = self.format.wire().failed(self, &body);
-        std::iter::once(event).chain(failed).collect()
-    }
-
-    /// One whole (non-streamed) reply body: our calls taken out and the round recorded.
-    fn whole(&mut self, body: &Value) -> Ended {
-        self.format.wire().splice_whole(self, body);
-        let (ended, round) = self.end_round();
-        self.round = round;
-        ended
-    }
-
-    /// The last whole body as the client gets it: our calls out, the earlier rounds' text in
-    /// front, usage summed over every round.
-    fn merged(&self, mut body: Value, earlier: &[Round]) -> Value {
-        let wire = self.format.wire();
-        wire.merge_rounds(&mut body, earlier);
-        if !self.usage.is_null() {
-            body[wire.usage_key()] = self.usage.clone();
-        }
-        body
     }
 }
 
@@ -720,7 +700,7 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
     let mut reader = wire::StreamReader::new(format, limit);
     let mut rounds: Vec<Round> = Vec::new();
     'rounds: loop {
-        splice.intercept = rounds.len() + 1 < lp.rounds();
+        splice.state.intercept = rounds.len() + 1 < lp.rounds();
         loop {
             let next = tokio::select! {
                 next = tokio::time::timeout(idle, body.frame()) => next,
@@ -854,7 +834,7 @@ async fn whole(
     let mut splice = Splice::new(lp.format, limit);
     let mut rounds: Vec<Round> = Vec::new();
     loop {
-        splice.intercept = rounds.len() + 1 < lp.rounds();
+        splice.state.intercept = rounds.len() + 1 < lp.rounds();
         let bytes = match read_body(body, limit, idle, Failure::Timeout).await {
             Ok(bytes) => bytes,
             Err((Failure::Timeout, message)) => {
@@ -867,7 +847,7 @@ async fn whole(
         };
         let ended = splice.whole(&value);
         let round_had_ours = !ended.ours.is_empty();
-        let round = std::mem::take(&mut splice.round);
+        let round = std::mem::take(&mut splice.state.round);
         if !ended.ours.is_empty() {
             let (back, results) = run_calls(lp, ended.ours.clone()).await;
             lp = back;
@@ -896,7 +876,7 @@ async fn whole(
             }
         }
         // A reply that never called ours reaches the client as it came.
-        let bytes = if rounds.is_empty() && splice.finished == 1 && !round_had_ours {
+        let bytes = if rounds.is_empty() && splice.state.finished == 1 && !round_had_ours {
             bytes
         } else {
             Bytes::from(

@@ -7,13 +7,14 @@ use serde_json::{Map, Value, json};
 use crate::memory_tools;
 
 use super::super::provider::Provider;
-use super::super::rounds::{Round, Splice, override_usage};
+use super::super::rounds::{Round, SpliceState, override_usage};
 use super::super::wire::{
     Call, Outcome, StreamReader, as_text, encode_event, result_text, string_field,
 };
-use super::{Event, Format, WireFormat, borrowed, names_ours};
+use super::{Event, Format, FormatSplice, WireFormat, borrowed, names_ours};
 
 /// OpenAI Chat Completions.
+#[derive(Debug)]
 pub(super) struct Chat;
 
 impl WireFormat for Chat {
@@ -111,9 +112,35 @@ impl WireFormat for Chat {
         messages
     }
 
+    fn splice(&self) -> Box<dyn FormatSplice> {
+        Box::new(Chat)
+    }
+
+    fn merge_rounds(&self, body: &mut Value, earlier: &[Round]) {
+        let message = &mut body["choices"][0]["message"];
+        let mut text: String = earlier.iter().map(|r| r.text.as_str()).collect();
+        if let Some(last) = message["content"].as_str() {
+            text.push_str(last);
+        }
+        if !text.is_empty() {
+            message["content"] = json!(text);
+        }
+        if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
+            calls.retain(|c| !names_ours(&c["function"]["name"]));
+            if calls.is_empty()
+                && let Some(message) = message.as_object_mut()
+            {
+                message.remove("tool_calls");
+            }
+        }
+    }
+}
+
+/// Chat keeps no splice state of its own: the ids and indices are every format's.
+impl FormatSplice for Chat {
     /// A Chat Completions chunk: the first round's id on every chunk, the role only on the
     /// first round's, tool call indices continued, our calls taken out.
-    fn splice_event(&self, splice: &mut Splice, mut chunk: Map<String, Value>) -> Event {
+    fn event(&mut self, splice: &mut SpliceState, mut chunk: Map<String, Value>) -> Event {
         let mut changed = false;
         if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()).cloned() {
             override_usage(&mut splice.round_usage, &usage);
@@ -192,7 +219,7 @@ impl WireFormat for Chat {
         Event::Rewrite(encode_event(Format::Chat, &chunk))
     }
 
-    fn splice_whole(&self, splice: &mut Splice, body: &Value) {
+    fn whole(&mut self, splice: &mut SpliceState, body: &Value) {
         let choice = &body["choices"][0];
         let message = &choice["message"];
         if let Some(text) = message["content"].as_str() {
@@ -216,24 +243,5 @@ impl WireFormat for Chat {
         override_usage(&mut splice.round_usage, &body["usage"]);
         let reason = choice["finish_reason"].as_str().unwrap_or("");
         splice.holding = splice.ends_in_ours(reason);
-    }
-
-    fn merge_rounds(&self, body: &mut Value, earlier: &[Round]) {
-        let message = &mut body["choices"][0]["message"];
-        let mut text: String = earlier.iter().map(|r| r.text.as_str()).collect();
-        if let Some(last) = message["content"].as_str() {
-            text.push_str(last);
-        }
-        if !text.is_empty() {
-            message["content"] = json!(text);
-        }
-        if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
-            calls.retain(|c| !names_ours(&c["function"]["name"]));
-            if calls.is_empty()
-                && let Some(message) = message.as_object_mut()
-            {
-                message.remove("tool_calls");
-            }
-        }
     }
 }

@@ -9,13 +9,14 @@ use crate::memory_tools;
 
 use super::super::harness::Kind;
 use super::super::provider::Provider;
-use super::super::rounds::{Pending, Round, Splice, override_usage};
+use super::super::rounds::{Pending, Round, SpliceState, override_usage};
 use super::super::wire::{
     self, Call, Outcome, StreamReader, block_calls, block_results, encode_event, text_of,
 };
-use super::{Event, Format, WireFormat, blocks_said, earlier_then_kept, names_ours};
+use super::{Event, Format, FormatSplice, WireFormat, blocks_said, earlier_then_kept, names_ours};
 
 /// Gemini `generateContent` and `streamGenerateContent`.
+#[derive(Debug)]
 pub(super) struct Gemini;
 
 impl WireFormat for Gemini {
@@ -120,9 +121,27 @@ impl WireFormat for Gemini {
         ]
     }
 
+    fn splice(&self) -> Box<dyn FormatSplice> {
+        Box::new(Gemini)
+    }
+
+    fn merge_rounds(&self, body: &mut Value, earlier: &[Round]) {
+        let content = &mut body["candidates"][0]["content"];
+        content["parts"] = earlier_then_kept(earlier, &content["parts"], |p| {
+            names_ours(&p["functionCall"]["name"])
+        });
+    }
+
+    fn usage_key(&self) -> &'static str {
+        "usageMetadata"
+    }
+}
+
+/// Gemini keeps no splice state of its own: the ids and indices are every format's.
+impl FormatSplice for Gemini {
     /// A Gemini chunk (a whole `GenerateContentResponse`): the first round's `responseId`, our
     /// calls' parts taken out, the usage summed once rounds were spliced.
-    fn splice_event(&self, splice: &mut Splice, mut chunk: Map<String, Value>) -> Event {
+    fn event(&mut self, splice: &mut SpliceState, mut chunk: Map<String, Value>) -> Event {
         if let Some(usage) = chunk
             .get("usageMetadata")
             .filter(|u| u.is_object())
@@ -159,30 +178,19 @@ impl WireFormat for Gemini {
         Event::Rewrite(encode_event(Format::Gemini, &chunk))
     }
 
-    fn splice_whole(&self, splice: &mut Splice, body: &Value) {
+    fn whole(&mut self, splice: &mut SpliceState, body: &Value) {
         if let Value::Object(mut response) = body.clone() {
             let (_, finish, _) = take_ours(splice, &mut response);
             override_usage(&mut splice.round_usage, &body["usageMetadata"]);
             splice.holding = finish.is_some_and(|r| splice.ends_in_ours(&r));
         }
     }
-
-    fn merge_rounds(&self, body: &mut Value, earlier: &[Round]) {
-        let content = &mut body["candidates"][0]["content"];
-        content["parts"] = earlier_then_kept(earlier, &content["parts"], |p| {
-            names_ours(&p["functionCall"]["name"])
-        });
-    }
-
-    fn usage_key(&self) -> &'static str {
-        "usageMetadata"
-    }
 }
 
 /// Take our calls out of a Gemini response (a streamed chunk or a whole body), recording the
 /// round's other parts: whether anything was taken, the finish reason, whether parts are left.
 fn take_ours(
-    splice: &mut Splice,
+    splice: &mut SpliceState,
     response: &mut Map<String, Value>,
 ) -> (bool, Option<String>, bool) {
     let Some(candidate) = response.get_mut("candidates").and_then(|c| c.get_mut(0)) else {

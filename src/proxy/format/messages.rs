@@ -3,6 +3,8 @@
 //! streamed as typed events (`message_start`, `content_block_*`, `message_delta`,
 //! `message_stop`) each named in an `event:` line.
 
+use std::collections::HashMap;
+
 use hyper::body::Bytes;
 use serde_json::{Map, Value, json};
 
@@ -10,12 +12,13 @@ use crate::memory_tools;
 
 use super::super::harness::{self, Kind};
 use super::super::provider::Provider;
-use super::super::rounds::{Round, Splice, field, override_usage};
+use super::super::rounds::{Round, SpliceState, field, override_usage};
 use super::super::wire::{
     Call, Outcome, Request, StreamReader, block_calls, block_results, text_of,
 };
 use super::{
-    Event, Format, WireFormat, blocks_said, borrowed, call_of, earlier_then_kept, names_ours,
+    Event, Format, FormatSplice, WireFormat, blocks_said, borrowed, call_of, earlier_then_kept,
+    names_ours,
 };
 
 /// Anthropic Messages.
@@ -183,9 +186,29 @@ impl WireFormat for Messages {
         Bytes::from_static(b"event: ping\ndata: {\"type\": \"ping\"}\n\n")
     }
 
+    fn splice(&self) -> Box<dyn FormatSplice> {
+        Box::<Blocks>::default()
+    }
+
+    fn merge_rounds(&self, body: &mut Value, earlier: &[Round]) {
+        body["content"] = earlier_then_kept(earlier, &body["content"], |b| {
+            b["type"] == "tool_use" && names_ours(&b["name"])
+        });
+    }
+}
+
+/// What the Messages splice keeps of its own: where each of this round's content blocks
+/// is recorded, to add their deltas to it.
+#[derive(Debug, Default)]
+struct Blocks {
+    /// This round's upstream block index → its place in the round's `blocks`.
+    block_at: HashMap<u64, usize>,
+}
+
+impl FormatSplice for Blocks {
     /// An Anthropic Messages event: content block indices continued, our `tool_use` blocks
     /// held back, later rounds' `message_start` dropped and the closing usage summed.
-    fn splice_event(&self, splice: &mut Splice, mut event: Map<String, Value>) -> Event {
+    fn event(&mut self, splice: &mut SpliceState, mut event: Map<String, Value>) -> Event {
         let kind = event
             .get("type")
             .and_then(Value::as_str)
@@ -207,7 +230,7 @@ impl WireFormat for Messages {
                     return Event::Hold;
                 };
                 if call.is_none() {
-                    splice.block_at.insert(at, splice.round.blocks.len());
+                    self.block_at.insert(at, splice.round.blocks.len());
                     splice.round.blocks.push(block);
                 }
                 if out != at {
@@ -230,7 +253,7 @@ impl WireFormat for Messages {
                     }
                     return Event::Hold;
                 };
-                if let Some(&i) = splice.block_at.get(&at) {
+                if let Some(&i) = self.block_at.get(&at) {
                     let block = &mut splice.round.blocks[i];
                     for (field, kind) in [
                         ("text", "text_delta"),
@@ -273,7 +296,7 @@ impl WireFormat for Messages {
         Event::changed(changed, Format::Messages, &event)
     }
 
-    fn splice_whole(&self, splice: &mut Splice, body: &Value) {
+    fn whole(&mut self, splice: &mut SpliceState, body: &Value) {
         for (at, block) in body["content"].as_array().into_iter().flatten().enumerate() {
             let call = call_of(block["type"] == "tool_use", block, "id");
             if splice.slot(at as u64, borrowed(&call)).is_none() {
@@ -287,10 +310,8 @@ impl WireFormat for Messages {
         splice.holding = splice.ends_in_ours(reason);
     }
 
-    fn merge_rounds(&self, body: &mut Value, earlier: &[Round]) {
-        body["content"] = earlier_then_kept(earlier, &body["content"], |b| {
-            b["type"] == "tool_use" && names_ours(&b["name"])
-        });
+    fn end_round(&mut self) {
+        self.block_at.clear();
     }
 }
 

@@ -16,7 +16,7 @@ use crate::memory_tools;
 
 use super::harness::Kind;
 use super::provider::Provider;
-use super::rounds::{Round, Splice};
+use super::rounds::{Round, SpliceState};
 use super::wire::{self, Call, Outcome, Request, StreamReader};
 
 /// A chat API's wire format.
@@ -202,12 +202,8 @@ pub(super) trait WireFormat: Sync {
         Bytes::from_static(b": keep-alive\n\n")
     }
 
-    /// One decoded upstream stream event through the splice.
-    fn splice_event(&self, splice: &mut Splice, event: Map<String, Value>) -> Event;
-
-    /// One whole (non-streamed) reply body through the splice: our calls taken out and the
-    /// round recorded.
-    fn splice_whole(&self, splice: &mut Splice, body: &Value);
+    /// This format's part in splicing a new response's rounds, its first round about to start.
+    fn splice(&self) -> Box<dyn FormatSplice>;
 
     /// The last whole body with the `earlier` rounds' visible output in front and our calls
     /// taken out.
@@ -217,10 +213,34 @@ pub(super) trait WireFormat: Sync {
     fn usage_key(&self) -> &'static str {
         "usage"
     }
+}
+
+/// A format's part in splicing the memory tools' rounds into one response: the state only it
+/// keeps, and what becomes of each event and whole body (the state every format shares is the
+/// [`SpliceState`] it is handed).
+pub(super) trait FormatSplice: std::fmt::Debug + Send {
+    /// One decoded upstream stream event.
+    fn event(&mut self, splice: &mut SpliceState, event: Map<String, Value>) -> Event;
+
+    /// One whole (non-streamed) reply body: our calls taken out and the round recorded.
+    fn whole(&mut self, splice: &mut SpliceState, body: &Value);
+
+    /// The round has ended: forget what held for it alone.
+    fn end_round(&mut self) {}
+
+    /// The number of the next event the splice adds itself, where the format numbers events.
+    fn next_sequence(&mut self) -> u64 {
+        0
+    }
 
     /// The event that closes the response after the error event that ends a refused round,
     /// where the format has one (`error`: the error body sent).
-    fn failed(&self, _splice: &mut Splice, _error: &Value) -> Option<Vec<u8>> {
+    fn failed(&mut self, _splice: &SpliceState, _error: &Value) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// The latest round's response id, where a round continues the reply as another response.
+    fn latest_id(&self) -> Option<&str> {
         None
     }
 }

@@ -8,11 +8,13 @@ use crate::memory_tools;
 
 use super::super::harness::Kind;
 use super::super::provider::Provider;
-use super::super::rounds::{Round, Splice, field, override_usage};
+use super::super::rounds::{Round, SpliceState, field, override_usage};
 use super::super::wire::{
     self, Call, Outcome, StreamReader, as_text, result_text, string_field, text_of,
 };
-use super::{Event, Format, WireFormat, borrowed, call_of, earlier_then_kept, names_ours};
+use super::{
+    Event, Format, FormatSplice, WireFormat, borrowed, call_of, earlier_then_kept, names_ours,
+};
 
 /// OpenAI Responses.
 pub(super) struct Responses;
@@ -160,38 +162,76 @@ impl WireFormat for Responses {
         items
     }
 
+    fn splice(&self) -> Box<dyn FormatSplice> {
+        Box::<Sequenced>::default()
+    }
+
+    fn merge_rounds(&self, body: &mut Value, earlier: &[Round]) {
+        body["output"] = earlier_then_kept(earlier, &body["output"], |item| {
+            item["type"] == "function_call" && names_ours(&item["name"])
+        });
+    }
+}
+
+/// The stop reason a response's `status` stands for: complete, or cut short.
+fn stop_reason(status: &str) -> &'static str {
+    if status == "completed" {
+        "stop"
+    } else {
+        "length"
+    }
+}
+
+/// What the Responses splice keeps of its own: the sequence numbers the client sees, the
+/// output it has seen, the responses the rounds announced.
+#[derive(Debug, Default)]
+struct Sequenced {
+    /// What is added to the upstream's sequence numbers (events held back, earlier rounds), the
+    /// last one the client got, and whether this round has set the shift yet.
+    sequence_shift: i64,
+    last_sequence: Option<u64>,
+    sequenced: bool,
+    /// Every output item the client has seen, all rounds (the closing response lists them).
+    output: Vec<Value>,
+    /// The response the first round's `response.created` announced (a refused later round
+    /// closes it as failed), and the id of the latest round's.
+    created: Option<Value>,
+    latest_id: Option<String>,
+}
+
+impl FormatSplice for Sequenced {
     /// An OpenAI Responses event. Output indices continue across rounds, sequence numbers
     /// keep increasing over the events the client gets, and the closing `response.completed`
     /// carries the first round's id, every round's visible output and the summed usage.
-    fn splice_event(&self, splice: &mut Splice, mut event: Map<String, Value>) -> Event {
+    fn event(&mut self, splice: &mut SpliceState, mut event: Map<String, Value>) -> Event {
         let kind = field(&event, "type").as_str().unwrap_or("").to_owned();
         let sequence = field(&event, "sequence_number").as_u64();
         if let Some(seq) = sequence
-            && !splice.sequenced
+            && !self.sequenced
         {
-            splice.sequenced = true;
-            if let Some(last) = splice.last_sequence {
-                splice.sequence_shift = last as i64 + 1 - seq as i64;
+            self.sequenced = true;
+            if let Some(last) = self.last_sequence {
+                self.sequence_shift = last as i64 + 1 - seq as i64;
             }
         }
-        let Some(mut changed) = passes(splice, &kind, &mut event) else {
+        let Some(mut changed) = self.passes(splice, &kind, &mut event) else {
             if sequence.is_some() {
-                splice.sequence_shift -= 1;
+                self.sequence_shift -= 1;
             }
             return Event::Hold;
         };
         if let Some(seq) = sequence {
-            let out = u64::try_from(seq as i64 + splice.sequence_shift).unwrap_or(0);
+            let out = u64::try_from(seq as i64 + self.sequence_shift).unwrap_or(0);
             if out != seq {
                 event.insert("sequence_number".into(), json!(out));
                 changed = true;
             }
-            splice.last_sequence = Some(out);
+            self.last_sequence = Some(out);
         }
         Event::changed(changed, Format::Responses, &event)
     }
 
-    fn splice_whole(&self, splice: &mut Splice, body: &Value) {
+    fn whole(&mut self, splice: &mut SpliceState, body: &Value) {
         for (at, item) in body["output"].as_array().into_iter().flatten().enumerate() {
             let call = call_of(item["type"] == "function_call", item, "call_id");
             if splice.slot(at as u64, borrowed(&call)).is_none() {
@@ -205,109 +245,117 @@ impl WireFormat for Responses {
         splice.holding = splice.ends_in_ours(stop_reason(status));
     }
 
-    fn merge_rounds(&self, body: &mut Value, earlier: &[Round]) {
-        body["output"] = earlier_then_kept(earlier, &body["output"], |item| {
-            item["type"] == "function_call" && names_ours(&item["name"])
-        });
+    fn end_round(&mut self) {
+        self.sequenced = false;
+    }
+
+    /// The sequence number after the last one the client got.
+    fn next_sequence(&mut self) -> u64 {
+        let next = self.last_sequence.map_or(0, |last| last + 1);
+        self.last_sequence = Some(next);
+        next
     }
 
     /// The first round's response closed as `response.failed`, numbered on from the error
     /// event.
-    fn failed(&self, splice: &mut Splice, error: &Value) -> Option<Vec<u8>> {
+    fn failed(&mut self, splice: &SpliceState, error: &Value) -> Option<Vec<u8>> {
         let error = &error["error"];
-        let failed_at = splice.next_sequence();
-        let mut response = splice.created.clone().unwrap_or_else(|| json!({}));
+        let failed_at = self.next_sequence();
+        let mut response = self.created.clone().unwrap_or_else(|| json!({}));
         if let Some(id) = &splice.id {
             response["id"] = id.clone();
         }
         let code = error["code"].as_str().or(error["type"].as_str());
         response["status"] = json!("failed");
         response["error"] = json!({"code": code, "message": error["message"]});
-        response["output"] = Value::Array(splice.output.clone());
+        response["output"] = Value::Array(self.output.clone());
         response["usage"] = splice.total_usage();
         let failed =
             json!({"type": "response.failed", "sequence_number": failed_at, "response": response});
         let failed = failed.as_object().expect("an event is a JSON object");
         Some(wire::encode_event(Format::Responses, failed))
     }
-}
 
-/// The stop reason a response's `status` stands for: complete, or cut short.
-fn stop_reason(status: &str) -> &'static str {
-    if status == "completed" {
-        "stop"
-    } else {
-        "length"
+    fn latest_id(&self) -> Option<&str> {
+        self.latest_id.as_deref()
     }
 }
 
-/// Whether a Responses event passes (`None`: held back) and whether it was rewritten.
-fn passes(splice: &mut Splice, kind: &str, event: &mut Map<String, Value>) -> Option<bool> {
-    let mut changed = false;
-    match kind {
-        "response.created" | "response.in_progress" => {
-            if splice.id.is_none() {
-                splice.id = field(event, "response").get("id").cloned();
-            }
-            if splice.created.is_none() {
-                splice.created = Some(field(event, "response").clone());
-            }
-            if let Some(id) = field(event, "response")["id"].as_str() {
-                splice.latest_id = Some(id.to_owned());
-            }
-            if splice.finished > 0 {
-                return None;
-            }
-        }
-        "response.output_item.added" => {
-            let item = field(event, "item");
-            let call = call_of(item["type"] == "function_call", item, "call_id");
-            let at = field(event, "output_index").as_u64().unwrap_or(0);
-            splice.slot(at, borrowed(&call));
-        }
-        "response.output_item.done" => {
-            let at = field(event, "output_index").as_u64().unwrap_or(0);
-            let item = field(event, "item").clone();
-            match splice.ours_at.get(&at) {
-                Some(&i) => {
-                    splice.ours[i].arguments = item["arguments"].as_str().unwrap_or("").to_owned();
+impl Sequenced {
+    /// Whether a Responses event passes (`None`: held back) and whether it was rewritten.
+    fn passes(
+        &mut self,
+        splice: &mut SpliceState,
+        kind: &str,
+        event: &mut Map<String, Value>,
+    ) -> Option<bool> {
+        let mut changed = false;
+        match kind {
+            "response.created" | "response.in_progress" => {
+                if splice.id.is_none() {
+                    splice.id = field(event, "response").get("id").cloned();
                 }
-                None => {
-                    splice.output.push(item.clone());
-                    splice.round.blocks.push(item);
+                if self.created.is_none() {
+                    self.created = Some(field(event, "response").clone());
+                }
+                if let Some(id) = field(event, "response")["id"].as_str() {
+                    self.latest_id = Some(id.to_owned());
+                }
+                if splice.finished > 0 {
+                    return None;
                 }
             }
-        }
-        "response.completed" | "response.incomplete" => {
-            let response = field(event, "response").clone();
-            override_usage(&mut splice.round_usage, &response["usage"]);
-            let status = response["status"].as_str().unwrap_or("");
-            if splice.ends_in_ours(stop_reason(status)) {
-                splice.holding = true;
-                return None;
+            "response.output_item.added" => {
+                let item = field(event, "item");
+                let call = call_of(item["type"] == "function_call", item, "call_id");
+                let at = field(event, "output_index").as_u64().unwrap_or(0);
+                splice.slot(at, borrowed(&call));
             }
-            if splice.finished > 0 || !splice.ours.is_empty() {
-                let mut response = response;
-                if let Some(id) = &splice.id {
-                    response["id"] = id.clone();
+            "response.output_item.done" => {
+                let at = field(event, "output_index").as_u64().unwrap_or(0);
+                let item = field(event, "item").clone();
+                match splice.ours_at.get(&at) {
+                    Some(&i) => {
+                        splice.ours[i].arguments =
+                            item["arguments"].as_str().unwrap_or("").to_owned();
+                    }
+                    None => {
+                        self.output.push(item.clone());
+                        splice.round.blocks.push(item);
+                    }
                 }
-                response["output"] = Value::Array(splice.output.clone());
-                response["usage"] = splice.total_usage();
-                event.insert("response".into(), response);
+            }
+            "response.completed" | "response.incomplete" => {
+                let response = field(event, "response").clone();
+                override_usage(&mut splice.round_usage, &response["usage"]);
+                let status = response["status"].as_str().unwrap_or("");
+                if splice.ends_in_ours(stop_reason(status)) {
+                    splice.holding = true;
+                    return None;
+                }
+                if splice.finished > 0 || !splice.ours.is_empty() {
+                    let mut response = response;
+                    if let Some(id) = &splice.id {
+                        response["id"] = id.clone();
+                    }
+                    response["output"] = Value::Array(self.output.clone());
+                    response["usage"] = splice.total_usage();
+                    event.insert("response".into(), response);
+                    changed = true;
+                }
+            }
+            _ => {}
+        }
+        if splice.holding {
+            return None;
+        }
+        if let Some(at) = field(event, "output_index").as_u64() {
+            let out = (*splice.map.get(&at)?)?;
+            if out != at {
+                event.insert("output_index".into(), json!(out));
                 changed = true;
             }
         }
-        _ => {}
+        Some(changed)
     }
-    if splice.holding {
-        return None;
-    }
-    if let Some(at) = field(event, "output_index").as_u64() {
-        let out = (*splice.map.get(&at)?)?;
-        if out != at {
-            event.insert("output_index".into(), json!(out));
-            changed = true;
-        }
-    }
-    Some(changed)
 }
