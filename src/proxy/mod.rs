@@ -20,6 +20,7 @@ pub mod prefix;
 pub mod provider;
 pub mod recent;
 pub mod rounds;
+pub mod sse;
 pub mod turns;
 pub mod wire;
 
@@ -1405,7 +1406,7 @@ async fn answer(
         relay_unbuffered(&mut parts.headers);
         let (tx, rx) = mpsc::channel::<Bytes>(64);
         tokio::spawn(async move {
-            let reader = format.map(|format| wire::StreamReader::new(format, limit));
+            let reader = format.map(|format| sse::StreamReader::new(format, limit));
             relay(body, tx, provider, reader, reply.filter(|_| success), idle).await;
             drop(permit);
         });
@@ -1436,7 +1437,7 @@ async fn relay(
     mut body: Incoming,
     tx: mpsc::Sender<Bytes>,
     provider: Provider,
-    mut reader: Option<wire::StreamReader>,
+    mut reader: Option<sse::StreamReader>,
     reply: Option<Reply>,
     idle: Duration,
 ) {

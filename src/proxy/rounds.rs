@@ -39,6 +39,7 @@ use crate::types::UserId;
 
 use super::format::{Event, FormatSplice};
 use super::provider::Failure;
+use super::sse;
 use super::wire::{self, Format};
 use super::{
     Body, Channel, ProxyConfig, Reply, State, failure, forward, read_body, strip_upstream_headers,
@@ -209,7 +210,7 @@ struct Ended {
 pub struct Splice {
     format: Format,
     /// This round's stream, cut into events.
-    events: wire::Events,
+    events: sse::Events,
     /// What the splice keeps in every format.
     state: SpliceState,
     /// What only this format keeps, and what becomes of each of its events.
@@ -250,7 +251,7 @@ impl Splice {
     pub fn new(format: Format, limit: usize) -> Self {
         Self {
             format,
-            events: wire::Events::new(limit),
+            events: sse::Events::new(limit),
             state: SpliceState {
                 intercept: true,
                 ..SpliceState::default()
@@ -276,8 +277,8 @@ impl Splice {
     /// Take in the next bytes of this round's stream: what reaches the client of the events
     /// they complete, in order, each one whole event; refused when an event runs over the
     /// limit.
-    pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, wire::Oversize> {
-        let mut events = std::mem::replace(&mut self.events, wire::Events::new(0));
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, sse::Oversize> {
+        let mut events = std::mem::replace(&mut self.events, sse::Events::new(0));
         let mut out = Vec::new();
         let fed = events.feed(bytes, |raw, _| out.extend(self.event(raw)));
         self.events = events;
@@ -303,7 +304,7 @@ impl Splice {
 
     /// What of one upstream event (`raw`, its blank line included) reaches the client.
     fn event(&mut self, raw: &[u8]) -> Option<Vec<u8>> {
-        let event = match serde_json::from_str::<Value>(&wire::event_data(raw)) {
+        let event = match serde_json::from_str::<Value>(&sse::event_data(raw)) {
             Ok(Value::Object(event)) => self.own.event(&mut self.state, event),
             // `[DONE]`, comments, anything else: as it came, unless the round is held back.
             _ if self.state.holding => Event::Hold,
@@ -334,7 +335,7 @@ impl Splice {
             },
             Value::Object,
         );
-        let event = wire::error_event(self.format, &body, self.own.next_sequence());
+        let event = sse::error_event(self.format, &body, self.own.next_sequence());
         let failed = self.own.failed(&self.state, &body);
         std::iter::once(event).chain(failed).collect()
     }
@@ -697,7 +698,7 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
         lp.state.config.body_limit,
     );
     let mut splice = Splice::new(format, limit);
-    let mut reader = wire::StreamReader::new(format, limit);
+    let mut reader = sse::StreamReader::new(format, limit);
     let mut rounds: Vec<Round> = Vec::new();
     'rounds: loop {
         splice.state.intercept = rounds.len() + 1 < lp.rounds();
@@ -795,7 +796,7 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
 /// the client does afterwards.
 async fn relay_to(
     tx: &mpsc::Sender<Bytes>,
-    reader: &mut wire::StreamReader,
+    reader: &mut sse::StreamReader,
     bytes: Vec<u8>,
 ) -> Result<(), mpsc::error::SendError<Bytes>> {
     let bytes = Bytes::from(bytes);

@@ -5,12 +5,11 @@
 use serde_json::{Map, Value, json};
 
 use crate::memory_tools;
+use crate::proxy::provider::Provider;
+use crate::proxy::rounds::{Round, SpliceState, override_usage};
+use crate::proxy::sse::{StreamReader, encode_event};
+use crate::proxy::wire::{Call, Outcome, as_text, result_text, string_field};
 
-use super::super::provider::Provider;
-use super::super::rounds::{Round, SpliceState, override_usage};
-use super::super::wire::{
-    Call, Outcome, StreamReader, as_text, encode_event, result_text, string_field,
-};
 use super::{Event, Format, FormatSplice, WireFormat, borrowed, names_ours};
 
 /// OpenAI Chat Completions.

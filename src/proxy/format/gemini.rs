@@ -6,13 +6,12 @@ use serde_json::{Map, Value, json};
 
 use crate::frame::Side;
 use crate::memory_tools;
+use crate::proxy::harness::Kind;
+use crate::proxy::provider::Provider;
+use crate::proxy::rounds::{Pending, Round, SpliceState, override_usage};
+use crate::proxy::sse::{StreamReader, encode_event};
+use crate::proxy::wire::{self, Call, Outcome, block_calls, block_results, text_of};
 
-use super::super::harness::Kind;
-use super::super::provider::Provider;
-use super::super::rounds::{Pending, Round, SpliceState, override_usage};
-use super::super::wire::{
-    self, Call, Outcome, StreamReader, block_calls, block_results, encode_event, text_of,
-};
 use super::{Event, Format, FormatSplice, WireFormat, blocks_said, earlier_then_kept, names_ours};
 
 /// Gemini `generateContent` and `streamGenerateContent`.

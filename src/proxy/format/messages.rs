@@ -9,13 +9,12 @@ use hyper::body::Bytes;
 use serde_json::{Map, Value, json};
 
 use crate::memory_tools;
+use crate::proxy::harness::{self, Kind};
+use crate::proxy::provider::Provider;
+use crate::proxy::rounds::{Round, SpliceState, field, override_usage};
+use crate::proxy::sse::StreamReader;
+use crate::proxy::wire::{Call, Outcome, Request, block_calls, block_results, text_of};
 
-use super::super::harness::{self, Kind};
-use super::super::provider::Provider;
-use super::super::rounds::{Round, SpliceState, field, override_usage};
-use super::super::wire::{
-    Call, Outcome, Request, StreamReader, block_calls, block_results, text_of,
-};
 use super::{
     Event, Format, FormatSplice, WireFormat, blocks_said, borrowed, call_of, earlier_then_kept,
     names_ours,

@@ -1,7 +1,7 @@
-//! One module per chat wire format, each behind [`WireFormat`]: what the pipeline (`wire`) and
-//! the memory tools' loop (`rounds`) need to know of a format, and nothing they share. A new
-//! format is one more module here, one more variant of [`Format`] and its line in
-//! [`Format::wire`].
+//! One module per chat wire format, each behind [`WireFormat`]: what the pipeline (`wire`,
+//! `sse`) and the memory tools' loop (`rounds`) need to know of a format, and nothing they
+//! share. A new format is one more module here, one more variant of [`Format`] with its line in
+//! [`Format::wire`], and the route that serves it (`proxy`).
 
 mod chat;
 mod gemini;
@@ -17,7 +17,8 @@ use crate::memory_tools;
 use super::harness::Kind;
 use super::provider::Provider;
 use super::rounds::{Round, SpliceState};
-use super::wire::{self, Call, Outcome, Request, StreamReader};
+use super::sse::{self, StreamReader};
+use super::wire::{self, Call, Outcome, Request};
 
 /// A chat API's wire format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +76,7 @@ impl Event {
     /// `event` re-encoded in `format` when the splice `changed` it, else as it came.
     fn changed(changed: bool, format: Format, event: &Map<String, Value>) -> Self {
         if changed {
-            Self::Rewrite(wire::encode_event(format, event))
+            Self::Rewrite(sse::encode_event(format, event))
         } else {
             Self::Pass
         }

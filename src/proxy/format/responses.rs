@@ -5,13 +5,12 @@
 use serde_json::{Map, Value, json};
 
 use crate::memory_tools;
+use crate::proxy::harness::Kind;
+use crate::proxy::provider::Provider;
+use crate::proxy::rounds::{Round, SpliceState, field, override_usage};
+use crate::proxy::sse::{self, StreamReader};
+use crate::proxy::wire::{self, Call, Outcome, as_text, result_text, string_field, text_of};
 
-use super::super::harness::Kind;
-use super::super::provider::Provider;
-use super::super::rounds::{Round, SpliceState, field, override_usage};
-use super::super::wire::{
-    self, Call, Outcome, StreamReader, as_text, result_text, string_field, text_of,
-};
 use super::{
     Event, Format, FormatSplice, WireFormat, borrowed, call_of, earlier_then_kept, names_ours,
 };
@@ -273,7 +272,7 @@ impl FormatSplice for Sequenced {
         let failed =
             json!({"type": "response.failed", "sequence_number": failed_at, "response": response});
         let failed = failed.as_object().expect("an event is a JSON object");
-        Some(wire::encode_event(Format::Responses, failed))
+        Some(sse::encode_event(Format::Responses, failed))
     }
 
     fn latest_id(&self) -> Option<&str> {
