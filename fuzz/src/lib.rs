@@ -23,7 +23,8 @@ use perpetuity::frame::{Frame, Message, Omitted, Side as Speaker};
 use perpetuity::ingest::ingest;
 use perpetuity::measure::synthetic_messages;
 use perpetuity::proxy::rounds::Splice;
-use perpetuity::proxy::wire::{self, Format, StreamReader};
+use perpetuity::proxy::sse::{self, StreamReader};
+use perpetuity::proxy::wire::{self, Format};
 use perpetuity::retrieve::{PreparedQuery, search};
 use perpetuity::scan::kernels::Kernels;
 use perpetuity::store::{Store, StoreOptions};
@@ -118,12 +119,12 @@ pub fn sse(data: &[u8]) {
     }
 
     let mut rest = stream;
-    while let Some((end, gap)) = wire::event_end(rest) {
-        let decoded = serde_json::from_str::<Value>(&wire::event_data(&rest[..end]));
+    while let Some((end, gap)) = sse::event_end(rest) {
+        let decoded = serde_json::from_str::<Value>(&sse::event_data(&rest[..end]));
         if let Ok(Value::Object(object)) = decoded {
-            let encoded = wire::encode_event(format, &object);
+            let encoded = sse::encode_event(format, &object);
             assert_one_event(&encoded);
-            let again: Value = serde_json::from_str(&wire::event_data(&encoded))
+            let again: Value = serde_json::from_str(&sse::event_data(&encoded))
                 .expect("an encoded event's data is JSON");
             assert_eq!(again, Value::Object(object));
         }
@@ -155,7 +156,7 @@ fn relay(format: Format, chunks: &[&[u8]]) -> Vec<Vec<u8>> {
 
 /// `bytes` are exactly one SSE event, its blank line included.
 fn assert_one_event(bytes: &[u8]) {
-    let (end, gap) = wire::event_end(bytes).expect("an event ends with a blank line");
+    let (end, gap) = sse::event_end(bytes).expect("an event ends with a blank line");
     assert_eq!(
         end + gap,
         bytes.len(),

@@ -125,23 +125,7 @@ pub fn session(
     {
         return Some(format!("session:{id}"));
     }
-    match format {
-        Format::Messages => {
-            let user_id = body.get("metadata")?.get("user_id")?.as_str()?;
-            if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(user_id)
-                && let Some(id) = fields
-                    .get("session_id")
-                    .and_then(Value::as_str)
-                    .filter(|id| !id.is_empty())
-            {
-                return Some(format!("session:{id}"));
-            }
-            let at = user_id.rfind("session_")?;
-            let id = &user_id[at + "session_".len()..];
-            (!id.is_empty()).then(|| format!("session:{id}"))
-        }
-        Format::Chat | Format::Responses | Format::Gemini => None,
-    }
+    format.wire().session(body)
 }
 
 /// The header in which Codex describes each request (JSON with `request_kind`: `turn` for the

@@ -9,6 +9,7 @@
 
 pub mod admin;
 mod deadline;
+mod format;
 pub mod harness;
 pub mod health;
 pub mod identity;
@@ -19,6 +20,7 @@ pub mod prefix;
 pub mod provider;
 pub mod recent;
 pub mod rounds;
+pub mod sse;
 pub mod turns;
 pub mod wire;
 
@@ -467,7 +469,8 @@ async fn piped(
     route: metrics::Route,
 ) -> Response<Body> {
     state.metrics.count(metrics::Event::Request(route));
-    counted(&state, chat(req, Arc::clone(&state), format).await)
+    let answered = chat(req, Arc::clone(&state), format).await;
+    counted(&state, answered.unwrap_or_else(Response::from))
 }
 
 /// Count what the proxy answered itself: refusals and upstream failures (marked by the
@@ -596,69 +599,73 @@ impl Identity {
 fn admit(
     state: &Arc<State>,
     provider: Provider,
-) -> Result<tokio::sync::OwnedSemaphorePermit, Box<Response<Body>>> {
+) -> Result<tokio::sync::OwnedSemaphorePermit, Refusal> {
     Arc::clone(&state.permits).try_acquire_owned().map_err(|_| {
-        Box::new(failure(
+        Refusal::new(
             provider,
             Failure::Overloaded,
             &format!(
                 "the proxy is serving its limit of {} requests at once; retry shortly",
                 state.config.max_concurrent
             ),
-        ))
+        )
     })
 }
 
+/// A request the proxy answers itself instead of with the upstream's reply (refused, or the
+/// upstream failed or was not reached), already the response the client gets: an error in
+/// the provider's shape. Handlers pass it up with `?`.
+struct Refusal(Box<Response<Body>>);
+
+impl Refusal {
+    /// `failed`, saying `message`, in `provider`'s shape ([`failure`]).
+    fn new(provider: Provider, failed: Failure, message: &str) -> Self {
+        Self(Box::new(failure(provider, failed, message)))
+    }
+}
+
+impl From<Refusal> for Response<Body> {
+    fn from(refusal: Refusal) -> Self {
+        *refusal.0
+    }
+}
+
 /// A chat request through the pipeline.
-async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -> Response<Body> {
+async fn chat(
+    req: Request<Incoming>,
+    state: Arc<State>,
+    format: wire::Format,
+) -> Result<Response<Body>, Refusal> {
     let provider = format.provider();
-    let permit = match admit(&state, provider) {
-        Ok(permit) => permit,
-        Err(refused) => return *refused,
-    };
+    let permit = admit(&state, provider)?;
     let started = std::time::Instant::now();
     let (parts, body) = req.into_parts();
-    let credential = match credential_of(
+    let credential = credential_of(
         provider,
         &parts,
         "no API key: send the provider's credential (Authorization: Bearer; x-api-key for Anthropic; x-goog-api-key or ?key= for Gemini)",
-    ) {
-        Ok(credential) => credential,
-        Err(refused) => return *refused,
-    };
+    )?;
     if provider == Provider::Anthropic && !parts.headers.contains_key("anthropic-version") {
-        return failure(
+        return Err(Refusal::new(
             provider,
             Failure::InvalidRequest,
             "the anthropic-version header is required",
-        );
+        ));
     }
-    let bytes = match request_body(body, &state.config, provider).await {
-        Ok(bytes) => bytes,
-        Err(refused) => return *refused,
-    };
+    let bytes = request_body(body, &state.config, provider).await?;
     let path_model = gemini_model(parts.uri.path()).map(str::to_owned);
     // Shared with the blocking memory task, not copied: a body's parsed tree is many times its
     // size.
-    let request = match wire::parse(format, &bytes, path_model.as_deref()) {
-        Ok(request) => Arc::new(request),
-        Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
-    };
+    let invalid = |reason: String| Refusal::new(provider, Failure::InvalidRequest, &reason);
+    let request = Arc::new(wire::parse(format, &bytes, path_model.as_deref()).map_err(invalid)?);
     let switches = Switches::from(&parts.headers);
     let switches = if harness::is_side_call(&request.body, &request.messages, &parts.headers) {
         switches.side_call()
     } else {
         switches
     };
-    let (narrow, conversation) = match (
-        utf8_header(&parts.headers, USER_HEADER),
-        utf8_header(&parts.headers, CONVERSATION_HEADER),
-    ) {
-        (Ok(narrow), Ok(conversation)) => (narrow, conversation),
-        (Err(reason), _) | (_, Err(reason)) => {
-            return failure(provider, Failure::InvalidRequest, &reason);
-        }
-    };
+    let narrow = utf8_header(&parts.headers, USER_HEADER).map_err(invalid)?;
+    let conversation = utf8_header(&parts.headers, CONVERSATION_HEADER).map_err(invalid)?;
     let identity = Identity {
         user_key: state.secret.user_key(&credential, narrow),
         scope: state
@@ -773,7 +780,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         }
         Some(Ok(Ok(None))) => (bytes, "off", None, None),
         Some(Ok(Err(err @ Error::Store(StoreError::TooLong { .. })))) => {
-            return failure(provider, Failure::TooLarge, &err.to_string());
+            return Err(Refusal::new(provider, Failure::TooLarge, &err.to_string()));
         }
         Some(Ok(Err(err))) => {
             tracing::error!(%err, "memory unavailable; forwarding the request untouched");
@@ -860,10 +867,8 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             state.recent.forget_users(&[log.user]);
         }
     }
-    let upstream = match upstream {
-        Ok(upstream) => upstream,
-        Err((failed, message)) => return failure(provider, failed, &message),
-    };
+    let upstream =
+        upstream.map_err(|(failed, message)| Refusal::new(provider, failed, &message))?;
     state.metrics.first_byte(started.elapsed());
     let mut report = HeaderMap::new();
     report.insert(
@@ -910,9 +915,9 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
             log,
             permit,
         };
-        return rounds::answer_with_rounds(tool_loop, upstream, report).await;
+        return Ok(rounds::answer_with_rounds(tool_loop, upstream, report).await);
     }
-    answer(
+    Ok(answer(
         upstream,
         report,
         provider,
@@ -921,7 +926,7 @@ async fn chat(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -
         &state.config,
         Some(permit),
     )
-    .await
+    .await)
 }
 
 /// Where a credential's user reads and changes its exclusions.
@@ -933,19 +938,11 @@ fn credential_of(
     provider: Provider,
     parts: &hyper::http::request::Parts,
     missing: &str,
-) -> Result<String, Box<Response<Body>>> {
+) -> Result<String, Refusal> {
     match provider.credential(&parts.headers, parts.uri.query()) {
         Ok(Some(credential)) => Ok(credential),
-        Ok(None) => Err(Box::new(failure(
-            provider,
-            Failure::Authentication,
-            missing,
-        ))),
-        Err(reason) => Err(Box::new(failure(
-            provider,
-            Failure::InvalidRequest,
-            &reason,
-        ))),
+        Ok(None) => Err(Refusal::new(provider, Failure::Authentication, missing)),
+        Err(reason) => Err(Refusal::new(provider, Failure::InvalidRequest, &reason)),
     }
 }
 
@@ -977,7 +974,7 @@ async fn exclusions(req: Request<Incoming>, state: Arc<State>) -> Response<Body>
         "no API key: exclusions belong to the credential's memory (send it as for a chat request)",
     ) {
         Ok(credential) => credential,
-        Err(refused) => return *refused,
+        Err(refused) => return refused.into(),
     };
     let narrow = match utf8_header(&parts.headers, USER_HEADER) {
         Ok(narrow) => narrow.map(str::to_owned),
@@ -986,7 +983,7 @@ async fn exclusions(req: Request<Incoming>, state: Arc<State>) -> Response<Body>
     let change = if parts.method == Method::POST {
         let bytes = match request_body(body, &state.config, provider).await {
             Ok(bytes) => bytes,
-            Err(refused) => return *refused,
+            Err(refused) => return refused.into(),
         };
         match serde_json::from_slice::<ExclusionChange>(&bytes) {
             Ok(change) => Some(change),
@@ -1409,7 +1406,7 @@ async fn answer(
         relay_unbuffered(&mut parts.headers);
         let (tx, rx) = mpsc::channel::<Bytes>(64);
         tokio::spawn(async move {
-            let reader = format.map(|format| wire::StreamReader::new(format, limit));
+            let reader = format.map(|format| sse::StreamReader::new(format, limit));
             relay(body, tx, provider, reader, reply.filter(|_| success), idle).await;
             drop(permit);
         });
@@ -1440,7 +1437,7 @@ async fn relay(
     mut body: Incoming,
     tx: mpsc::Sender<Bytes>,
     provider: Provider,
-    mut reader: Option<wire::StreamReader>,
+    mut reader: Option<sse::StreamReader>,
     reply: Option<Reply>,
     idle: Duration,
 ) {
@@ -1524,11 +1521,11 @@ async fn pass_through(req: Request<Incoming>, state: Arc<State>) -> Response<Bod
     };
     let permit = match admit(&state, provider) {
         Ok(permit) => permit,
-        Err(refused) => return *refused,
+        Err(refused) => return refused.into(),
     };
     let bytes = match request_body(body, &state.config, provider).await {
         Ok(bytes) => bytes,
-        Err(refused) => return *refused,
+        Err(refused) => return refused.into(),
     };
     match forward(&state, provider, &parts, bytes).await {
         Ok(upstream) => {
@@ -1615,7 +1612,7 @@ async fn request_body(
     body: Incoming,
     config: &ProxyConfig,
     provider: Provider,
-) -> Result<Bytes, Box<Response<Body>>> {
+) -> Result<Bytes, Refusal> {
     read_body(
         body,
         config.body_limit,
@@ -1623,7 +1620,7 @@ async fn request_body(
         Failure::InvalidRequest,
     )
     .await
-    .map_err(|(failed, message)| Box::new(failure(provider, failed, &message)))
+    .map_err(|(failed, message)| Refusal::new(provider, failed, &message))
 }
 
 /// Read a whole body, refusing more than `limit` bytes, and giving up when nothing arrives for

@@ -10,54 +10,10 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::frame::{Frame, Side};
+use crate::frame::Frame;
 
+pub use super::format::Format;
 use super::harness::{self, Kind};
-use super::provider::Provider;
-
-/// A chat API's wire format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// OpenAI Chat Completions: `messages`, system prompt as leading messages.
-    Chat,
-    /// OpenAI Responses: `input` (a string or a list of items), `instructions` apart.
-    Responses,
-    /// Anthropic Messages: `messages`, `system` apart, `max_tokens` required.
-    Messages,
-    /// Gemini: `contents` of `{role: user|model, parts}`, `systemInstruction` apart, the model
-    /// in the path.
-    Gemini,
-}
-
-impl Format {
-    /// The provider whose API this is.
-    pub fn provider(self) -> Provider {
-        match self {
-            Self::Chat | Self::Responses => Provider::OpenAi,
-            Self::Messages => Provider::Anthropic,
-            Self::Gemini => Provider::Gemini,
-        }
-    }
-
-    /// The API's name as the inspector shows it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Chat => "chat_completions",
-            Self::Responses => "responses",
-            Self::Messages => "messages",
-            Self::Gemini => "gemini",
-        }
-    }
-
-    /// The body field holding the conversation.
-    pub fn list(self) -> &'static str {
-        match self {
-            Self::Chat | Self::Messages => "messages",
-            Self::Responses => "input",
-            Self::Gemini => "contents",
-        }
-    }
-}
 
 /// A parsed chat request, read as a harness sends it (`harness`): its instructions and injected
 /// context, the live turn, and the tool round after it.
@@ -194,30 +150,18 @@ fn attachments_of(content: &Value) -> Vec<&Value> {
     }
 }
 
-/// What an item of `format`'s conversation list is.
-fn kind_of(format: Format, item: &Value) -> Kind {
-    if format == Format::Responses
-        && let Some(kind) = item.get("type").and_then(Value::as_str)
-        && kind != "message"
-    {
-        return if kind.ends_with("_output") {
-            Kind::Result
-        } else {
-            Kind::Agent
-        };
-    }
-    let role = item.get("role").and_then(Value::as_str);
-    match role {
+/// What an item of a conversation is by its role (formats read typed items first).
+pub(super) fn kind_by_role(item: &Value) -> Kind {
+    match item.get("role").and_then(Value::as_str) {
         Some("system" | "developer") => Kind::Instructions,
         Some("tool" | "function") => Kind::Result,
         Some("user") => user_kind(item),
-        None if format == Format::Gemini => user_kind(item),
         _ => Kind::Agent,
     }
 }
 
 /// What a user-role message is: tool results, a turn (words or attachments), or context.
-fn user_kind(message: &Value) -> Kind {
+pub(super) fn user_kind(message: &Value) -> Kind {
     let Some(content) = content_of(message) else {
         return Kind::Context;
     };
@@ -329,29 +273,12 @@ pub fn parse(format: Format, bytes: &[u8], path_model: Option<&str>) -> Result<R
             .ok_or("`model` must be a non-empty string")?
             .to_owned(),
     };
-    let list = format.list();
-    let messages = match body.get_mut(list) {
-        Some(Value::Array(items)) => std::mem::take(items),
-        Some(Value::String(text)) if format == Format::Responses => {
-            vec![json!({"role": "user", "content": text})]
-        }
-        _ if format == Format::Responses => {
-            return Err("`input` must be a string or an array".into());
-        }
-        _ => return Err(format!("`{list}` must be an array")),
-    };
-    if format == Format::Messages && !body.get("max_tokens").is_some_and(Value::is_u64) {
-        return Err("`max_tokens` must be a positive integer".into());
-    }
+    let wire = format.wire();
+    let list = wire.list();
+    let messages = wire.take_items(&mut body)?;
+    wire.check(&body)?;
     for (i, message) in messages.iter().enumerate() {
-        // Responses items other than messages (function calls, their outputs) have no role.
-        let needs_role = match format {
-            Format::Responses => message.get("type").is_none(),
-            // Gemini's role may be left out on a single-turn request (it means the user).
-            Format::Gemini => false,
-            Format::Chat | Format::Messages => true,
-        };
-        if needs_role && message.get("role").and_then(Value::as_str).is_none() {
+        if wire.needs_role(message) && message.get("role").and_then(Value::as_str).is_none() {
             return Err(format!("{list}[{i}] has no `role` string"));
         }
     }
@@ -361,17 +288,14 @@ pub fn parse(format: Format, bytes: &[u8], path_model: Option<&str>) -> Result<R
         .find(|(key, _)| key == list)
         .and_then(|(_, items)| serde_json::from_str::<Vec<Box<RawValue>>>(items.get()).ok())
         .unwrap_or_default();
-    let kinds: Vec<Kind> = messages.iter().map(|m| kind_of(format, m)).collect();
+    let kinds: Vec<Kind> = messages.iter().map(|m| wire.kind_of(m)).collect();
     let question_at = kinds.iter().rposition(|k| *k == Kind::Turn);
     let question = question_at.and_then(|i| stored_turn(&messages[i]));
     let first = kinds
         .iter()
         .position(|k| *k == Kind::Turn)
         .and_then(|i| stored_turn(&messages[i]));
-    let server_history = format == Format::Responses
-        && body
-            .get("previous_response_id")
-            .is_some_and(|v| !v.is_null());
+    let server_history = wire.server_history(&body);
     Ok(Request {
         format,
         body,
@@ -393,22 +317,7 @@ pub fn frame_items(format: Format, frame: &Frame) -> Vec<Value> {
     frame
         .messages
         .iter()
-        .map(|m| match format {
-            Format::Gemini => json!({
-                "role": match m.role {
-                    Side::User => "user",
-                    Side::Assistant => "model",
-                },
-                "parts": [{"text": m.content}],
-            }),
-            Format::Chat | Format::Responses | Format::Messages => json!({
-                "role": match m.role {
-                    Side::User => "user",
-                    Side::Assistant => "assistant",
-                },
-                "content": m.content,
-            }),
-        })
+        .map(|m| format.wire().frame_item(m.role, &m.content))
         .collect()
 }
 
@@ -447,10 +356,8 @@ pub fn framed(request: &Request, frame: &[Value]) -> Framed {
         (Some(live), None) => Some(live.clone()),
         (None, None) => None,
     };
-    if request.format == Format::Messages
-        && let Some(live) = &mut live
-    {
-        mark_frame_end(request, &out, live);
+    if let Some(live) = &mut live {
+        request.format.wire().mark_frame_end(request, &out, live);
     }
     out.extend(live);
     verbatim.resize(out.len(), None);
@@ -637,69 +544,6 @@ fn in_place(live: &Value, last: &Value) -> Value {
     out
 }
 
-/// Anthropic's limit on cache breakpoints in one request.
-const CACHE_BREAKPOINTS: usize = 4;
-
-/// Where the client marked the history it sent for the prompt cache (blocks with
-/// `cache_control` before the live turn, which the frame replaces), mark the frame's end, the
-/// live turn's first word block, with the last of those markers, unless it has one or the
-/// request would hold more than the provider's limit.
-fn mark_frame_end(request: &Request, kept: &[Value], live: &mut Value) {
-    let at = request.question_at.unwrap_or(request.messages.len());
-    let dropped = request.messages[..at]
-        .iter()
-        .zip(&request.kinds)
-        .filter(|(_, k)| !matches!(k, Kind::Instructions | Kind::Context))
-        .filter_map(|(m, _)| m.get("content").and_then(Value::as_array))
-        .flatten()
-        .filter_map(|b| b.get("cache_control"))
-        .next_back()
-        .cloned();
-    let Some(marker) = dropped else {
-        return;
-    };
-    let in_use = request.body.get("system").map_or(0, count_markers)
-        + request.body.get("tools").map_or(0, count_markers)
-        + kept.iter().map(count_markers).sum::<usize>()
-        + count_markers(live)
-        + request.messages[at + 1..]
-            .iter()
-            .map(count_markers)
-            .sum::<usize>();
-    if in_use >= CACHE_BREAKPOINTS {
-        return;
-    }
-    if let Some(Value::String(text)) = live.get("content") {
-        live["content"] = json!([{"type": "text", "text": text}]);
-    }
-    let Some(Value::Array(blocks)) = live.get_mut("content") else {
-        return;
-    };
-    let end = blocks.iter_mut().find(|b| {
-        b.get("type").and_then(Value::as_str) == Some("text")
-            && b.get("text")
-                .and_then(Value::as_str)
-                .is_some_and(|t| !harness::is_context(t) && !harness::is_markup(t))
-    });
-    if let Some(Value::Object(block)) = end
-        && !block.contains_key("cache_control")
-    {
-        block.insert("cache_control".into(), marker);
-    }
-}
-
-/// The `cache_control` markers anywhere in `value`.
-fn count_markers(value: &Value) -> usize {
-    match value {
-        Value::Object(fields) => fields
-            .iter()
-            .map(|(k, v)| usize::from(k == "cache_control" && !v.is_null()) + count_markers(v))
-            .sum(),
-        Value::Array(items) => items.iter().map(count_markers).sum(),
-        _ => 0,
-    }
-}
-
 /// The tool round's items after the question from the `from`th on (counted from the question),
 /// as the texts of the turn's tool rows: each call the agent made (`called NAME ARGUMENTS`),
 /// each result it got back (`NAME returned: RESULT`, attachments as placeholders), in order;
@@ -713,7 +557,7 @@ pub fn round_rows(request: &Request, from: usize) -> (Vec<String>, usize) {
     let mut names: HashMap<String, String> = HashMap::new();
     let mut rows = Vec::new();
     for (i, item) in request.round() {
-        let calls = calls_in(request.format, item);
+        let calls = request.format.wire().calls_in(item);
         for call in &calls {
             if let Some(id) = &call.id {
                 names.insert(id.clone(), call.name.clone());
@@ -727,7 +571,7 @@ pub fn round_rows(request: &Request, from: usize) -> (Vec<String>, usize) {
                 .iter()
                 .map(|c| format!("called {} {}", c.name, c.arguments)),
         );
-        rows.extend(results_in(request.format, item).into_iter().map(|r| {
+        rows.extend(request.format.wire().results_in(item).into_iter().map(|r| {
             let name = r
                 .name
                 .or_else(|| r.id.and_then(|id| names.get(&id).cloned()))
@@ -756,21 +600,21 @@ pub fn last_step(request: &Request) -> usize {
 }
 
 /// A call the agent made: its id (to name its result), tool and arguments.
-struct Call {
-    id: Option<String>,
-    name: String,
-    arguments: String,
+pub(super) struct Call {
+    pub(super) id: Option<String>,
+    pub(super) name: String,
+    pub(super) arguments: String,
 }
 
 /// A result the agent got back: the call it answers (by id or by name) and its text.
-struct Outcome {
-    id: Option<String>,
-    name: Option<String>,
-    text: String,
+pub(super) struct Outcome {
+    pub(super) id: Option<String>,
+    pub(super) name: Option<String>,
+    pub(super) text: String,
 }
 
 /// A JSON value as stored text: a string as it is, anything else compact.
-fn as_text(value: &Value) -> String {
+pub(super) fn as_text(value: &Value) -> String {
     match value {
         Value::String(s) => s.clone(),
         Value::Null => String::new(),
@@ -780,7 +624,7 @@ fn as_text(value: &Value) -> String {
 
 /// The text of a tool's result content: strings and text blocks as they are, other blocks as
 /// placeholders, one per line.
-fn result_text(content: &Value) -> String {
+pub(super) fn result_text(content: &Value) -> String {
     match content {
         Value::Array(blocks) => blocks
             .iter()
@@ -794,504 +638,72 @@ fn result_text(content: &Value) -> String {
     }
 }
 
-fn string_field(value: &Value, key: &str) -> Option<String> {
+/// `key` of `value` as an owned string, when it is one.
+pub(super) fn string_field(value: &Value, key: &str) -> Option<String> {
     value.get(key).and_then(Value::as_str).map(str::to_owned)
 }
 
-/// The calls in one item of the agent's.
-fn calls_in(format: Format, item: &Value) -> Vec<Call> {
-    match format {
-        Format::Chat => item
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .map(|c| Call {
-                id: string_field(c, "id"),
-                name: c["function"]["name"]
-                    .as_str()
-                    .unwrap_or("a tool")
-                    .to_owned(),
-                arguments: as_text(&c["function"]["arguments"]),
+/// The calls in one item's content blocks (Anthropic `tool_use`, Gemini `functionCall`).
+pub(super) fn block_calls(item: &Value) -> Vec<Call> {
+    content_of(item)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|b| {
+            if b.get("type").and_then(Value::as_str) == Some("tool_use") {
+                return Some(Call {
+                    id: string_field(b, "id"),
+                    name: string_field(b, "name").unwrap_or_else(|| "a tool".into()),
+                    arguments: as_text(&b["input"]),
+                });
+            }
+            let call = b.get("functionCall")?;
+            Some(Call {
+                id: string_field(call, "id"),
+                name: string_field(call, "name").unwrap_or_else(|| "a tool".into()),
+                arguments: as_text(&call["args"]),
             })
-            .collect(),
-        Format::Responses => match item.get("type").and_then(Value::as_str) {
-            Some(kind) if kind.ends_with("_call") => vec![Call {
-                id: string_field(item, "call_id"),
-                name: string_field(item, "name").unwrap_or_else(|| kind.to_owned()),
-                arguments: as_text(
-                    item.get("arguments")
-                        .or_else(|| item.get("input"))
-                        .or_else(|| item.get("action"))
-                        .unwrap_or(&Value::Null),
-                ),
-            }],
-            _ => Vec::new(),
-        },
-        Format::Messages | Format::Gemini => content_of(item)
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|b| {
-                if b.get("type").and_then(Value::as_str) == Some("tool_use") {
-                    return Some(Call {
-                        id: string_field(b, "id"),
-                        name: string_field(b, "name").unwrap_or_else(|| "a tool".into()),
-                        arguments: as_text(&b["input"]),
-                    });
-                }
-                let call = b.get("functionCall")?;
-                Some(Call {
-                    id: string_field(call, "id"),
-                    name: string_field(call, "name").unwrap_or_else(|| "a tool".into()),
-                    arguments: as_text(&call["args"]),
-                })
-            })
-            .collect(),
-    }
+        })
+        .collect()
 }
 
-/// The results in one item.
-fn results_in(format: Format, item: &Value) -> Vec<Outcome> {
-    match format {
-        Format::Chat => match item.get("role").and_then(Value::as_str) {
-            Some("tool" | "function") => vec![Outcome {
-                id: string_field(item, "tool_call_id"),
-                name: string_field(item, "name"),
-                text: item.get("content").map(result_text).unwrap_or_default(),
-            }],
-            _ => Vec::new(),
-        },
-        Format::Responses => match item.get("type").and_then(Value::as_str) {
-            Some(kind) if kind.ends_with("_output") => vec![Outcome {
-                id: string_field(item, "call_id"),
-                name: None,
-                text: item.get("output").map(result_text).unwrap_or_default(),
-            }],
-            _ => Vec::new(),
-        },
-        Format::Messages | Format::Gemini => content_of(item)
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|b| {
-                if b.get("type").and_then(Value::as_str) == Some("tool_result") {
-                    return Some(Outcome {
-                        id: string_field(b, "tool_use_id"),
-                        name: None,
-                        text: b.get("content").map(result_text).unwrap_or_default(),
-                    });
-                }
-                let response = b.get("functionResponse")?;
-                Some(Outcome {
-                    id: string_field(response, "id"),
-                    name: string_field(response, "name"),
-                    text: as_text(&response["response"]),
-                })
+/// The results in one item's content blocks (Anthropic `tool_result`, Gemini
+/// `functionResponse`).
+pub(super) fn block_results(item: &Value) -> Vec<Outcome> {
+    content_of(item)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|b| {
+            if b.get("type").and_then(Value::as_str) == Some("tool_result") {
+                return Some(Outcome {
+                    id: string_field(b, "tool_use_id"),
+                    name: None,
+                    text: b.get("content").map(result_text).unwrap_or_default(),
+                });
+            }
+            let response = b.get("functionResponse")?;
+            Some(Outcome {
+                id: string_field(response, "id"),
+                name: string_field(response, "name"),
+                text: as_text(&response["response"]),
             })
-            .collect(),
-    }
+        })
+        .collect()
 }
 
 /// The assistant text of a non-streamed reply body.
 pub fn reply_text(format: Format, body: &[u8]) -> Option<String> {
     let value: Value = serde_json::from_slice(body).ok()?;
-    match format {
-        Format::Chat => value["choices"][0]["message"]["content"]
-            .as_str()
-            .map(str::to_owned),
-        Format::Messages => text_of(&value["content"]),
-        Format::Gemini => text_of(&value["candidates"][0]["content"]["parts"]),
-        Format::Responses => {
-            let texts: Vec<String> = value["output"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|item| item["type"] == "message")
-                .filter_map(|item| text_of(&item["content"]))
-                .collect();
-            (!texts.is_empty()).then(|| texts.join("\n\n"))
-        }
-    }
-    .filter(|t| !t.is_empty())
-}
-
-/// An SSE stream cut into its events as the bytes arrive. Each byte is looked at once for the
-/// blank line that ends an event, the events a feed completes leave the buffer in one move,
-/// and an event that grows past the limit without ending is refused: an upstream cannot make
-/// the proxy buffer or rescan without bound.
-#[derive(Debug)]
-pub struct Events {
-    pending: Vec<u8>,
-    /// The start of `pending` already looked at without finding an event's end.
-    scanned: usize,
-    limit: usize,
-}
-
-/// An event longer than its stream's limit, still without its end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Oversize {
-    pub limit: usize,
-}
-
-impl std::fmt::Display for Oversize {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the upstream sent a stream event longer than {} bytes",
-            self.limit
-        )
-    }
-}
-
-impl Events {
-    /// Events of at most `limit` bytes.
-    pub fn new(limit: usize) -> Self {
-        Self {
-            pending: Vec::new(),
-            scanned: 0,
-            limit,
-        }
-    }
-
-    /// Take in `bytes`; `each` gets every event they complete, in order, with the blank line
-    /// that ended it, and the length of the event without it.
-    pub fn feed(
-        &mut self,
-        bytes: &[u8],
-        mut each: impl FnMut(&[u8], usize),
-    ) -> Result<(), Oversize> {
-        self.pending.extend_from_slice(bytes);
-        // A blank line is at most four bytes: one that the new bytes complete starts at most
-        // three bytes back.
-        let mut from = self.scanned.saturating_sub(3);
-        let mut start = 0;
-        while let Some((end, gap)) = event_end_from(&self.pending[start..], from) {
-            each(&self.pending[start..start + end + gap], end);
-            start += end + gap;
-            from = 0;
-        }
-        self.pending.drain(..start);
-        self.scanned = self.pending.len();
-        if self.pending.len() > self.limit {
-            self.pending = Vec::new();
-            self.scanned = 0;
-            return Err(Oversize { limit: self.limit });
-        }
-        Ok(())
-    }
-
-    /// Whether the bytes so far end on an event boundary.
-    pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
-    }
-
-    /// The bytes after the last whole event; the buffer is empty afterwards.
-    pub fn take_rest(&mut self) -> Vec<u8> {
-        self.scanned = 0;
-        std::mem::take(&mut self.pending)
-    }
-}
-
-/// Reads the assistant text out of an SSE stream as its bytes pass by, keeping at most `limit`
-/// bytes of it (a streamed reply is bounded as a whole one is) and refusing an event longer
-/// than that.
-#[derive(Debug)]
-pub struct StreamReader {
-    format: Format,
-    events: Events,
-    /// The most bytes of text kept, and of one event.
-    limit: usize,
-    text: String,
-    complete: bool,
-    /// An event ran over the limit: nothing after it is read, and the reply is incomplete.
-    oversize: Option<Oversize>,
-    /// The text reached the limit: the rest of the reply is relayed but not kept.
-    cut: bool,
-    /// The last Responses `sequence_number` seen, for an error event numbered after it.
-    sequence: Option<u64>,
-}
-
-impl StreamReader {
-    pub fn new(format: Format, limit: usize) -> Self {
-        Self {
-            format,
-            events: Events::new(limit),
-            limit,
-            text: String::new(),
-            complete: false,
-            oversize: None,
-            cut: false,
-            sequence: None,
-        }
-    }
-
-    /// Take in the next bytes of the stream.
-    pub fn feed(&mut self, bytes: &[u8]) {
-        if bytes.is_empty() || self.oversize.is_some() {
-            return;
-        }
-        let mut events = std::mem::replace(&mut self.events, Events::new(0));
-        let fed = events.feed(bytes, |event, end| self.event(&event[..end]));
-        self.events = events;
-        if let Err(oversize) = fed {
-            self.oversize = Some(oversize);
-            self.complete = false;
-        }
-    }
-
-    /// Whether the stream so far ends on an event boundary; a proxy must end its last event with
-    /// a blank line or clients drop it.
-    pub fn terminated(&self) -> bool {
-        self.events.is_empty()
-    }
-
-    /// The event that ran over the limit, once one has.
-    pub fn oversize(&self) -> Option<Oversize> {
-        self.oversize
-    }
-
-    /// The event that ends the stream with `error` (an error body in the provider's shape)
-    /// where the upstream broke it off; Responses numbers it after the last event read.
-    pub fn error_event(&self, error: &Value) -> Vec<u8> {
-        error_event(self.format, error, self.sequence.map_or(0, |last| last + 1))
-    }
-
-    /// The text read so far, and whether the stream said it was complete.
-    pub fn finish(mut self) -> (String, bool) {
-        let rest = self.events.take_rest();
-        if !rest.is_empty() && self.oversize.is_none() {
-            self.event(&rest);
-        }
-        (
-            self.text,
-            self.complete && !self.cut && self.oversize.is_none(),
-        )
-    }
-
-    /// Add `piece` to the text, as far as the limit allows; a reply cut here is incomplete.
-    fn push(&mut self, piece: &str) {
-        let room = self.limit.saturating_sub(self.text.len());
-        if self.cut || piece.len() <= room {
-            if !self.cut {
-                self.text.push_str(piece);
-            }
-            return;
-        }
-        let mut cut = room;
-        while !piece.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        self.text.push_str(&piece[..cut]);
-        self.cut = true;
-    }
-
-    fn event(&mut self, event: &[u8]) {
-        if self.oversize.is_some() {
-            return;
-        }
-        let data = event_data(event);
-        if data.trim() == "[DONE]" {
-            self.complete = true;
-            return;
-        }
-        let Ok(value) = serde_json::from_str::<Value>(&data) else {
-            return;
-        };
-        if let Some(sequence) = value["sequence_number"].as_u64() {
-            self.sequence = Some(sequence);
-        }
-        match self.format {
-            Format::Chat => {
-                for choice in value["choices"].as_array().into_iter().flatten() {
-                    if choice["index"].as_u64().unwrap_or(0) != 0 {
-                        continue;
-                    }
-                    if let Some(piece) = choice["delta"]["content"].as_str() {
-                        self.push(piece);
-                    }
-                    if choice["finish_reason"].is_string() {
-                        self.complete = true;
-                    }
-                }
-            }
-            Format::Messages => match value["type"].as_str() {
-                Some("content_block_delta") if value["delta"]["type"] == "text_delta" => {
-                    if let Some(piece) = value["delta"]["text"].as_str() {
-                        self.push(piece);
-                    }
-                }
-                Some("message_stop") => self.complete = true,
-                _ => {}
-            },
-            Format::Gemini => {
-                let candidate = &value["candidates"][0];
-                if let Some(piece) = text_of(&candidate["content"]["parts"]) {
-                    self.push(&piece);
-                }
-                if candidate["finishReason"].is_string() {
-                    self.complete = true;
-                }
-            }
-            Format::Responses => match value["type"].as_str() {
-                Some("response.output_item.added")
-                    if value["item"]["type"] == "message" && !self.text.is_empty() =>
-                {
-                    self.push("\n\n");
-                }
-                Some("response.output_text.delta") => {
-                    if let Some(piece) = value["delta"].as_str() {
-                        self.push(piece);
-                    }
-                }
-                Some("response.completed") => self.complete = true,
-                _ => {}
-            },
-        }
-    }
-}
-
-/// The `data:` of one SSE event (without its blank line), its lines joined by newlines.
-pub fn event_data(event: &[u8]) -> String {
-    let text = String::from_utf8_lossy(event);
-    let mut data = String::new();
-    for line in text.lines() {
-        if let Some(value) = line.strip_prefix("data:") {
-            if !data.is_empty() {
-                data.push('\n');
-            }
-            data.push_str(value.strip_prefix(' ').unwrap_or(value));
-        }
-    }
-    data
-}
-
-/// The event that reports `error` (a provider's error body, `{"error": {...}}`) in `format`'s
-/// stream: the body itself for Chat and Gemini, typed `error` for Messages, and for Responses
-/// an `error` event numbered `sequence` carrying the error's fields.
-pub fn error_event(format: Format, error: &Value, sequence: u64) -> Vec<u8> {
-    let mut body = error.as_object().cloned().unwrap_or_default();
-    match format {
-        Format::Chat | Format::Gemini => {}
-        Format::Messages => {
-            body.insert("type".into(), Value::from("error"));
-        }
-        Format::Responses => {
-            let error = body.remove("error").unwrap_or_default();
-            body = Map::from_iter([
-                ("type".to_owned(), Value::from("error")),
-                ("sequence_number".to_owned(), Value::from(sequence)),
-                ("error".to_owned(), error),
-            ]);
-        }
-    }
-    encode_event(format, &body)
-}
-
-/// One SSE event carrying `data`, as `format`'s stream carries it: Responses and Messages name
-/// the event's `type` in an `event:` line (left out when there is none, or when it holds a line
-/// break and so could not stay one line); Gemini ends events with CRLF pairs, as its API does.
-/// [`event_end`] finds exactly this one event in it, and [`event_data`] reads `data` back.
-pub fn encode_event(format: Format, data: &Map<String, Value>) -> Vec<u8> {
-    let mut out = Vec::new();
-    if matches!(format, Format::Responses | Format::Messages)
-        && let Some(kind) = data.get("type").and_then(Value::as_str)
-        && !kind.contains(['\r', '\n'])
-    {
-        out.extend_from_slice(format!("event: {kind}\n").as_bytes());
-    }
-    let end = match format {
-        Format::Gemini => "\r\n\r\n",
-        Format::Chat | Format::Responses | Format::Messages => "\n\n",
-    };
-    out.extend_from_slice(b"data: ");
-    serde_json::to_writer(&mut out, data).expect("a JSON map serialises");
-    out.extend_from_slice(end.as_bytes());
-    out
-}
-
-/// The end of the first complete event in `bytes` and the length of the blank line after it.
-pub fn event_end(bytes: &[u8]) -> Option<(usize, usize)> {
-    event_end_from(bytes, 0)
-}
-
-/// [`event_end`], for `bytes` whose first `from` bytes hold no blank line's start.
-fn event_end_from(bytes: &[u8], from: usize) -> Option<(usize, usize)> {
-    let mut i = from;
-    while i < bytes.len() {
-        for gap in [&b"\r\n\r\n"[..], b"\n\n", b"\r\r"] {
-            if bytes[i..].starts_with(gap) {
-                return Some((i, gap.len()));
-            }
-        }
-        i += 1;
-    }
-    None
+    format.wire().reply_text(&value).filter(|t| !t.is_empty())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::{Message, Omitted};
+    use crate::frame::{Message, Omitted, Side};
+    use crate::proxy::sse::StreamReader;
     use crate::types::RowId;
-    use proptest::prelude::*;
-
-    /// The events of `bytes` by [`event_end`] from the start each time, and the rest.
-    fn events_whole(mut bytes: &[u8]) -> (Vec<(Vec<u8>, usize)>, Vec<u8>) {
-        let mut out = Vec::new();
-        while let Some((end, gap)) = event_end(bytes) {
-            out.push((bytes[..end + gap].to_vec(), end));
-            bytes = &bytes[end + gap..];
-        }
-        (out, bytes.to_vec())
-    }
-
-    proptest! {
-        #[test]
-        fn events_cut_anywhere_are_the_events_read_whole(
-            parts in prop::collection::vec(
-                prop::sample::select(vec![&b"data: {}"[..], b"\n", b"\r", b"\r\n", b"x", b"event: e\n"]),
-                0..60,
-            ),
-            cuts in prop::collection::vec(0usize..400, 0..8),
-        ) {
-            let bytes = parts.concat();
-            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(bytes.len())).collect();
-            cuts.sort_unstable();
-            let mut events = Events::new(usize::MAX);
-            let mut out = Vec::new();
-            let mut at = 0;
-            for cut in cuts.into_iter().chain([bytes.len()]) {
-                events
-                    .feed(&bytes[at..cut], |event, end| out.push((event.to_vec(), end)))
-                    .unwrap();
-                at = cut;
-            }
-            prop_assert_eq!((out, events.take_rest()), events_whole(&bytes));
-        }
-    }
-
-    #[test]
-    fn an_event_over_the_limit_is_refused_and_a_long_reply_is_kept_cut() {
-        let mut events = Events::new(16);
-        let mut seen = 0;
-        assert!(
-            events
-                .feed(b"data: 1\n\ndata: 22", |_, _| seen += 1)
-                .is_ok()
-        );
-        assert_eq!(
-            events.feed(b"2222222222", |_, _| seen += 1),
-            Err(Oversize { limit: 16 })
-        );
-        assert_eq!(seen, 1);
-
-        let mut reader = StreamReader::new(Format::Chat, 8);
-        reader.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"0123456789\"}}]}\n\n");
-        reader.feed(b"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n");
-        assert_eq!(reader.oversize(), None);
-        assert_eq!(reader.finish(), ("01234567".to_owned(), false));
-    }
 
     /// The body sent for `request` with `frame` in it.
     fn with_frame(request: &Request, frame: &Frame) -> Vec<u8> {
@@ -1543,75 +955,6 @@ mod tests {
         ] {
             let err = parse(Format::Chat, body.as_bytes(), None).unwrap_err();
             assert!(err.contains(reason), "{body}: {err}");
-        }
-    }
-
-    #[test]
-    fn stream_text_survives_any_split_of_the_bytes() {
-        let stream = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n\
-                      data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Gr\u{fc}\u{df}e \"}}]}\n\n\
-                      data: {\"choices\":[{\"index\":1,\"delta\":{\"content\":\"other choice\"}}]}\n\n\
-                      data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\u{f7} 2\"},\"finish_reason\":\"stop\"}]}\n\n\
-                      data: [DONE]\n\n";
-        let bytes = stream.as_bytes();
-        for cut in 0..bytes.len() {
-            let mut reader = StreamReader::new(Format::Chat, 1 << 20);
-            reader.feed(&bytes[..cut]);
-            reader.feed(&bytes[cut..]);
-            assert!(reader.terminated());
-            assert_eq!(
-                reader.finish(),
-                ("Gr\u{fc}\u{df}e \u{f7} 2".to_owned(), true)
-            );
-        }
-    }
-
-    #[test]
-    fn anthropic_text_deltas_and_an_unterminated_end() {
-        let stream = "event: message_start\ndata: {\"type\":\"message_start\"}\n\n\
-                      event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n\
-                      event: message_stop\ndata: {\"type\":\"message_stop\"}";
-        let mut reader = StreamReader::new(Format::Messages, 1 << 20);
-        reader.feed(stream.as_bytes());
-        assert!(!reader.terminated());
-        assert_eq!(reader.finish(), ("Hi".to_owned(), true));
-    }
-
-    #[test]
-    fn an_encoded_event_is_one_event_holding_its_data() {
-        let cases = [
-            (Format::Chat, json!({"id": "a", "choices": []}), "data: "),
-            (Format::Gemini, json!({"candidates": []}), "data: "),
-            (
-                Format::Messages,
-                json!({"type": "message_stop"}),
-                "event: message_stop\ndata: ",
-            ),
-            (
-                Format::Responses,
-                json!({"type": "response.completed"}),
-                "event: response.completed\ndata: ",
-            ),
-            (Format::Responses, json!({"error": {}}), "data: "),
-            // A type holding a blank line would end the event early and make its data a
-            // second event: the event line is left out.
-            (
-                Format::Messages,
-                json!({"type": "a\n\ndata: {}", "text": "x\r\ny"}),
-                "data: ",
-            ),
-        ];
-        for (format, data, head) in cases {
-            let Value::Object(data) = data else {
-                unreachable!()
-            };
-            let event = encode_event(format, &data);
-            let text = String::from_utf8(event.clone()).unwrap();
-            assert!(text.starts_with(head), "{text:?}");
-            let (end, gap) = event_end(&event).unwrap();
-            assert_eq!(end + gap, event.len(), "{text:?}");
-            let back: Value = serde_json::from_str(&event_data(&event[..end])).unwrap();
-            assert_eq!(back, Value::Object(data));
         }
     }
 }
