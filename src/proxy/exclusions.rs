@@ -1,0 +1,136 @@
+//! `/perpetuity/exclusions`: a user's own rows excluded from its recall, or included again.
+
+use super::*;
+
+/// Where a credential's user reads and changes its exclusions.
+pub const EXCLUSIONS_PATH: &str = "/perpetuity/exclusions";
+
+/// The request's one credential for `provider`: none is 401 (`missing` says what to send), two
+/// different ones 400, each in the provider's shape.
+pub(super) fn credential_of(
+    provider: Provider,
+    parts: &hyper::http::request::Parts,
+    missing: &str,
+) -> Result<String, Refusal> {
+    match provider.credential(&parts.headers, parts.uri.query()) {
+        Ok(Some(credential)) => Ok(credential),
+        Ok(None) => Err(Refusal::new(provider, Failure::Authentication, missing)),
+        Err(reason) => Err(Refusal::new(provider, Failure::InvalidRequest, &reason)),
+    }
+}
+
+/// `POST /perpetuity/exclusions`' body: rows to exclude (or include again, with
+/// `"excluded": false`), by id or as every row of a conversation.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ExclusionChange {
+    #[serde(default)]
+    rows: Vec<u64>,
+    conversation: Option<String>,
+    #[serde(default = "yes")]
+    excluded: bool,
+}
+
+pub(super) fn yes() -> bool {
+    true
+}
+
+/// `GET` or `POST` [`EXCLUSIONS_PATH`]: the asking user's exclusions (`docs/proxy.md`). The user
+/// is the request's credential, narrowed by `x-perpetuity-user`, as for a chat request; errors
+/// come in the shape of the provider the credential's header names.
+pub(super) async fn exclusions(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let provider = Provider::from_headers(&parts.headers).unwrap_or(Provider::OpenAi);
+    let credential = match credential_of(
+        provider,
+        &parts,
+        "no API key: exclusions belong to the credential's memory (send it as for a chat request)",
+    ) {
+        Ok(credential) => credential,
+        Err(refused) => return refused.into(),
+    };
+    let narrow = match utf8_header(&parts.headers, USER_HEADER) {
+        Ok(narrow) => narrow.map(str::to_owned),
+        Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
+    };
+    let change = if parts.method == Method::POST {
+        let bytes = match request_body(body, &state.config, provider).await {
+            Ok(bytes) => bytes,
+            Err(refused) => return refused.into(),
+        };
+        match serde_json::from_slice::<ExclusionChange>(&bytes) {
+            Ok(change) => Some(change),
+            Err(err) => {
+                return failure(
+                    provider,
+                    Failure::InvalidRequest,
+                    &format!(
+                        "the body must be {{\"rows\": [ids], \"conversation\": \"name\", \"excluded\": true|false}}: {err}"
+                    ),
+                );
+            }
+        }
+    } else {
+        None
+    };
+    let user = UserId::from_key(&state.secret.user_key(&credential, narrow.as_deref()));
+    let done = tokio::task::spawn_blocking(move || change_exclusions(&state, user, change)).await;
+    match done {
+        Ok(Ok(body)) => json(StatusCode::OK, &body),
+        Ok(Err(err)) => {
+            tracing::error!(%err, "exclusions failed");
+            failure(
+                provider,
+                Failure::Overloaded,
+                &format!("the memory is unavailable: {err}"),
+            )
+        }
+        Err(err) => failure(
+            provider,
+            Failure::Overloaded,
+            &format!("the memory task failed: {err}"),
+        ),
+    }
+}
+
+/// Apply `change` (if any) to `user`'s exclusions; the rows it changed and every row now
+/// excluded, in id order. The credential's endpoint and the inspector both call it.
+pub(super) fn change_exclusions(
+    state: &State,
+    user: UserId,
+    change: Option<ExclusionChange>,
+) -> Result<serde_json::Value, Error> {
+    let exclusions = match change {
+        Some(change) => state.engine.exclude(
+            user,
+            change.rows.into_iter().map(RowId).collect(),
+            change.conversation.as_deref(),
+            change.excluded,
+        )?,
+        None => Exclusions {
+            excluded: state.engine.exclusions(user)?,
+            ..Exclusions::default()
+        },
+    };
+    let ids = |rows: &[RowId]| rows.iter().map(|r| r.0).collect::<Vec<_>>();
+    Ok(serde_json::json!({
+        "changed": ids(&exclusions.changed),
+        "excluded": ids(&exclusions.excluded),
+    }))
+}
+
+/// A header's value as text, `Ok(None)` when absent. Any UTF-8 is taken (a user's name may be
+/// "José"; `HeaderValue::to_str` takes visible ASCII only, and dropping the rest would put such a
+/// user in the credential's shared memory); other bytes are refused.
+pub(super) fn utf8_header<'a>(
+    headers: &'a HeaderMap,
+    name: &str,
+) -> Result<Option<&'a str>, String> {
+    headers
+        .get(name)
+        .map(|value| {
+            std::str::from_utf8(value.as_bytes())
+                .map_err(|_| format!("the {name} header is not UTF-8 text"))
+        })
+        .transpose()
+}

@@ -1,0 +1,271 @@
+//! What a chat request remembers before it is forwarded: its turn captured (or deferred until
+//! the reply), the tool round's items as tool rows, and the frame recalled or reused.
+
+use super::*;
+
+/// What [`remember`] did: whether the question was committed, and the turn's frame (`Ok(None)`
+/// when recall is off or there is no question to recall for).
+pub(super) struct Remembered {
+    pub(super) question_stored: bool,
+    pub(super) recall: Result<Option<Recalled>, Error>,
+    /// What waits for the provider to accept the credential.
+    pub(super) deferred: Deferred,
+}
+
+/// The captures of a request whose credential owns no memory yet: written once the provider
+/// has answered it with anything but 401 or 403, dropped otherwise, so a credential the
+/// provider refuses leaves nothing behind (`docs/proxy.md`).
+#[derive(Default)]
+pub(super) struct Deferred {
+    /// Role and text of each message, in order.
+    pub(super) messages: Vec<(Role, String)>,
+    /// The first message is the turn's question.
+    pub(super) question: bool,
+    /// The turn's key, noted as captured once the question is.
+    pub(super) key: Option<TurnKey>,
+}
+
+/// How long a question stays known as captured: the same question at the same place of the
+/// same conversation within it is a client's retry (after a 429, a 5xx, a dropped
+/// connection) and is not stored again.
+const RETRY_WINDOW: Duration = Duration::from_secs(120);
+
+/// The frame a request is forwarded with.
+pub(super) struct Recalled {
+    pub(super) turn: Arc<TurnFrame>,
+    /// The recall that made it (none: a continuation reused its turn's frame), for the
+    /// inspector's log.
+    pub(super) recall: Option<Recall>,
+    /// Rows scanned and the scan's time (µs), when this request scanned (a continuation that
+    /// reuses its turn's frame does not).
+    pub(super) scanned: Option<(usize, u64)>,
+}
+
+/// Capture the new user turn and recall for the live question, as the switches allow, under
+/// one serving generation; returns what it did with that generation's dictionary version.
+pub(super) fn remember(
+    state: &State,
+    request: &wire::Request,
+    identity: &Identity,
+    switches: Switches,
+) -> (Remembered, String) {
+    let generation = state.engine.writing();
+    let remembered = remember_in(state, &generation, request, identity, switches);
+    (
+        remembered,
+        generation.memory.dictionary.version().to_owned(),
+    )
+}
+
+/// A new turn is captured and its frame recalled and kept for the turn; a continuation of a
+/// tool round reuses its turn's frame (recalled again, its own question and round hidden, when
+/// the turn is not remembered) and captures what the agent did since the last request. A
+/// question captured moments ago at the same place is a retry and is not captured again; the
+/// captures of a credential that owns no memory yet wait for the provider ([`Deferred`]).
+fn remember_in(
+    state: &State,
+    generation: &Generation,
+    request: &wire::Request,
+    identity: &Identity,
+    switches: Switches,
+) -> Remembered {
+    let memory = &generation.memory;
+    let user = UserId::from_key(&identity.user_key);
+    let key = Turns::key(&identity.user_key, &identity.conversation, request);
+    let new = request.question_is_new();
+    let retry = new && key.is_some_and(|key| state.turns.captured_within(&key, RETRY_WINDOW));
+    let failed = |question_stored, err| Remembered {
+        question_stored,
+        recall: Err(err),
+        deferred: Deferred::default(),
+    };
+    let owned = if switches.writes() {
+        match memory.store.user_key(user) {
+            Ok(owned) => owned.is_some(),
+            Err(err) => return failed(false, err.into()),
+        }
+    } else {
+        false
+    };
+    let mut deferred = Deferred {
+        key,
+        ..Deferred::default()
+    };
+    let mut stored = retry;
+    if switches.writes() && new && !retry {
+        let text = request.question.clone().unwrap_or_default();
+        if owned {
+            match generation.capture(&identity.author(), Role::User, None, text) {
+                Ok(ids) => {
+                    stored = ids.first().is_some_and(|ids| !ids.is_empty());
+                    if let (true, Some(key)) = (stored, key) {
+                        state.turns.note_captured(key, user);
+                    }
+                }
+                Err(err) => return failed(false, err),
+            }
+        } else {
+            deferred.messages.push((Role::User, text));
+            deferred.question = true;
+        }
+    }
+    let known = key.filter(|_| !new).and_then(|key| state.turns.get(&key));
+    let recalled = match known {
+        Some(turn) => Ok(Some(Recalled {
+            turn,
+            recall: None,
+            scanned: None,
+        })),
+        None => {
+            let hidden = if new || !switches.recall {
+                Ok(Vec::new())
+            } else {
+                own_turn(memory, user, &identity.conversation)
+            };
+            hidden.and_then(|hidden| {
+                let recalled = recall_for(
+                    state, generation, request, identity, switches, stored, &hidden,
+                )?;
+                Ok(recalled.inspect(|recalled| {
+                    if !new {
+                        // What came before the round's last step was stored before the turn
+                        // was forgotten.
+                        *recalled.turn.captured.lock() = wire::last_step(request);
+                    }
+                    if let Some(key) = key {
+                        state.turns.insert(key, Arc::clone(&recalled.turn));
+                    }
+                }))
+            })
+        }
+    };
+    if let (true, false, Ok(Some(recalled))) = (switches.writes(), new, &recalled) {
+        let rows = round_rows(request, &recalled.turn);
+        if owned {
+            for text in rows {
+                if let Err(err) = generation.capture(&identity.author(), Role::Tool, None, text) {
+                    return failed(stored, err);
+                }
+            }
+        } else {
+            deferred
+                .messages
+                .extend(rows.into_iter().map(|text| (Role::Tool, text)));
+        }
+    }
+    Remembered {
+        question_stored: stored,
+        recall: recalled,
+        deferred,
+    }
+}
+
+/// Rows a continuation's recall hides: the conversation's newest rows back to its newest user
+/// message (the turn's question, then its tool rows), which the request forwards itself.
+fn own_turn(
+    memory: &crate::memory::Memory,
+    user: UserId,
+    conversation: &str,
+) -> Result<Vec<RowId>, Error> {
+    let mut hidden = Vec::new();
+    for id in memory
+        .store
+        .conversation_rows_newest_first(user, conversation)
+        .take(OWN_TURN_ROWS)
+    {
+        let id = id?;
+        hidden.push(id);
+        if memory
+            .store
+            .row(user, id)?
+            .is_some_and(|row| row.role == Role::User && row.chunk == 0)
+        {
+            return Ok(hidden);
+        }
+    }
+    Ok(Vec::new())
+}
+
+/// How far back [`own_turn`] looks for the question (rows); a turn whose tool rows run longer
+/// hides nothing.
+const OWN_TURN_ROWS: usize = 4096;
+
+/// What the agent did since the turn's last request (its calls and their results after the
+/// question), as the texts of the turn's tool rows, each once: the turn counts them as taken.
+pub(super) fn round_rows(request: &wire::Request, turn: &TurnFrame) -> Vec<String> {
+    let mut captured = turn.captured.lock();
+    let (texts, seen) = wire::round_rows(request, *captured);
+    *captured = seen.max(*captured);
+    texts
+}
+
+/// Write the captures that waited for the provider (which has not refused the credential);
+/// whether the turn's question is among what was stored.
+pub(super) fn capture_deferred(
+    state: &State,
+    identity: &Identity,
+    deferred: Deferred,
+) -> Result<bool, Error> {
+    let generation = state.engine.writing();
+    let mut question = deferred.question;
+    for (i, (role, text)) in deferred.messages.into_iter().enumerate() {
+        let ids = generation.capture(&identity.author(), role, None, text)?;
+        if i == 0 && question {
+            question = ids.first().is_some_and(|ids| !ids.is_empty());
+            if let (true, Some(key)) = (question, deferred.key) {
+                state
+                    .turns
+                    .note_captured(key, UserId::from_key(&identity.user_key));
+            }
+        }
+    }
+    Ok(question)
+}
+
+/// Catch the arena up and recall for the live question (`Ok(None)` when recall is off or
+/// there is none); `stored`: the question was just captured (otherwise recall is a probe);
+/// `hidden`: rows passed over this time.
+fn recall_for(
+    state: &State,
+    generation: &Generation,
+    request: &wire::Request,
+    identity: &Identity,
+    switches: Switches,
+    stored: bool,
+    hidden: &[RowId],
+) -> Result<Option<Recalled>, Error> {
+    let (true, false, Some(question)) = (
+        switches.recall,
+        request.server_history,
+        request.question.as_deref(),
+    ) else {
+        return Ok(None);
+    };
+    let config = RecallConfig {
+        tools: switches.tools(&state.config, request.format),
+        ..state.config.recall
+    };
+    let ask = Ask {
+        user: UserId::from_key(&identity.user_key),
+        scope: &identity.scope,
+        conversation: Some(&identity.conversation),
+        question,
+        probe: !stored || !switches.writes(),
+        hidden,
+        now_ms: Some(now_ms()),
+    };
+    let recall = generation.recall(&state.engine.kernels, &config, &ask)?;
+    Ok(Some(Recalled {
+        scanned: Some((recall.scanned_rows, recall.scan_us)),
+        turn: Arc::new(TurnFrame {
+            scope: identity.scope.clone(),
+            items: wire::frame_items(request.format, &recall.frame),
+            retrieved: recall.retrieved.iter().map(|r| RowId(r.row)).collect(),
+            shown: recall.frame.rows.clone(),
+            tokens: recall.frame.tokens,
+            trimmed: recall.frame.omitted.turns,
+            captured: Mutex::new(0),
+        }),
+        recall: Some(recall),
+    }))
+}
