@@ -48,9 +48,10 @@ impl Switches {
         self.capture && !self.probe
     }
 
-    /// Whether the memory tools ride along with a request in `format` (with its frame).
-    pub(super) fn tools(self, config: &ProxyConfig, format: wire::Format) -> bool {
-        self.tools && config.tools && config.tool_rounds > 1 && rounds::supports(format)
+    /// Whether the memory tools ride along with a request (with its frame): every format
+    /// carries them.
+    pub(super) fn tools(self, config: &ProxyConfig) -> bool {
+        self.tools && config.tools && config.tool_rounds > 1
     }
 }
 
@@ -237,7 +238,7 @@ pub(super) async fn chat(
         Some(Ok(remembered)) => std::mem::take(&mut remembered.deferred),
         _ => Deferred::default(),
     };
-    let tools = switches.tools(&state.config, format);
+    let tools = switches.tools(&state.config);
     let mut tool_base = None;
     let (outbound, mut memory_status, turn, recall) = match remembered.map(|r| r.map(|r| r.recall))
     {

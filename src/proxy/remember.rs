@@ -242,7 +242,7 @@ fn recall_for(
         return Ok(None);
     };
     let config = RecallConfig {
-        tools: switches.tools(&state.config, request.format),
+        tools: switches.tools(&state.config),
         ..state.config.recall
     };
     let ask = Ask {

@@ -176,11 +176,6 @@ pub(super) trait WireFormat: Sync {
         "\n\n"
     }
 
-    /// Whether the memory tools can ride along with requests in this format.
-    fn tools(&self) -> bool {
-        true
-    }
-
     /// A memory tool as this format declares it.
     fn declared(&self, spec: &memory_tools::Spec) -> Value;
 

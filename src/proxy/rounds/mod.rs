@@ -57,11 +57,6 @@ pub const DEFAULT_ROUNDS: usize = 4;
 /// well inside the idle timeouts of common clients and load balancers (30 s and more).
 pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
 
-/// Whether the memory tools can ride along with requests in `format`.
-pub fn supports(format: Format) -> bool {
-    format.wire().tools()
-}
-
 /// Add the memory tools after the harness's own tools (Gemini: one more `functionDeclarations`
 /// entry).
 pub fn offer(format: Format, body: &mut Map<String, Value>) {
