@@ -209,28 +209,14 @@ pub(super) async fn chat(
     } else {
         None
     };
+    let serving = || {
+        let generation = state.engine.generation();
+        generation.memory.dictionary.version().to_owned()
+    };
     let (mut remembered, dictionary) = match remembered {
         Some(Ok((remembered, dictionary))) => (Some(Ok(remembered)), dictionary),
-        Some(Err(err)) => (
-            Some(Err(err)),
-            state
-                .engine
-                .generation()
-                .memory
-                .dictionary
-                .version()
-                .to_owned(),
-        ),
-        None => (
-            None,
-            state
-                .engine
-                .generation()
-                .memory
-                .dictionary
-                .version()
-                .to_owned(),
-        ),
+        Some(Err(err)) => (Some(Err(err)), serving()),
+        None => (None, serving()),
     };
     state.metrics.memory_time(started.elapsed());
     let mut question_stored = matches!(&remembered, Some(Ok(r)) if r.question_stored);
