@@ -141,7 +141,10 @@ pub(super) async fn chat(
         ));
     }
     let bytes = request_body(body, &state.config, provider).await?;
-    let path_model = gemini_model(parts.uri.path()).map(str::to_owned);
+    let path_model = format
+        .wire()
+        .path_model(parts.uri.path())
+        .map(str::to_owned);
     // Shared with the blocking memory task, not copied: a body's parsed tree is many times its
     // size.
     let invalid = |reason: String| Refusal::new(provider, Failure::InvalidRequest, &reason);

@@ -38,44 +38,35 @@ pub(super) fn yes() -> bool {
 /// `GET` or `POST` [`EXCLUSIONS_PATH`]: the asking user's exclusions (`docs/proxy.md`). The user
 /// is the request's credential, narrowed by `x-perpetuity-user`, as for a chat request; errors
 /// come in the shape of the provider the credential's header names.
-pub(super) async fn exclusions(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
+pub(super) async fn exclusions(
+    req: Request<Incoming>,
+    state: Arc<State>,
+) -> Result<Response<Body>, Refusal> {
     let (parts, body) = req.into_parts();
     let provider = Provider::from_headers(&parts.headers).unwrap_or(Provider::OpenAi);
-    let credential = match credential_of(
+    let invalid = |reason: &str| Refusal::new(provider, Failure::InvalidRequest, reason);
+    let credential = credential_of(
         provider,
         &parts,
         "no API key: exclusions belong to the credential's memory (send it as for a chat request)",
-    ) {
-        Ok(credential) => credential,
-        Err(refused) => return refused.into(),
-    };
-    let narrow = match utf8_header(&parts.headers, USER_HEADER) {
-        Ok(narrow) => narrow.map(str::to_owned),
-        Err(reason) => return failure(provider, Failure::InvalidRequest, &reason),
-    };
+    )?;
+    let narrow = utf8_header(&parts.headers, USER_HEADER)
+        .map_err(|reason| invalid(&reason))?
+        .map(str::to_owned);
     let change = if parts.method == Method::POST {
-        let bytes = match request_body(body, &state.config, provider).await {
-            Ok(bytes) => bytes,
-            Err(refused) => return refused.into(),
-        };
-        match serde_json::from_slice::<ExclusionChange>(&bytes) {
-            Ok(change) => Some(change),
-            Err(err) => {
-                return failure(
-                    provider,
-                    Failure::InvalidRequest,
-                    &format!(
-                        "the body must be {{\"rows\": [ids], \"conversation\": \"name\", \"excluded\": true|false}}: {err}"
-                    ),
-                );
-            }
-        }
+        let bytes = request_body(body, &state.config, provider).await?;
+        let change = serde_json::from_slice::<ExclusionChange>(&bytes).map_err(|err| {
+            invalid(&format!(
+                "the body must be {{\"rows\": [ids], \"conversation\": \"name\", \"excluded\": true|false}}: {err}"
+            ))
+        })?;
+        Some(change)
     } else {
         None
     };
     let user = UserId::from_key(&state.secret.user_key(&credential, narrow.as_deref()));
     let done = tokio::task::spawn_blocking(move || change_exclusions(&state, user, change)).await;
-    match done {
+    Ok(match done {
         Ok(Ok(body)) => json(StatusCode::OK, &body),
         Ok(Err(err)) => {
             tracing::error!(%err, "exclusions failed");
@@ -90,7 +81,7 @@ pub(super) async fn exclusions(req: Request<Incoming>, state: Arc<State>) -> Res
             Failure::Overloaded,
             &format!("the memory task failed: {err}"),
         ),
-    }
+    })
 }
 
 /// Apply `change` (if any) to `user`'s exclusions; the rows it changed and every row now

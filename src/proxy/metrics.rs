@@ -10,32 +10,38 @@ use hdrhistogram::Histogram;
 use crate::latency;
 
 use super::State;
+use super::wire::Format;
 
-/// Routes counted apart in the metrics.
+/// Routes counted apart in the metrics: each chat format's, and everything passed through.
 #[derive(Debug, Clone, Copy)]
 pub enum Route {
-    OpenAiChat,
-    OpenAiResponses,
-    AnthropicMessages,
-    GeminiGenerate,
+    Chat(Format),
     PassThrough,
 }
 
+/// How many routes are counted apart.
+const ROUTES: usize = Format::ALL.len() + 1;
+
 impl Route {
-    const ALL: [Self; 5] = [
-        Self::OpenAiChat,
-        Self::OpenAiResponses,
-        Self::AnthropicMessages,
-        Self::GeminiGenerate,
-        Self::PassThrough,
-    ];
+    /// Every route, in the counters' order.
+    fn all() -> impl Iterator<Item = Self> {
+        Format::ALL
+            .iter()
+            .map(|&format| Self::Chat(format))
+            .chain(std::iter::once(Self::PassThrough))
+    }
+
+    /// The route's counter.
+    fn index(self) -> usize {
+        match self {
+            Self::Chat(format) => format as usize,
+            Self::PassThrough => ROUTES - 1,
+        }
+    }
 
     fn label(self) -> &'static str {
         match self {
-            Self::OpenAiChat => "openai_chat",
-            Self::OpenAiResponses => "openai_responses",
-            Self::AnthropicMessages => "anthropic_messages",
-            Self::GeminiGenerate => "gemini_generate",
+            Self::Chat(format) => format.wire().metric(),
             Self::PassThrough => "pass_through",
         }
     }
@@ -44,7 +50,7 @@ impl Route {
 /// Counters and latency histograms of the serving process.
 #[derive(Debug)]
 pub struct Metrics {
-    requests: [AtomicU64; 5],
+    requests: [AtomicU64; ROUTES],
     /// Requests the proxy refused itself (bad input, no credential, limits).
     refused: AtomicU64,
     /// Requests forwarded untouched because the memory failed.
@@ -94,7 +100,7 @@ pub enum Event {
 impl Metrics {
     pub fn count(&self, event: Event) {
         let counter = match event {
-            Event::Request(route) => &self.requests[route as usize],
+            Event::Request(route) => &self.requests[route.index()],
             Event::Refused => &self.refused,
             Event::MemoryUnavailable => &self.memory_unavailable,
             Event::UpstreamFailed => &self.upstream_failed,
@@ -137,12 +143,11 @@ pub fn render_metrics(state: &State) -> String {
             let _ = writeln!(out, "{name}{labels} {value}");
         }
     };
-    let requests: Vec<(String, u64)> = Route::ALL
-        .iter()
+    let requests: Vec<(String, u64)> = Route::all()
         .map(|r| {
             (
                 format!("{{route=\"{}\"}}", r.label()),
-                m.requests[*r as usize].load(Ordering::Relaxed),
+                m.requests[r.index()].load(Ordering::Relaxed),
             )
         })
         .collect();

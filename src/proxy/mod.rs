@@ -383,9 +383,16 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
     if path.starts_with(inspector::PREFIX) && path != EXCLUSIONS_PATH {
         return Ok(inspector::route(req, state).await);
     }
+    if req.method() == Method::POST
+        && let Some(format) = wire::Format::at(&path)
+    {
+        return Ok(piped(req, state, format).await);
+    }
     Ok(match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => healthz(&state),
-        (&Method::GET | &Method::POST, EXCLUSIONS_PATH) => exclusions(req, state).await,
+        (&Method::GET | &Method::POST, EXCLUSIONS_PATH) => {
+            exclusions(req, state).await.unwrap_or_else(Response::from)
+        }
         (&Method::GET, "/metrics") => {
             let mut response =
                 Response::new(Full::new(Bytes::from(metrics::render_metrics(&state))).boxed());
@@ -395,41 +402,12 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bod
             );
             response
         }
-        (&Method::POST, "/v1/chat/completions") => {
-            piped(req, state, wire::Format::Chat, metrics::Route::OpenAiChat).await
-        }
-        (&Method::POST, "/v1/responses") => {
-            piped(
-                req,
-                state,
-                wire::Format::Responses,
-                metrics::Route::OpenAiResponses,
-            )
-            .await
-        }
-        (&Method::POST, "/v1/messages") => {
-            piped(
-                req,
-                state,
-                wire::Format::Messages,
-                metrics::Route::AnthropicMessages,
-            )
-            .await
-        }
-        (&Method::POST, path) if gemini_model(path).is_some() => {
-            piped(
-                req,
-                state,
-                wire::Format::Gemini,
-                metrics::Route::GeminiGenerate,
-            )
-            .await
-        }
         _ => {
             state
                 .metrics
                 .count(metrics::Event::Request(metrics::Route::PassThrough));
-            counted(&state, pass_through(req, Arc::clone(&state)).await)
+            let answered = pass_through(req, Arc::clone(&state)).await;
+            counted(&state, answered.unwrap_or_else(Response::from))
         }
     })
 }
@@ -460,29 +438,11 @@ fn healthz(state: &State) -> Response<Body> {
     }
 }
 
-/// The Gemini API's versions: the stable `v1` (the path `google-genai` 3.x calls by default)
-/// and the previews, which only Gemini serves.
-const GEMINI_VERSIONS: [&str; 3] = ["/v1/", "/v1beta/", "/v1alpha/"];
-
-/// The model of a Gemini `generateContent` / `streamGenerateContent` path, in any of
-/// [`GEMINI_VERSIONS`].
-fn gemini_model(path: &str) -> Option<&str> {
-    let rest = GEMINI_VERSIONS
-        .iter()
-        .find_map(|version| path.strip_prefix(version))?;
-    let (model, method) = rest.strip_prefix("models/")?.split_once(':')?;
-    (matches!(method, "generateContent" | "streamGenerateContent") && !model.is_empty())
-        .then_some(model)
-}
-
 /// A chat request through the pipeline, counted.
-async fn piped(
-    req: Request<Incoming>,
-    state: Arc<State>,
-    format: wire::Format,
-    route: metrics::Route,
-) -> Response<Body> {
-    state.metrics.count(metrics::Event::Request(route));
+async fn piped(req: Request<Incoming>, state: Arc<State>, format: wire::Format) -> Response<Body> {
+    state
+        .metrics
+        .count(metrics::Event::Request(metrics::Route::Chat(format)));
     let answered = chat(req, Arc::clone(&state), format).await;
     counted(&state, answered.unwrap_or_else(Response::from))
 }

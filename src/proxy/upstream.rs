@@ -5,9 +5,12 @@ use super::*;
 
 /// Any other route: forwarded untouched to the provider the credential names (Gemini also by
 /// a preview version's path), and its answer streamed back.
-pub(super) async fn pass_through(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
+pub(super) async fn pass_through(
+    req: Request<Incoming>,
+    state: Arc<State>,
+) -> Result<Response<Body>, Refusal> {
     let (parts, body) = req.into_parts();
-    let preview = GEMINI_VERSIONS[1..]
+    let preview = format::GEMINI_VERSIONS[1..]
         .iter()
         .any(|version| parts.uri.path().starts_with(version));
     let provider = if preview {
@@ -15,8 +18,8 @@ pub(super) async fn pass_through(req: Request<Incoming>, state: Arc<State>) -> R
     } else {
         Provider::from_headers(&parts.headers)
     };
-    let Some(provider) = provider else {
-        return failure(
+    let provider = provider.ok_or_else(|| {
+        Refusal::new(
             Provider::OpenAi,
             Failure::InvalidRequest,
             &format!(
@@ -24,31 +27,23 @@ pub(super) async fn pass_through(req: Request<Incoming>, state: Arc<State>) -> R
                 parts.method,
                 parts.uri.path()
             ),
-        );
-    };
-    let permit = match admit(&state, provider) {
-        Ok(permit) => permit,
-        Err(refused) => return refused.into(),
-    };
-    let bytes = match request_body(body, &state.config, provider).await {
-        Ok(bytes) => bytes,
-        Err(refused) => return refused.into(),
-    };
-    match forward(&state, provider, &parts, bytes).await {
-        Ok(upstream) => {
-            answer(
-                upstream,
-                HeaderMap::new(),
-                provider,
-                None,
-                None,
-                &state.config,
-                Some(permit),
-            )
-            .await
-        }
-        Err((failed, message)) => failure(provider, failed, &message),
-    }
+        )
+    })?;
+    let permit = admit(&state, provider)?;
+    let bytes = request_body(body, &state.config, provider).await?;
+    let upstream = forward(&state, provider, &parts, bytes)
+        .await
+        .map_err(|(failed, message)| Refusal::new(provider, failed, &message))?;
+    Ok(answer(
+        upstream,
+        HeaderMap::new(),
+        provider,
+        None,
+        None,
+        &state.config,
+        Some(permit),
+    )
+    .await)
 }
 
 /// Send the request to `provider`'s upstream with `body`: same method, path, query and headers

@@ -17,6 +17,14 @@ use super::{Event, Format, FormatSplice, WireFormat, borrowed, names_ours};
 pub(super) struct Chat;
 
 impl WireFormat for Chat {
+    fn metric(&self) -> &'static str {
+        "openai_chat"
+    }
+
+    fn serves(&self, path: &str) -> bool {
+        path == "/v1/chat/completions"
+    }
+
     fn provider(&self) -> Provider {
         Provider::OpenAi
     }

@@ -19,6 +19,18 @@ use super::{Event, Format, FormatSplice, WireFormat, blocks_said, earlier_then_k
 pub(super) struct Gemini;
 
 impl WireFormat for Gemini {
+    fn metric(&self) -> &'static str {
+        "gemini_generate"
+    }
+
+    fn serves(&self, path: &str) -> bool {
+        model_in(path).is_some()
+    }
+
+    fn path_model<'p>(&self, path: &'p str) -> Option<&'p str> {
+        model_in(path)
+    }
+
     fn provider(&self) -> Provider {
         Provider::Gemini
     }
@@ -229,4 +241,19 @@ fn take_ours(
         *parts = kept;
     }
     (taken, finish, left)
+}
+
+/// The Gemini API's versions: the stable `v1` (the path `google-genai` 3.x calls by default)
+/// and the previews, which only Gemini serves.
+pub(in crate::proxy) const GEMINI_VERSIONS: [&str; 3] = ["/v1/", "/v1beta/", "/v1alpha/"];
+
+/// The model of a Gemini `generateContent` / `streamGenerateContent` path, in any of
+/// [`GEMINI_VERSIONS`].
+fn model_in(path: &str) -> Option<&str> {
+    let rest = GEMINI_VERSIONS
+        .iter()
+        .find_map(|version| path.strip_prefix(version))?;
+    let (model, method) = rest.strip_prefix("models/")?.split_once(':')?;
+    (matches!(method, "generateContent" | "streamGenerateContent") && !model.is_empty())
+        .then_some(model)
 }

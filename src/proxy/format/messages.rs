@@ -27,6 +27,14 @@ pub(super) struct Messages;
 const CACHE_BREAKPOINTS: usize = 4;
 
 impl WireFormat for Messages {
+    fn metric(&self) -> &'static str {
+        "anthropic_messages"
+    }
+
+    fn serves(&self, path: &str) -> bool {
+        path == "/v1/messages"
+    }
+
     fn provider(&self) -> Provider {
         Provider::Anthropic
     }

@@ -1,12 +1,7 @@
 //! One module per chat wire format, each behind [`WireFormat`]: what the pipeline (`wire`,
 //! `sse`) and the memory tools' loop (`rounds`) need to know of a format, and nothing they
-//! share. A new format is one more module here, one more variant of [`Format`] with its line in
-//! [`Format::wire`], and the route that serves it (`proxy`).
-
-mod chat;
-mod gemini;
-mod messages;
-mod responses;
+//! share. A new format is one more module here and its line in the registry (`formats!`): the
+//! route that serves it and its metrics label come from its [`WireFormat`].
 
 use hyper::body::Bytes;
 use serde_json::{Map, Value, json};
@@ -20,29 +15,48 @@ use super::rounds::{Round, SpliceState};
 use super::sse::{self, StreamReader};
 use super::wire::{self, Call, Outcome, Request};
 
-/// A chat API's wire format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// OpenAI Chat Completions: `messages`, system prompt as leading messages.
-    Chat,
-    /// OpenAI Responses: `input` (a string or a list of items), `instructions` apart.
-    Responses,
-    /// Anthropic Messages: `messages`, `system` apart, `max_tokens` required.
-    Messages,
-    /// Gemini: `contents` of `{role: user|model, parts}`, `systemInstruction` apart, the model
-    /// in the path.
-    Gemini,
+/// The registry: each line a format's module, the type there that implements [`WireFormat`],
+/// and its variant of [`Format`]. A new format is a new module and one line here.
+macro_rules! formats {
+    ($($module:ident::$speaker:ident => $variant:ident),+ $(,)?) => {
+        $(mod $module;)+
+
+        /// A chat API's wire format (each described in its module).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Format {
+            $($variant),+
+        }
+
+        impl Format {
+            /// Every format, in the registry's order.
+            pub const ALL: &[Format] = &[$(Format::$variant),+];
+
+            /// The implementation that speaks this format.
+            pub(super) fn wire(self) -> &'static dyn WireFormat {
+                match self {
+                    $(Self::$variant => &$module::$speaker),+
+                }
+            }
+        }
+    };
 }
 
+formats! {
+    chat::Chat => Chat,
+    responses::Responses => Responses,
+    messages::Messages => Messages,
+    gemini::Gemini => Gemini,
+}
+
+pub(super) use gemini::GEMINI_VERSIONS;
+
 impl Format {
-    /// The one registration point: the implementation that speaks this format.
-    pub(super) fn wire(self) -> &'static dyn WireFormat {
-        match self {
-            Self::Chat => &chat::Chat,
-            Self::Responses => &responses::Responses,
-            Self::Messages => &messages::Messages,
-            Self::Gemini => &gemini::Gemini,
-        }
+    /// The format served at `path` (a POST there is a chat request), if any.
+    pub(super) fn at(path: &str) -> Option<Self> {
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|format| format.wire().serves(path))
     }
 
     /// The provider whose API this is.
@@ -92,6 +106,17 @@ pub(super) trait WireFormat: Sync {
 
     /// The API's name as the inspector shows it.
     fn name(&self) -> &'static str;
+
+    /// The route's label in the metrics.
+    fn metric(&self) -> &'static str;
+
+    /// Whether a POST to `path` is a chat request in this format.
+    fn serves(&self, path: &str) -> bool;
+
+    /// The model `path` names, where the format puts it in the path.
+    fn path_model<'p>(&self, _path: &'p str) -> Option<&'p str> {
+        None
+    }
 
     /// The body field holding the conversation.
     fn list(&self) -> &'static str {

@@ -19,6 +19,14 @@ use super::{
 pub(super) struct Responses;
 
 impl WireFormat for Responses {
+    fn metric(&self) -> &'static str {
+        "openai_responses"
+    }
+
+    fn serves(&self, path: &str) -> bool {
+        path == "/v1/responses"
+    }
+
     fn provider(&self) -> Provider {
         Provider::OpenAi
     }
