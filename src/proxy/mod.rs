@@ -1,4 +1,5 @@
-//! The HTTP front: a drop-in base URL for OpenAI Chat Completions and Anthropic Messages.
+//! The HTTP front: a drop-in base URL for OpenAI Chat Completions and Responses, Anthropic
+//! Messages and Gemini `generateContent`.
 //!
 //! Per chat request: identify the user (a keyed hash of the credential) and the conversation,
 //! capture the new user turn, catch the arena up, recall (retrieve, reheat, budget, frame),
