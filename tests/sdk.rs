@@ -9,7 +9,7 @@ mod common;
 use std::ffi::OsStr;
 
 use common::sdk_python;
-use common::upstream::{Answer, Harness, fixture, gemini_jsonl_as_sse, jsonl_as_sse};
+use common::upstream::{Answer, Harness, body_of, fixture, gemini_jsonl_as_sse, jsonl_as_sse};
 
 fn error(status: u16, body: serde_json::Value) -> Answer {
     Answer::Whole(status, "application/json", body.to_string().into_bytes())
@@ -21,6 +21,18 @@ fn sse(stream: Vec<u8>) -> Answer {
 
 fn recorded_sse(path: &str) -> Answer {
     sse(fixture(path).unwrap())
+}
+
+/// Each route's request count in the proxy's `/metrics`, checked against what the upstream
+/// received: a chat route counts its format's calls (the router finds the format by the path
+/// each one serves), `pass_through` the rest.
+async fn assert_routes_counted(h: &Harness, expected: &[(&str, usize)]) {
+    let metrics = String::from_utf8(body_of(h.send("GET", "/metrics", &[], b"").await).await)
+        .expect("metrics are text");
+    for (route, count) in expected {
+        let line = format!("perpetuity_requests_total{{route=\"{route}\"}} {count}");
+        assert!(metrics.contains(&line), "{line} not in\n{metrics}");
+    }
 }
 
 fn anthropic_error(kind: &str) -> serde_json::Value {
@@ -95,6 +107,22 @@ async fn the_official_sdks_see_valid_answers_through_the_proxy() {
 
     let received = h.received();
     assert_eq!(received.len(), 18, "one upstream call per SDK call");
+    let on = |path: &str| received.iter().filter(|r| r.path == path).count();
+    let (chat, responses, messages) = (
+        on("/v1/chat/completions"),
+        on("/v1/responses"),
+        on("/v1/messages"),
+    );
+    assert_routes_counted(
+        &h,
+        &[
+            ("openai_chat", chat),
+            ("openai_responses", responses),
+            ("anthropic_messages", messages),
+            ("pass_through", received.len() - chat - responses - messages),
+        ],
+    )
+    .await;
     for r in &received[..8] {
         assert_eq!(r.path, "/v1/chat/completions");
         assert_eq!(r.headers["authorization"], "Bearer sk-sdk");
@@ -161,6 +189,7 @@ async fn the_gemini_sdk_sees_valid_answers_through_the_proxy() {
 
     let received = h.received();
     assert_eq!(received.len(), 5, "one upstream call per SDK call");
+    assert_routes_counted(&h, &[("gemini_generate", 5), ("pass_through", 0)]).await;
     // The SDK calls the stable version, `/v1/`, by default.
     let model = "/v1/models/gemini-3-pro-preview";
     assert_eq!(received[0].path, format!("{model}:generateContent"));
