@@ -39,7 +39,8 @@ pub struct RecallConfig {
     /// Added to the score of a row whose speaker the question names, in the frame's order.
     pub speaker_lift: f32,
     /// Conversations in the frame's order whose first turn joins the retrieved set, right
-    /// after the conversation's best row ([`with_openers`]).
+    /// after the conversation's best row ([`with_openers`]): at the default, every
+    /// conversation the retrieved set holds.
     pub openers: usize,
     /// The top hits of the question that join the mandatory set.
     pub mandatory_hits: usize,
@@ -60,7 +61,7 @@ impl Default for RecallConfig {
             reach: 256,
             conversation_lift: 0.7,
             speaker_lift: 0.05,
-            openers: 10,
+            openers: 256,
             mandatory_hits: 3,
             recent_tokens: 1_000,
             warm_floor: 0.05,
@@ -337,7 +338,8 @@ fn conversation_in(arena: &Arena, row: RowId) -> u64 {
 /// `ordered` already and not excluded. A conversation's opening states what it is about (an
 /// agent session's task, the user's request), and a retrieved turn of it is read in its light:
 /// on RealMem a third of the evidence turns open their session and rank far below their
-/// session's best row (`docs/journal/benchmarks.md`).
+/// session's best row (`docs/journal/benchmarks.md`). The conversations' chains are read
+/// with one iterator, one seek each.
 fn with_openers(
     store: &Store,
     arena: &Arena,
@@ -346,20 +348,29 @@ fn with_openers(
     excluded: &HashSet<RowId>,
     openers: usize,
 ) -> Result<Vec<Retrieved>, StoreError> {
+    let mut opened: HashSet<(UserId, ConversationId)> = HashSet::new();
+    // For each hit, the conversation whose opening follows it (at its best row, the first).
+    let opens: Vec<Option<(UserId, ConversationId)>> = ordered
+        .iter()
+        .map(|hit| {
+            let conversation = ConversationId(conversation_in(arena, hit.row));
+            (Some(conversation) != current
+                && opened.len() < openers
+                && opened.insert((hit.user, conversation)))
+            .then_some((hit.user, conversation))
+        })
+        .collect();
+    let wanted: Vec<(UserId, ConversationId)> = opens.iter().flatten().copied().collect();
+    let mut firsts = store.first_rows_of(&wanted)?.into_iter();
+    let firsts = opens
+        .iter()
+        .map(|open| open.and_then(|_| firsts.next().flatten()));
     let mut present: HashSet<RowId> = ordered.iter().map(|hit| hit.row).collect();
-    let mut opened: HashSet<(UserId, u64)> = HashSet::new();
-    let mut out = Vec::with_capacity(ordered.len() + openers);
-    for hit in ordered {
-        let conversation = ConversationId(conversation_in(arena, hit.row));
+    let mut out = Vec::with_capacity(ordered.len() + opened.len());
+    for (hit, first) in ordered.into_iter().zip(firsts) {
         let (user, score) = (hit.user, hit.score);
         out.push(hit);
-        if Some(conversation) == current
-            || opened.len() == openers
-            || !opened.insert((user, conversation.0))
-        {
-            continue;
-        }
-        if let Some(first) = store.first_row_of(user, conversation)?
+        if let Some(first) = first
             && !excluded.contains(&first)
             && present.insert(first)
         {

@@ -131,6 +131,68 @@ fn capture_round_trips_verbatim() {
     assert_clean(&store);
 }
 
+/// The first row of each conversation asked for, in the order asked, whatever the order of
+/// the keys; `None` for a conversation without rows, including one whose key sorts between or
+/// after another user's conversations, and for a user without rows.
+#[test]
+fn first_rows_of_finds_each_conversations_opening_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), false);
+    let capturer = Capturer::new(common::dictionary());
+    let said = |user: &str, conversation: &str, text: &str| {
+        message(user, conversation, Role::User, None, text)
+    };
+    capturer
+        .capture(
+            &store,
+            &[
+                said("alice", "garden", "Planning a rose garden."),
+                said("bob", "trip", "An RV trip around the South Island."),
+                said("alice", "garden", "The aphids are back."),
+                said("alice", "taxes", "The tax return is due in April."),
+                said("bob", "trip", "Lunch at the lake on day two."),
+            ],
+        )
+        .unwrap();
+    let (alice, bob, carol) = (
+        UserId::from_key("alice"),
+        UserId::from_key("bob"),
+        UserId::from_key("carol"),
+    );
+    let conversation = ConversationId::from_key;
+    let first = |user, name: &str| {
+        store
+            .conversation_rows_from(user, name, RowId(0))
+            .next()
+            .unwrap()
+            .unwrap()
+    };
+    let asked = [
+        (bob, conversation("trip")),
+        (alice, conversation("taxes")),
+        (alice, conversation("nowhere")),
+        (alice, conversation("garden")),
+        (bob, conversation("garden")),
+        (carol, conversation("trip")),
+        (bob, conversation("trip")),
+    ];
+    assert_eq!(
+        store.first_rows_of(&asked).unwrap(),
+        [
+            Some(first(bob, "trip")),
+            Some(first(alice, "taxes")),
+            None,
+            Some(first(alice, "garden")),
+            None,
+            None,
+            Some(first(bob, "trip")),
+        ]
+    );
+    assert_eq!(first(alice, "garden"), RowId(1));
+    assert_eq!(first(bob, "trip"), RowId(2));
+    assert_eq!(store.first_rows_of(&[]).unwrap(), []);
+}
+
 #[test]
 fn a_store_of_another_dictionary_or_format_is_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -212,15 +212,31 @@ impl Store {
         })
     }
 
-    /// The first row of a conversation (from its chain), if it has any.
-    pub fn first_row_of(
+    /// The first row of each of `conversations` (from their chains; `None` for one without
+    /// rows), in the order given: one iterator for all, one seek each, in key order.
+    pub fn first_rows_of(
         &self,
-        user: UserId,
-        conversation: ConversationId,
-    ) -> Result<Option<RowId>, StoreError> {
-        self.chain_from(user, conversation, RowId(0))
-            .next()
-            .transpose()
+        conversations: &[(UserId, ConversationId)],
+    ) -> Result<Vec<Option<RowId>>, StoreError> {
+        let mut order: Vec<usize> = (0..conversations.len()).collect();
+        order.sort_unstable_by_key(|&i| conversations[i]);
+        let mut cursor = self.db.raw_iterator_cf(&self.cf(Cf::Chain));
+        let mut firsts = vec![None; conversations.len()];
+        for i in order {
+            let (user, conversation) = conversations[i];
+            cursor.seek(keys::chain(user, conversation, RowId(0)));
+            if !cursor.valid() {
+                if let Err(e) = cursor.status() {
+                    return Err(self.rocks(e));
+                }
+                continue;
+            }
+            let (at_user, at_conversation, row) = chain_key(cursor.key().unwrap_or_default())?;
+            if (at_user, at_conversation) == (user, conversation) {
+                firsts[i] = Some(row);
+            }
+        }
+        Ok(firsts)
     }
 
     /// The row a `chain` entry (as an iterator yields it) names.
