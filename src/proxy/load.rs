@@ -135,16 +135,16 @@ pub async fn measure(
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build(connector);
     let questions = Arc::new(questions.to_vec());
-    let run = |target: SocketAddr, recall: bool| {
+    let run = |target: SocketAddr, recall: bool, pass: &'static str| {
         let (client, questions) = (client.clone(), Arc::clone(&questions));
-        async move { timing(&client, target, recall, calls, &questions).await }
+        async move { timing(&client, target, recall, calls, &questions, pass).await }
     };
     // Warm both paths (connections, caches) before measuring.
-    run(upstream, true).await;
-    run(proxy, true).await;
-    let direct = run(upstream, true).await;
-    let with_memory = run(proxy, true).await;
-    let recall_off = run(proxy, false).await;
+    run(upstream, true, "warm direct").await;
+    run(proxy, true, "warm").await;
+    let direct = run(upstream, true, "direct").await;
+    let with_memory = run(proxy, true, "memory").await;
+    let recall_off = run(proxy, false, "recall off").await;
     Ok(ProxyReport {
         rows,
         scope_rows,
@@ -163,6 +163,7 @@ async fn timing(
     recall: bool,
     calls: Calls,
     questions: &[String],
+    pass: &'static str,
 ) -> Timing {
     let Calls {
         users,
@@ -183,7 +184,17 @@ async fn timing(
                 }
                 let question = &questions[i % questions.len()];
                 let credential = credential(i % users);
-                samples.push(one(&client, target, recall, &credential, question).await);
+                let conversation = format!("bench {pass} {i}");
+                samples.push(
+                    one(
+                        &client,
+                        target,
+                        recall,
+                        (&credential, &conversation),
+                        question,
+                    )
+                    .await,
+                );
             }
         }));
     }
@@ -203,12 +214,14 @@ async fn timing(
     }
 }
 
-/// One streamed request: time to the first body frame, and to the end of the body.
+/// One streamed request: time to the first body frame, and to the end of the body. Each call
+/// is a new turn of a conversation of its own, so the proxy captures its question (the same
+/// question again in the same conversation would be a client's retry, not stored again).
 async fn one(
     client: &Client<HttpConnector, Full<Bytes>>,
     target: SocketAddr,
     recall: bool,
-    credential: &str,
+    (credential, conversation): (&str, &str),
     question: &str,
 ) -> (Duration, Duration) {
     let body = serde_json::json!({
@@ -220,7 +233,7 @@ async fn one(
         .header("authorization", format!("Bearer {credential}"))
         .header("content-type", "application/json")
         .header("x-perpetuity-recall", if recall { "on" } else { "off" })
-        .header("x-perpetuity-conversation", "bench")
+        .header("x-perpetuity-conversation", conversation)
         .body(Full::new(Bytes::from(body.to_string())))
         .expect("a valid request");
     let started = Instant::now();

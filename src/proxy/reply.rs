@@ -111,7 +111,7 @@ pub(super) async fn answer(
 }
 
 /// Forward upstream frames to the client as they arrive, reading the reply's text; end the last
-/// event with a blank line if the upstream did not; capture the reply at the end. A client that
+/// event with a blank line if the upstream did not; capture the reply, then end the stream. A client that
 /// goes away, or an upstream silent for `idle`, stops the relay, which drops (cancels) the
 /// upstream request; what was received is captured, marked truncated.
 pub(super) async fn relay(
@@ -170,9 +170,12 @@ pub(super) async fn relay(
     if !client_gone && reader.as_ref().is_some_and(|r| !r.terminated()) {
         let _ = tx.send(Bytes::from_static(b"\n\n")).await;
     }
-    drop(tx);
+    // The stream ends for the client once its reply is stored, as a whole reply is answered
+    // once stored: a client that has the whole reply finds it in the memory of its next
+    // request.
     if let (Some(reply), Some(reader)) = (reply, reader) {
         let (text, complete) = reader.finish();
         let _ = tokio::task::spawn_blocking(move || reply.capture(text, complete)).await;
     }
+    drop(tx);
 }

@@ -58,7 +58,7 @@ use serde::Serialize;
 
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, DBCompressionType, DBRecoveryMode, Direction,
-    IteratorMode, MergeOperands, Options, ReadOptions, WriteBatch, WriteOptions,
+    IteratorMode, MemtableFactory, MergeOperands, Options, ReadOptions, WriteBatch, WriteOptions,
 };
 
 use crate::codec::CodecError;
@@ -375,6 +375,9 @@ fn add_i64(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Op
     Some(sum.to_le_bytes().to_vec())
 }
 
+/// The memtable of each counts family, in bytes (RocksDB's default is 64 MiB).
+const COUNTS_WRITE_BUFFER: usize = 4 << 20;
+
 impl Store {
     /// Open (or create) the store in `path`, a directory made (or tightened to)
     /// [`DATA_DIR_MODE`] first.
@@ -408,6 +411,9 @@ impl Store {
         // Table files held open: RocksDB's default is unbounded, which under many connections
         // runs the process out of descriptors; a share of the limit leaves the rest to them.
         db_options.set_max_open_files(table_file_budget());
+        // Required by the counts' vector memtables. It costs nothing measurable here: the
+        // writes that carry rows and counts take the writer lock, so they never overlap.
+        db_options.set_allow_concurrent_memtable_write(false);
 
         let physical = Cf::ALL
             .iter()
@@ -423,6 +429,14 @@ impl Store {
             });
             if SLOTS.iter().any(|slot| slot[1] == name) {
                 cf_options.set_merge_operator_associative("perpetuity.add_i64", add_i64);
+                // Every capture merges one operand per distinct token and term of each row
+                // into the counts: most of a capture's writes. Only the statistic's snapshot
+                // (at open, at a swap, in the integrity check) reads them, so their memtable is
+                // a vector, which appends where a skiplist searches, and is sorted when read or
+                // flushed; kept small so that sort stays short (`docs/journal/benchmarks.md`,
+                // "Captures on the request's path").
+                cf_options.set_memtable_factory(MemtableFactory::Vector);
+                cf_options.set_write_buffer_size(COUNTS_WRITE_BUFFER);
             }
             ColumnFamilyDescriptor::new(name, cf_options)
         });

@@ -478,7 +478,8 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
         }
     }
     drop(body);
-    drop(tx);
+    // The stream ends for the client once what it may continue from is recorded and its reply
+    // stored (as in `reply::relay`).
     if let Some((shown, latest)) = splice.continued() {
         lp.state.continued.record(lp.turn.user, shown, latest);
     }
@@ -487,6 +488,7 @@ async fn streamed(mut lp: Loop, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
         let (text, complete) = reader.finish();
         let _ = tokio::task::spawn_blocking(move || reply.capture(text, complete)).await;
     }
+    drop(tx);
     drop(permit);
 }
 
