@@ -12,9 +12,23 @@ struct Batch {
     next: RowId,
 }
 
+/// `f` over `items` in order: on the rayon pool for a batch of `rows` at least
+/// [`CATCH_UP_PARALLEL_ROWS`], else on the calling thread.
+fn map_batch<T: Sync, R: Send>(
+    items: &[T],
+    rows: usize,
+    f: impl Fn(&T) -> R + Sync + Send,
+) -> Vec<R> {
+    if rows < CATCH_UP_PARALLEL_ROWS {
+        items.iter().map(f).collect()
+    } else {
+        items.par_iter().map(f).collect()
+    }
+}
+
 /// Read the next [`CATCH_UP_BATCH_ROWS`] rows of the capture log from `from` with their
 /// retrieval rows of family `retrieval` (`None` when there are none): the log in order, then
-/// each user's rows by range scans of [`CATCH_UP_SPAN_ROWS`], in parallel.
+/// each user's rows by range scans of [`CATCH_UP_SPAN_ROWS`], in parallel ([`map_batch`]).
 fn read_batch(store: &Store, retrieval: Cf, from: RowId) -> Result<Option<Batch>, ArenaError> {
     let logged = store
         .log_since(from)
@@ -32,22 +46,21 @@ fn read_batch(store: &Store, retrieval: Cf, from: RowId) -> Result<Option<Batch>
         .iter()
         .flat_map(|(&user, ids)| ids.chunks(CATCH_UP_SPAN_ROWS).map(move |ids| (user, ids)))
         .collect();
-    let parts = spans
-        .into_par_iter()
-        .map(|(user, ids)| {
-            store
-                .logged_rows(retrieval, user, ids)?
-                .into_iter()
-                .map(|(row, found)| {
-                    let found = found.ok_or(ArenaError::MissingRetrieval {
-                        user: user.0,
-                        row: row.id.0,
-                    })?;
-                    Ok((row, found))
-                })
-                .collect::<Result<Vec<_>, ArenaError>>()
-        })
-        .collect::<Result<Vec<_>, ArenaError>>()?;
+    let parts = map_batch(&spans, logged.len(), |&(user, ids)| {
+        store
+            .logged_rows(retrieval, user, ids)?
+            .into_iter()
+            .map(|(row, found)| {
+                let found = found.ok_or(ArenaError::MissingRetrieval {
+                    user: user.0,
+                    row: row.id.0,
+                })?;
+                Ok((row, found))
+            })
+            .collect::<Result<Vec<_>, ArenaError>>()
+    })
+    .into_iter()
+    .collect::<Result<Vec<_>, ArenaError>>()?;
     // Back in log order: each row moved once to its place (the log's ids ascend).
     let mut placed: Vec<Option<(Row, RetrievalRow)>> = (0..logged.len()).map(|_| None).collect();
     for (row, found) in parts.into_iter().flatten() {
@@ -72,7 +85,8 @@ impl Arena {
     /// A batch's log entries are read in order; its rows and retrieval rows by range scans, a
     /// user's span of [`CATCH_UP_SPAN_ROWS`] at a time, in parallel (on the rayon pool); each
     /// row's embedding, code and signature in parallel too: only the count and the copy into
-    /// the pages are serial.
+    /// the pages are serial. A batch under [`CATCH_UP_PARALLEL_ROWS`] (a request's) stays on
+    /// the calling thread.
     pub fn catch_up(
         &mut self,
         store: &Store,
@@ -93,17 +107,15 @@ impl Arena {
                     self.counted_below = RowId(row.id.0 + 1);
                 }
             }
-            // The next batch is read while this one is placed.
-            let (appended, following) = rayon::join(
-                || self.append_batch(dictionary, &batch.rows),
-                || {
-                    if batch.full {
-                        read_batch(store, retrieval_cf, batch.next)
-                    } else {
-                        Ok(None)
-                    }
-                },
-            );
+            // The next batch, where there is one, is read while this one is placed.
+            let (appended, following) = if batch.full {
+                rayon::join(
+                    || self.append_batch(dictionary, &batch.rows),
+                    || read_batch(store, retrieval_cf, batch.next),
+                )
+            } else {
+                (self.append_batch(dictionary, &batch.rows), Ok(None))
+            };
             caught += appended?;
             next = following?;
             if next.is_some() {
@@ -125,18 +137,15 @@ impl Arena {
             return Ok(0);
         }
         let (stats, codebook) = (&self.stats, self.codebook);
-        let sketched: Vec<Sketched> = batch
-            .par_iter()
-            .map(|(_, retrieval)| {
-                let embedding = embed_row(dictionary, stats, retrieval.tokens.iter().copied());
-                let quantized = embedding.quantize();
-                Sketched {
-                    code: CodeBytes::from(&codebook.encode(&quantized.values, quantized.scale)),
-                    quantized,
-                    signature: signature::signature(retrieval.terms.iter().map(|&(term, _)| term)),
-                }
-            })
-            .collect();
+        let sketched: Vec<Sketched> = map_batch(batch, batch.len(), |(_, retrieval)| {
+            let embedding = embed_row(dictionary, stats, retrieval.tokens.iter().copied());
+            let quantized = embedding.quantize();
+            Sketched {
+                code: CodeBytes::from(&codebook.encode(&quantized.values, quantized.scale)),
+                quantized,
+                signature: signature::signature(retrieval.terms.iter().map(|&(term, _)| term)),
+            }
+        });
         for ((row, retrieval), sketched) in batch.iter().zip(&sketched) {
             self.append(row, retrieval, sketched)?;
             self.header.watermark = row.id.0 + 1;

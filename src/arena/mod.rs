@@ -75,6 +75,11 @@ const CATCH_UP_BATCH_ROWS: usize = 65_536;
 /// Rows of one user a catch-up task reads by one range scan: small enough that one user's
 /// batch still spreads over the pool.
 const CATCH_UP_SPAN_ROWS: usize = 4_096;
+/// Below this many rows a catch-up batch is read and embedded on the calling thread: handing
+/// work to the rayon pool from outside it and waiting for it costs more than a few rows' work,
+/// and a request's catch-up holds its question and the last reply (`docs/journal/benchmarks.md`,
+/// "Captures on the request's path").
+const CATCH_UP_PARALLEL_ROWS: usize = 64;
 /// The codebook is computed again whenever the rows reach this many times the count it was
 /// last computed over: every row is re-encoded then, so re-encoding costs O(1) per row
 /// amortised, and no row is coded by a codebook computed over less than a quarter of today's
