@@ -111,9 +111,9 @@ pub(super) async fn answer(
 }
 
 /// Forward upstream frames to the client as they arrive, reading the reply's text; end the last
-/// event with a blank line if the upstream did not; capture the reply, then end the stream. A client that
-/// goes away, or an upstream silent for `idle`, stops the relay, which drops (cancels) the
-/// upstream request; what was received is captured, marked truncated.
+/// event with a blank line if the upstream did not; capture the reply, then end the stream. A
+/// client that goes away, or an upstream silent for `idle`, stops the relay, which drops
+/// (cancels) the upstream request; what was received is captured, marked truncated.
 pub(super) async fn relay(
     mut body: Incoming,
     tx: mpsc::Sender<Bytes>,
