@@ -2,7 +2,8 @@
 //! Python SDKs (pinned in `tools/install-deps.sh`, which makes their virtual environment, with
 //! the older `anthropic` 1.17.0 beside it) call the proxy (Chat Completions, Responses,
 //! Messages, Gemini), streaming and not, with tools, and get the providers' errors as their
-//! own exception types. The client-side checks are in `tests/sdk/clients.py`.
+//! own exception types. The client-side checks are in `tests/sdk/clients.py` (and, for the
+//! retry and the back-to-back turns, `retry.py` and `back_to_back.py`).
 
 mod common;
 
@@ -298,4 +299,48 @@ async fn an_sdks_own_retry_after_a_429_stores_the_question_once() {
     let rows = h.rows_of("sk-sdk-retry", 2);
     let said: Vec<&str> = rows.iter().map(|r| r.text.as_str()).collect();
     assert_eq!(said, ["My bike lock code is 3391, remember it.", "Noted."]);
+}
+
+/// The OpenAI SDK reads a long streamed reply to its end and sends the next turn at once: the
+/// reply was stored before its stream ended, so the next turn's frame, which replaces the
+/// history the SDK resends, holds the reply's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_read_to_its_end_is_in_the_next_turns_frame() {
+    let Some(python) = sdk_python() else {
+        return;
+    };
+    let h = Harness::start(|_| {}).await;
+    let mut stream = String::new();
+    let chunk = |text: &str| {
+        let delta = serde_json::json!({"id": "chatcmpl-long", "object": "chat.completion.chunk",
+            "created": 1, "model": "gpt-4o",
+            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]});
+        format!("data: {delta}\n\n")
+    };
+    // About 8,000 tokens: some thirty rows to store, the end in the last.
+    for item in 0..600 {
+        stream.push_str(&chunk(&format!(
+            "Item {item} on the packing list is a spare pouch numbered {item}. "
+        )));
+    }
+    stream.push_str(&chunk("The lock code is 3391."));
+    stream.push_str("data: [DONE]\n\n");
+    h.answer(sse(stream.into_bytes()));
+    h.answer(common::upstream::chat_reply("Noted."));
+    common::run_sdk_script(
+        python,
+        "back_to_back.py",
+        format!("http://{}", h.proxy),
+        std::path::PathBuf::new(),
+        &[],
+        "back-to-back checks passed",
+    )
+    .await;
+    let received = h.received();
+    assert_eq!(received.len(), 2, "one upstream call per SDK call");
+    let next = received[1].text();
+    assert!(
+        next.contains("The lock code is 3391."),
+        "the next turn's frame holds the reply's end: {next}"
+    );
 }
