@@ -415,38 +415,46 @@ async fn seed_through_anthropic(h: &Harness) -> Vec<perpetuity::store::Row> {
 }
 
 /// A question longer than a stored message can be (65,535 chunks of 256 tokens: here 17M
-/// one-token words) gets a 413 in the caller's shape, and it leaves the memory as ready as
-/// before: the next question is stored and recalled, `/healthz` and `/metrics` answer.
+/// one-token words) gets a 413 in the caller's shape, with recall on and off (where a shorter
+/// question is captured beside the forward), and it leaves the memory as ready as before: the
+/// next question is stored and recalled, `/healthz` and `/metrics` answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_question_too_long_to_store_is_refused_and_the_memory_stays_ready() {
     let _heavy = HEAVY.lock().await;
     let h = harness(|config| config.body_limit = 64 << 20).await;
     let seeded = seed(&h).await;
     let words = " a".repeat(17_000_000);
-    let response = h
-        .send(
-            "POST",
-            "/v1/chat/completions",
-            &OPENAI,
-            &chat(&format!("Count these:{words}"), false),
-        )
-        .await;
-    let status = response.status();
-    let error: Value = serde_json::from_slice(&body_of(response).await).unwrap();
-    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{error}");
-    assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
-    assert!(
-        error["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("too long to store"),
-        "{error}"
-    );
-    assert_eq!(
-        h.received().len(),
-        seeded.len() / 2,
-        "the refused question was not forwarded"
-    );
+    let question = chat(&format!("Count these:{words}"), false);
+    for recall in ["on", "off"] {
+        let response = h
+            .send(
+                "POST",
+                "/v1/chat/completions",
+                &[OPENAI[0], ("x-perpetuity-recall", recall)],
+                &question,
+            )
+            .await;
+        let status = response.status();
+        let error: Value = serde_json::from_slice(&body_of(response).await).unwrap();
+        assert_eq!(
+            status,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "recall {recall}: {error}"
+        );
+        assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("too long to store"),
+            "{error}"
+        );
+        assert_eq!(
+            h.received().len(),
+            seeded.len() / 2,
+            "recall {recall}: the refused question was not forwarded"
+        );
+    }
 
     h.answer(Answer::Whole(
         200,

@@ -256,6 +256,11 @@ async fn switches_turn_recall_and_capture_off_and_probe_writes_nothing() {
         )
         .await;
     assert_eq!(header(&response, "x-perpetuity-memory"), "off");
+    assert_eq!(
+        header(&response, "x-perpetuity-captured"),
+        "question",
+        "the question captured beside the forward is acknowledged"
+    );
     body_of(response).await;
     assert_eq!(
         h.received().pop().unwrap().body,

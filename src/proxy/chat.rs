@@ -202,15 +202,29 @@ pub(super) async fn chat(
 
     // Not ready: the storage failed and its probe has not yet written again. Nothing is
     // captured; the request goes through untouched.
-    let remembered = if state.health.ready() {
+    let remembering = state.health.ready().then(|| {
         let (state, request, identity) =
             (Arc::clone(&state), Arc::clone(&request), identity.clone());
-        Some(
-            tokio::task::spawn_blocking(move || remember(&state, &request, &identity, switches))
-                .await,
-        )
+        tokio::task::spawn_blocking(move || remember(&state, &request, &identity, switches))
+    });
+    let remembered = async {
+        match remembering {
+            Some(task) => Some(task.await),
+            None => None,
+        }
+    };
+    // A new turn without recall is forwarded as it came, so its question is captured while
+    // it is on its way; only a question that may be too long to store (each of its chunks
+    // holds a byte at least) is captured first, to be refused before anything is forwarded.
+    let (remembered, forwarded) = if !switches.recall
+        && request.question_is_new()
+        && request.question.as_ref().map_or(0, String::len) <= MAX_CHUNKS
+    {
+        let (remembered, forwarded) =
+            tokio::join!(remembered, forward(&state, provider, &parts, bytes.clone()));
+        (remembered, Some(forwarded))
     } else {
-        None
+        (remembered.await, None)
     };
     let serving = || {
         let generation = state.engine.generation();
@@ -276,7 +290,10 @@ pub(super) async fn chat(
         }
     };
 
-    let upstream = forward(&state, provider, &parts, outbound.clone()).await;
+    let upstream = match forwarded {
+        Some(upstream) => upstream,
+        None => forward(&state, provider, &parts, outbound.clone()).await,
+    };
     // Only the provider's refusal of the credential drops what waited for it: an upstream
     // that failed or did not answer in time refused nothing.
     if !deferred.messages.is_empty() {

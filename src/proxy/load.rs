@@ -1,5 +1,6 @@
 //! `perpetuity bench proxy`: what the proxy adds to a streamed call. A local upstream answers
-//! every request at once with a short recorded-shape stream; the same requests go to it
+//! every request with a short recorded-shape stream, at once or after a given time to first
+//! byte (a model's, which the proxy's own work may overlap); the same requests go to it
 //! directly, through the proxy with memory, and through the proxy with recall off, at a given
 //! concurrency. Time to first byte (the first body frame) and total time are recorded with
 //! hdrhistogram, and the proxy's figures are reported beside the direct ones.
@@ -70,21 +71,26 @@ pub struct ProxyReport {
     pub direct: Timing,
     pub proxy: Timing,
     pub proxy_recall_off: Timing,
+    /// How long the upstream took to answer each request (0: at once).
+    pub first_byte_upstream_ms: u64,
     /// `proxy − direct` at p99 of time to first byte, with memory and with recall off.
     pub added_first_byte_p99_ms: f64,
     pub added_first_byte_p99_recall_off_ms: f64,
 }
 
-/// Start the local upstream; returns its address.
-pub async fn local_upstream() -> std::io::Result<SocketAddr> {
-    answering_upstream(STREAM, None).await
+/// Start the local upstream, answering each request `first_byte` after reading it; returns
+/// its address.
+pub async fn local_upstream(first_byte: Duration) -> std::io::Result<SocketAddr> {
+    answering_upstream(STREAM, None, first_byte).await
 }
 
-/// Start a local upstream that answers every request with `stream` (an event stream), keeping
-/// each request's body in `record` when given; returns its address.
+/// Start a local upstream that answers every request with `stream` (an event stream),
+/// `first_byte` after reading it, keeping each request's body in `record` when given; returns
+/// its address.
 pub async fn answering_upstream(
     stream: &'static str,
     record: Option<Arc<Mutex<Vec<Vec<u8>>>>>,
+    first_byte: Duration,
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -99,6 +105,15 @@ pub async fn answering_upstream(
                         let body = req.into_body().collect().await;
                         if let (Some(record), Ok(body)) = (record, body) {
                             record.lock().push(body.to_bytes().to_vec());
+                        }
+                        if !first_byte.is_zero() {
+                            // A thread's sleep, not the runtime's timer: that one rounds up to
+                            // whole milliseconds, so a call arriving a little later could wait a
+                            // millisecond more.
+                            let _ = tokio::task::spawn_blocking(move || {
+                                std::thread::sleep(first_byte);
+                            })
+                            .await;
                         }
                         Ok::<_, Infallible>(
                             Response::builder()
@@ -117,12 +132,12 @@ pub async fn answering_upstream(
     Ok(addr)
 }
 
-/// Measure `calls` against the upstream at `upstream` directly and through a proxy serving
-/// `state` (whose OpenAI upstream must be it, its store holding `(rows, scope_rows)`), each
-/// call carrying one of `questions` in turn.
+/// Measure `calls` against the upstream at `upstream` (answering `first_byte` after each
+/// request) directly and through a proxy serving `state` (whose OpenAI upstream must be it,
+/// its store holding `(rows, scope_rows)`), each call carrying one of `questions` in turn.
 pub async fn measure(
     state: Arc<State>,
-    upstream: SocketAddr,
+    (upstream, first_byte): (SocketAddr, Duration),
     (rows, scope_rows): (usize, usize),
     calls: Calls,
     questions: &[String],
@@ -149,6 +164,7 @@ pub async fn measure(
         rows,
         scope_rows,
         calls,
+        first_byte_upstream_ms: first_byte.as_millis().try_into().unwrap_or(u64::MAX),
         added_first_byte_p99_ms: with_memory.first_byte_p99_ms - direct.first_byte_p99_ms,
         added_first_byte_p99_recall_off_ms: recall_off.first_byte_p99_ms - direct.first_byte_p99_ms,
         direct,

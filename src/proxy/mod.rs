@@ -55,7 +55,7 @@ use crate::config::{AdminToken, FileConfig};
 use crate::engine::{Author, Engine, Exclusions, Generation};
 use crate::error::Error;
 use crate::recall::{Ask, Recall, RecallConfig};
-use crate::store::StoreError;
+use crate::store::{MAX_CHUNKS, StoreError};
 use crate::types::{Role, RowId, UserId, now_ms};
 
 use deadline::Deadline;

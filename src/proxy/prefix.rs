@@ -206,7 +206,12 @@ fn shares(sent: &[Vec<u8>], steps: usize) -> Shares {
 /// receives; returns its address and the record.
 pub async fn recording_upstream() -> std::io::Result<(SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>)> {
     let received = Arc::new(Mutex::new(Vec::new()));
-    let addr = super::load::answering_upstream(STREAM, Some(Arc::clone(&received))).await?;
+    let addr = super::load::answering_upstream(
+        STREAM,
+        Some(Arc::clone(&received)),
+        std::time::Duration::ZERO,
+    )
+    .await?;
     Ok((addr, received))
 }
 

@@ -4,7 +4,7 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Subcommand;
@@ -94,6 +94,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             users,
             concurrency,
             requests,
+            first_byte_ms,
             data,
             json,
             dictionary,
@@ -104,6 +105,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
                 concurrency,
                 requests,
             },
+            first_byte_ms,
             data,
             json,
             &dictionary,
@@ -242,6 +244,11 @@ pub enum BenchCommand {
         /// Requests per way of calling.
         #[arg(long, default_value_t = 500)]
         requests: usize,
+        /// The local upstream's time to first byte, in milliseconds, as a model's (hundreds for
+        /// a real provider); 0 answers at once, which leaves the proxy's work nothing to
+        /// overlap.
+        #[arg(long, default_value_t = 0)]
+        first_byte_ms: u64,
         /// Where to put the store (reused when it already holds the benchmark user's rows).
         #[arg(long)]
         data: Option<PathBuf>,

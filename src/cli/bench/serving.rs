@@ -34,7 +34,7 @@ pub(super) fn bench_bodies(
     let place = BenchDir::new(None, "bodies", Existing::Refuse)?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let report = runtime.block_on(async {
-        let upstream = proxy::load::local_upstream().await?;
+        let upstream = proxy::load::local_upstream(Duration::ZERO).await?;
         let config = proxy::ProxyConfig {
             openai: format!("http://{upstream}"),
             body_limit: (mib + 1) << 20,
@@ -114,6 +114,7 @@ pub(super) fn bench_prefix(
 pub(super) fn bench_proxy(
     rows: usize,
     calls: proxy::load::Calls,
+    first_byte_ms: u64,
     data: Option<PathBuf>,
     json: bool,
     dictionary: &DictionaryArgs,
@@ -173,14 +174,22 @@ pub(super) fn bench_proxy(
         .collect();
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let report = runtime.block_on(async {
-        let upstream = proxy::load::local_upstream().await?;
+        let first_byte = Duration::from_millis(first_byte_ms);
+        let upstream = proxy::load::local_upstream(first_byte).await?;
         let config = proxy::ProxyConfig {
             openai: format!("http://{upstream}"),
             max_concurrent: concurrency.max(256),
             ..proxy::ProxyConfig::default()
         };
         let state = Arc::new(proxy::State::new(engine, secret, config));
-        proxy::load::measure(state, upstream, (held, scope_rows), calls, &questions).await
+        proxy::load::measure(
+            state,
+            (upstream, first_byte),
+            (held, scope_rows),
+            calls,
+            &questions,
+        )
+        .await
     })?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -192,12 +201,13 @@ pub(super) fn bench_proxy(
             )
         };
         println!(
-            "bench proxy: {} rows over {} users ({} in the first user's scope), {} in flight, {} requests each way",
+            "bench proxy: {} rows over {} users ({} in the first user's scope), {} in flight, {} requests each way, the upstream's first byte after {} ms",
             report.rows,
             report.calls.users,
             report.scope_rows,
             report.calls.concurrency,
-            report.calls.requests
+            report.calls.requests,
+            report.first_byte_upstream_ms
         );
         line("direct", &report.direct);
         line("proxy", &report.proxy);
