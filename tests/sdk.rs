@@ -3,7 +3,8 @@
 //! the older `anthropic` 1.17.0 beside it) call the proxy (Chat Completions, Responses,
 //! Messages, Gemini), streaming and not, with tools, and get the providers' errors as their
 //! own exception types. The client-side checks are in `tests/sdk/clients.py` (and, for the
-//! retry and the back-to-back turns, `retry.py` and `back_to_back.py`).
+//! retry, the back-to-back turns and a turn with recall off, `retry.py`, `back_to_back.py` and
+//! `recall_off.py`).
 
 mod common;
 
@@ -342,5 +343,38 @@ async fn a_reply_read_to_its_end_is_in_the_next_turns_frame() {
     assert!(
         next.contains("The lock code is 3391."),
         "the next turn's frame holds the reply's end: {next}"
+    );
+}
+
+/// The OpenAI SDK streams a turn with recall off: it is forwarded as the SDK sent it while its
+/// question is captured, the answer's headers say so, and the next turn's frame holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_with_recall_off_is_forwarded_as_sent_and_its_question_remembered() {
+    let Some(python) = sdk_python() else {
+        return;
+    };
+    let h = Harness::start(|_| {}).await;
+    h.answer(recorded_sse("openai-chat/oai-py_text_usage.sse"));
+    h.answer(common::upstream::chat_reply("Noted."));
+    common::run_sdk_script(
+        python,
+        "recall_off.py",
+        format!("http://{}", h.proxy),
+        std::path::PathBuf::new(),
+        &[],
+        "recall-off checks passed",
+    )
+    .await;
+    let received = h.received();
+    assert_eq!(received.len(), 2, "one upstream call per SDK call");
+    assert_eq!(
+        received[0].json()["messages"],
+        serde_json::json!([{"role": "user", "content": "The boat's mooring is at buoy 47, note it."}]),
+        "recall off forwards the SDK's messages as sent"
+    );
+    assert!(
+        received[1].text().contains("buoy 47"),
+        "the next turn's frame holds the question captured beside the forward: {}",
+        received[1].text()
     );
 }
