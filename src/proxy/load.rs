@@ -49,6 +49,8 @@ pub struct Timing {
     pub first_byte_p99_ms: f64,
     pub total_p50_ms: f64,
     pub total_p99_ms: f64,
+    /// Calls answered a second over the pass (all streams together).
+    pub calls_per_s: f64,
 }
 
 /// How each way of calling is driven: `requests` calls, `concurrency` at once, call `i`
@@ -187,6 +189,7 @@ async fn timing(
         requests,
     } = calls;
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
     let mut workers = Vec::with_capacity(concurrency);
     for _ in 0..concurrency.max(1) {
         let (client, next) = (client.clone(), Arc::clone(&next));
@@ -214,12 +217,15 @@ async fn timing(
             }
         }));
     }
-    let (mut first, mut total) = (latency::histogram(), latency::histogram());
+    let mut samples = Vec::with_capacity(requests);
     for worker in workers {
-        for (to_first, to_end) in worker.await.expect("a worker finishes") {
-            latency::record(&mut first, to_first);
-            latency::record(&mut total, to_end);
-        }
+        samples.extend(worker.await.expect("a worker finishes"));
+    }
+    let elapsed = started.elapsed();
+    let (mut first, mut total) = (latency::histogram(), latency::histogram());
+    for (to_first, to_end) in samples {
+        latency::record(&mut first, to_first);
+        latency::record(&mut total, to_end);
     }
     let ms = latency::ms;
     Timing {
@@ -227,6 +233,7 @@ async fn timing(
         first_byte_p99_ms: ms(&first, 0.99),
         total_p50_ms: ms(&total, 0.5),
         total_p99_ms: ms(&total, 0.99),
+        calls_per_s: requests as f64 / elapsed.as_secs_f64(),
     }
 }
 

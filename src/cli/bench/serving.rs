@@ -196,8 +196,12 @@ pub(super) fn bench_proxy(
     } else {
         let line = |label: &str, t: &proxy::load::Timing| {
             println!(
-                "  {label:<18} first byte p50 {:.2} ms, p99 {:.2} ms; total p50 {:.2} ms, p99 {:.2} ms",
-                t.first_byte_p50_ms, t.first_byte_p99_ms, t.total_p50_ms, t.total_p99_ms
+                "  {label:<18} first byte p50 {:.2} ms, p99 {:.2} ms; total p50 {:.2} ms, p99 {:.2} ms; {:.0} calls/s",
+                t.first_byte_p50_ms,
+                t.first_byte_p99_ms,
+                t.total_p50_ms,
+                t.total_p99_ms,
+                t.calls_per_s
             )
         };
         println!(
