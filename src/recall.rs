@@ -221,10 +221,6 @@ pub fn recall(
         .map(|h| h.row)
         .collect();
     updates.retain(|(_, row, _, _)| !foreign.contains(row));
-    if !ask.probe {
-        store.patch_activation(&updates)?;
-    }
-
     let mut mandatory: Vec<RowId> = hits
         .iter()
         .take(config.mandatory_hits)
@@ -253,46 +249,19 @@ pub fn recall(
     let scores: Vec<f32> = hits.iter().map(|h| h.score).collect();
     let budget = config.budget.tokens(&scores);
     let spread = crate::budget::spread(&scores);
-    let layout = Layout {
-        now_ms: ask.now_ms,
-        current: ask.conversation,
-        probe_question: ask.probe.then_some(ask.question),
-        tools: config.tools,
-    };
-    let kept = frame::select(&picks, budget);
-    let mut outside = Omitted::default();
-    let mut is_kept = vec![false; picks.len()];
-    for &i in &kept {
-        is_kept[i] = true;
-    }
-    for (pick, _) in picks.iter().zip(&is_kept).filter(|(_, kept)| !**kept) {
-        outside.turns += 1;
-        outside.tokens += pick.tokens;
-    }
-    let owned: Vec<(Pick, UserId)> = kept
-        .iter()
-        .filter_map(|&i| Some((picks[i], arena.owner_in(picks[i].row, ask.scope)?)))
-        .collect();
-    let mut turns = Turns::default();
-    turns.read_rows(memory, owned.iter().map(|&(pick, owner)| (owner, pick.row)))?;
-    let mut candidates = Vec::with_capacity(owned.len());
-    for (pick, owner) in owned {
-        if let Some(turn) = turns.turn(memory, owner, pick.row)? {
-            candidates.push(Candidate {
-                turn,
-                warmth: pick.warmth,
-                mandatory: pick.mandatory,
-            });
-        }
-    }
-    let tokenizer = Tokenizer::new();
-    let frame = frame::fit(
-        candidates,
-        budget,
-        &layout,
-        |text| tokenizer.count(text),
-        outside,
+    // The reheat is written while the frame is made: the frame reads it from `states`.
+    let (patched, frame) = rayon::join(
+        || {
+            if ask.probe {
+                Ok(())
+            } else {
+                store.patch_activation(&updates)
+            }
+        },
+        || frame_of(memory, arena, ask, config, &picks, budget),
     );
+    patched?;
+    let frame = frame?;
     let raised: HashSet<RowId> = updates.iter().map(|&(_, row, _, _)| row).collect();
     let retrieved = ordered
         .iter()
@@ -323,6 +292,58 @@ pub fn recall(
         frame,
         offered: picks,
     })
+}
+
+/// The frame of `picks` within `budget`: the turns it selects read from the store, rendered
+/// and fitted; what the cap left out counted in its omission line.
+fn frame_of(
+    memory: &Memory,
+    arena: &Arena,
+    ask: &Ask<'_>,
+    config: &RecallConfig,
+    picks: &[Pick],
+    budget: usize,
+) -> Result<Frame, StoreError> {
+    let layout = Layout {
+        now_ms: ask.now_ms,
+        current: ask.conversation,
+        probe_question: ask.probe.then_some(ask.question),
+        tools: config.tools,
+    };
+    let kept = frame::select(picks, budget);
+    let mut outside = Omitted::default();
+    let mut is_kept = vec![false; picks.len()];
+    for &i in &kept {
+        is_kept[i] = true;
+    }
+    for (pick, _) in picks.iter().zip(&is_kept).filter(|(_, kept)| !**kept) {
+        outside.turns += 1;
+        outside.tokens += pick.tokens;
+    }
+    let owned: Vec<(Pick, UserId)> = kept
+        .iter()
+        .filter_map(|&i| Some((picks[i], arena.owner_in(picks[i].row, ask.scope)?)))
+        .collect();
+    let mut turns = Turns::default();
+    turns.read_rows(memory, owned.iter().map(|&(pick, owner)| (owner, pick.row)))?;
+    let mut candidates = Vec::with_capacity(owned.len());
+    for (pick, owner) in owned {
+        if let Some(turn) = turns.turn(memory, owner, pick.row)? {
+            candidates.push(Candidate {
+                turn,
+                warmth: pick.warmth,
+                mandatory: pick.mandatory,
+            });
+        }
+    }
+    let tokenizer = Tokenizer::new();
+    Ok(frame::fit(
+        candidates,
+        budget,
+        &layout,
+        |text| tokenizer.count(text),
+        outside,
+    ))
 }
 
 /// The conversation of `row` as the arena holds it (0 for a row it does not hold).
