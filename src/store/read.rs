@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// Spans of the capture log this short are read by a lookup a row in
+/// [`Store::logged_rows`]: a request's catch-up reads a row or two of a user, most of them still
+/// in the memtable, where a range scan's iterators would seek every level of two families.
+const POINT_READ_ROWS: usize = 4;
+
 impl Store {
     /// A user's clock: tokens captured so far.
     pub fn clock(&self, user: UserId) -> Result<u64, StoreError> {
@@ -359,13 +364,25 @@ impl Store {
 
     /// The rows the capture log names for `user` (`ids`, ascending), each with its retrieval
     /// row of family `retrieval` (`None` where it has none), read by one range scan of each
-    /// family instead of a lookup a row: the arena's catch-up reads its batches this way.
+    /// family instead of a lookup a row: the arena's catch-up reads its batches this way. A
+    /// span of at most [`POINT_READ_ROWS`] is read by lookups.
     pub fn logged_rows(
         &self,
         retrieval: Cf,
         user: UserId,
         ids: &[RowId],
     ) -> Result<Vec<(Row, Option<RetrievalRow>)>, StoreError> {
+        if ids.len() <= POINT_READ_ROWS {
+            return ids
+                .iter()
+                .map(|&id| {
+                    Ok((
+                        self.logged_row(id, user)?,
+                        self.retrieval_in(retrieval, user, id)?,
+                    ))
+                })
+                .collect();
+        }
         let (Some(&first), Some(&last)) = (ids.first(), ids.last()) else {
             return Ok(Vec::new());
         };
