@@ -28,7 +28,8 @@ fn map_batch<T: Sync, R: Send>(
 
 /// Read the next [`CATCH_UP_BATCH_ROWS`] rows of the capture log from `from` with their
 /// retrieval rows of family `retrieval` (`None` when there are none): the log in order, then
-/// each user's rows by range scans of [`CATCH_UP_SPAN_ROWS`], in parallel ([`map_batch`]).
+/// each user's rows by range scans of [`CATCH_UP_SPAN_ROWS`] (a few rows by lookups), in
+/// parallel ([`map_batch`]).
 fn read_batch(store: &Store, retrieval: Cf, from: RowId) -> Result<Option<Batch>, ArenaError> {
     let logged = store
         .log_since(from)
@@ -82,11 +83,12 @@ impl Arena {
     /// number of rows read. Row ids are committed in increasing order (the store's
     /// write mutex), so after reading row `n` no row below `n` can appear later.
     ///
-    /// A batch's log entries are read in order; its rows and retrieval rows by range scans, a
-    /// user's span of [`CATCH_UP_SPAN_ROWS`] at a time, in parallel (on the rayon pool); each
-    /// row's embedding, code and signature in parallel too: only the count and the copy into
-    /// the pages are serial. A batch under [`CATCH_UP_PARALLEL_ROWS`] (a request's) stays on
-    /// the calling thread.
+    /// A batch's log entries are read in order; its rows and retrieval rows by range scans
+    /// ([`Store::logged_rows`]; a span of a few rows by lookups), a user's span of
+    /// [`CATCH_UP_SPAN_ROWS`] at a time, in parallel (on the rayon pool); each row's embedding,
+    /// code and signature in parallel too: only the count and the copy into the pages are
+    /// serial. A batch under [`CATCH_UP_PARALLEL_ROWS`] (a request's) stays on the calling
+    /// thread.
     pub fn catch_up(
         &mut self,
         store: &Store,
