@@ -242,6 +242,42 @@ fn seeded(dir: &Path) -> Store {
     store
 }
 
+/// A span of the capture log reads the same rows, each with its retrieval row, by lookups (a
+/// few rows: a request's catch-up) as by one range scan of each family (a longer span: a cold
+/// open).
+#[test]
+fn logged_rows_read_the_same_by_lookups_and_by_range_scans() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), true);
+    let messages: Vec<Message> = (0..12)
+        .map(|i| {
+            let user = if i % 3 == 0 { "bob" } else { "alice" };
+            let text = format!("Fact number {i}: the spare key is in drawer {i}.");
+            message(user, "c1", Role::User, None, &text)
+        })
+        .collect();
+    Capturer::new(common::dictionary())
+        .capture(&store, &messages)
+        .unwrap();
+    let alice = UserId::from_key("alice");
+    let ids: Vec<RowId> = store
+        .log_since(RowId(0))
+        .map(Result::unwrap)
+        .filter(|&(_, user)| user == alice)
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(ids.len(), 8, "a span long enough to be read by range scans");
+    let scanned = store.logged_rows(Cf::Retrieval, alice, &ids).unwrap();
+    let looked_up: Vec<_> = ids
+        .chunks(2)
+        .flat_map(|span| store.logged_rows(Cf::Retrieval, alice, span).unwrap())
+        .collect();
+    assert_eq!(scanned, looked_up);
+    let texts: Vec<&str> = scanned.iter().map(|(row, _)| row.text.as_str()).collect();
+    assert_eq!(texts[0], "Fact number 1: the spare key is in drawer 1.");
+    assert!(scanned.iter().all(|(_, retrieval)| retrieval.is_some()));
+}
+
 fn checks(store: &Store) -> Vec<&'static str> {
     integrity::check(store, common::dictionary())
         .unwrap()
