@@ -273,12 +273,6 @@ impl HybridScorer {
         }
     }
 
-    /// The factor turning an IDF sum into the most the lexical part can reach: each term at
-    /// BM25's ceiling `idf · (k1 + 1)`.
-    pub fn lexical_ceiling_factor(&self) -> f32 {
-        self.lexical_factor() * (HYBRID_BM25.k1 + 1.0)
-    }
-
     /// The dense part of the score for a cosine.
     #[inline]
     pub fn dense_part(&self, cosine: f32) -> f32 {

@@ -461,18 +461,14 @@ impl Arena {
         prefetch(&page.scales[i]);
     }
 
-    /// Start loading what stage two's exact lexical step reads of the row in `slot` besides
-    /// its vector: its entry offsets and counts, term length and signature words.
+    /// Start loading what an exact lexical score reads of the row in `slot` before its
+    /// entries: its entry offset and counts and its term length.
     pub fn prefetch_lexical(&self, slot: Slot) {
         let page = self.page(slot.page);
         let i = slot.index as usize;
         prefetch(&page.term_offsets[i]);
         prefetch(&page.term_counts[i]);
         prefetch(&page.term_lens[i]);
-        let sketch = self.sketch(slot.page);
-        for w in 0..SIGNATURE_BITS / 64 {
-            prefetch(&sketch.signatures[blocked(i, w)]);
-        }
     }
 
     /// Start loading the lexical terms of the row in `slot` (reads its entry offset).

@@ -78,9 +78,10 @@ impl DenseEstimate {
     }
 }
 
-/// The query terms as the signature kernel and stage two's bound read them: each term's bits
-/// ([`term_bits`]; none for a stop word, which every row is taken to hold) weighted by its IDF.
-pub(super) fn signature_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
+/// The query terms as the estimates read them: each term's bits ([`term_bits`]; none for a
+/// stop word, which every row is taken to hold), weighted by the share of its IDF that a
+/// signature match, or a stop word, counts for ([`signature_share`]).
+fn estimate_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
     query
         .scorer
         .terms()
@@ -91,20 +92,8 @@ pub(super) fn signature_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
             SignatureTerm {
                 word: bits.word,
                 mask: bits.mask,
-                weight: idf,
+                weight: idf * signature_share(bits.mask == 0),
             }
-        })
-        .collect()
-}
-
-/// The query terms as the estimates read them: a signature match, or a stop word, counts at
-/// its share of the IDF ([`signature_share`]).
-fn estimate_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
-    signature_terms(query)
-        .into_iter()
-        .map(|term| SignatureTerm {
-            weight: term.weight * signature_share(term.mask == 0),
-            ..term
         })
         .collect()
 }

@@ -7,10 +7,6 @@ use super::*;
 /// few thousand hits still spread over every thread.
 const REFINE_CHUNK_HITS: usize = 1024;
 
-/// Slack on the stage-two bound, far above f32 rounding of a sum of a few dozen terms, so a
-/// rounding difference can never skip a row that belongs.
-const PRUNE_MARGIN: f32 = 1e-4;
-
 /// How far ahead stage two starts loading a candidate's columns, and its terms (which need the
 /// columns' entry offset first).
 const PREFETCH_ROWS_AHEAD: usize = 8;
@@ -107,15 +103,6 @@ fn walk_hits(
     })
 }
 
-/// The summed weights of `terms` whose bits the signature of row `i` of `sketch` holds.
-fn signature_sum(sketch: &Sketch, i: usize, terms: &[SignatureTerm]) -> f32 {
-    terms
-        .iter()
-        .filter(|t| sketch.signature_word(i, t.word) & t.mask == t.mask)
-        .map(|t| t.weight)
-        .sum()
-}
-
 /// The `keep` best of `hits` by stage one's estimate with the int8 cosine in place of the 2-bit
 /// one: the lexical part is the one stage one computed from the signature and carried in the
 /// hit, so only the row's vector and scale are read. Returned in row id order, each hit
@@ -146,13 +133,9 @@ fn narrow(
 }
 
 /// The `k` best of `hits` by the int8 cosine (computed, or carried from [`narrow`]) and the
-/// exact lexical part.
-///
-/// Once `k` rows are kept, a row is skipped without its BM25 when even the most its lexical
-/// part could reach (every query term its signature may hold, at BM25's ceiling
-/// `idf · (k1 + 1)`) cannot lift it past the worst kept row: the skip never changes the result.
-/// Each task prunes against its floor (its own kept rows', or the tasks' shared one), never
-/// above the merged k-th score, so the skip stays exact.
+/// exact lexical part. Every hit's terms are read: a bound from the signature (each query term
+/// it may hold at BM25's ceiling) skipped none of them, at a million synthetic rows or on
+/// LoCoMo and RealMem (`docs/journal/benchmarks.md`), and cost four more lines a row.
 fn score_lexical(
     arena: &Arena,
     kernels: &Kernels,
@@ -161,8 +144,6 @@ fn score_lexical(
     k: usize,
     cosine: Cosine,
 ) -> Vec<Hit> {
-    let terms = signature_terms(query);
-    let ceiling = query.scorer.lexical_ceiling_factor();
     walk_hits(
         arena,
         kernels,
@@ -171,14 +152,6 @@ fn score_lexical(
         k,
         (cosine, true),
         |top, hit, slot, cosine| {
-            let floor = top.floor();
-            if floor > f32::NEG_INFINITY {
-                let may_hold = signature_sum(arena.sketch(slot.page), slot.index as usize, &terms);
-                let bound = query.scorer.dense_part(cosine) + ceiling * may_hold;
-                if bound + PRUNE_MARGIN < floor {
-                    return;
-                }
-            }
             let entries = arena.row_entries(slot);
             top.push(Hit {
                 score: query
