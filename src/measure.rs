@@ -18,7 +18,7 @@ use crate::retrieve::{
     refine, search, search_from,
 };
 use crate::scan::kernels::Kernels;
-use crate::scan::topk::{Hit, SharedFloor, TopK, merged};
+use crate::scan::topk::{Hit, SharedFloor, TopK, merge_floor, merged};
 use crate::types::{Role, UserId};
 
 /// Seed of the synthetic messages.
@@ -280,8 +280,9 @@ const SIMULATED_TURN_PAGES: usize = 16;
 /// One query's stage one simulated on `workers` cores, on this thread: the scope's pages split
 /// into `workers` runs in order (as rayon splits a range), each worker with its own top `k`
 /// sharing one floor (as [`crate::scan::topk::parallel_top_k`] has them), taking turns of
-/// [`SIMULATED_TURN_PAGES`] pages; then their lists merged. Returns the time each worker spent
-/// in its turns, the merge's time, and the hits (which must be [`first_pass`]'s).
+/// [`SIMULATED_TURN_PAGES`] pages; then each list cut to the merge's floor (on its worker, as
+/// there) and the lists merged. Returns the time each worker spent in its turns and its cut,
+/// the merge's time, and the hits (which must be [`first_pass`]'s).
 pub fn simulate_workers(
     pass: &FirstPass,
     pages: usize,
@@ -307,6 +308,12 @@ pub fn simulate_workers(
             spent[w] += started.elapsed();
             at[w] = end;
         }
+    }
+    let floor = merge_floor(&tops);
+    for (top, spent) in tops.iter_mut().zip(&mut spent) {
+        let started = Instant::now();
+        top.cut_to(floor);
+        *spent += started.elapsed();
     }
     let started = Instant::now();
     let hits = merged(tops, k).into_row_order();

@@ -210,17 +210,25 @@ impl TopK {
         self.next_share = self.hits.len() + rank.max(SHARE_STEP_MIN);
     }
 
-    /// Keep the k best of the buffer and remember the worst of them.
+    /// Keep the k best of the buffer and remember the worst of them (the selection's k-th).
     fn select(&mut self) {
+        if self.hits.len() > self.k {
+            let (_, worst, _) = self.hits.select_nth_unstable_by(self.k - 1, Hit::rank_cmp);
+            self.bound = Some(*worst);
+            self.hits.truncate(self.k);
+        } else if self.hits.len() == self.k {
+            self.bound = self.hits.iter().copied().max_by(Hit::rank_cmp);
+        }
+        if let (Some((shared, _)), Some(bound)) = (&self.shared, self.bound) {
+            shared.raise(bound.score);
+        }
+    }
+
+    /// Keep the k best of the buffer, for reading out: no bound, since nothing is pushed after.
+    fn keep_best(&mut self) {
         if self.hits.len() > self.k {
             self.hits.select_nth_unstable_by(self.k - 1, Hit::rank_cmp);
             self.hits.truncate(self.k);
-        }
-        if self.hits.len() == self.k {
-            self.bound = self.hits.iter().copied().max_by(Hit::rank_cmp);
-            if let (Some((shared, _)), Some(bound)) = (&self.shared, self.bound) {
-                shared.raise(bound.score);
-            }
         }
     }
 
@@ -242,6 +250,13 @@ impl TopK {
             .map_or(own, |(shared, _)| own.max(shared.get()))
     }
 
+    /// Drop the hits scoring strictly below `floor`, a floor of the merge this list goes into
+    /// ([`merge_floor`]): each worker's share of a merge's filtering, done where the workers
+    /// run.
+    pub fn cut_to(&mut self, floor: f32) {
+        self.hits.retain(|hit| hit.score >= floor);
+    }
+
     /// Fold another partial result in ([`merged`]).
     pub fn merge(self, other: TopK) -> TopK {
         let k = self.k;
@@ -250,7 +265,7 @@ impl TopK {
 
     /// The k best hits, best first.
     pub fn into_sorted(mut self) -> Vec<Hit> {
-        self.select();
+        self.keep_best();
         self.hits.sort_by(Hit::rank_cmp);
         self.hits
     }
@@ -258,7 +273,7 @@ impl TopK {
     /// The k best hits in row id order (for a pass that reads them back from the arena, where
     /// a user's rows lie in row id order).
     pub fn into_row_order(mut self) -> Vec<Hit> {
-        self.select();
+        self.keep_best();
         sort_by_row(&mut self.hits);
         self.hits
     }
@@ -304,8 +319,9 @@ fn sort_by_row(hits: &mut Vec<Hit>) {
 
 /// The k best hits over `blocks` blocks, scored by `score_block(block, &mut top)` on the current
 /// rayon pool. Each worker thread keeps one [`TopK`] over every block it scores (all of them
-/// sharing one [`SharedFloor`]), and the workers' lists are merged once at the end. The result
-/// is the same for any number of threads.
+/// sharing one [`SharedFloor`]); at the end each list is cut to the merge's floor on the pool
+/// ([`TopK::cut_to`]), so the one merge after reads only hits that may rank. The result is the
+/// same for any number of threads.
 ///
 /// One list per worker rather than per rayon task: rayon splits a scan into tens of tasks, and
 /// with k in the thousands each task's list grew from empty, kept no floor of its own until it
@@ -328,11 +344,21 @@ where
         let mut top = tops[worker].lock().expect("a worker's top-k lock");
         score_block(block, &mut top);
     });
-    merged(
-        tops.into_iter()
-            .map(|top| top.into_inner().expect("a worker's top-k lock")),
-        k,
-    )
+    let mut tops: Vec<TopK> = tops
+        .into_iter()
+        .map(|top| top.into_inner().expect("a worker's top-k lock"))
+        .collect();
+    let floor = merge_floor(&tops);
+    tops.par_iter_mut().for_each(|top| top.cut_to(floor));
+    merged(tops, k)
+}
+
+/// The highest of the floors of `tops` ([`TopK::floor`]): a hit of any of them scoring strictly
+/// below it cannot rank among the k best of their union.
+pub fn merge_floor(tops: &[TopK]) -> f32 {
+    tops.iter()
+        .map(TopK::floor)
+        .fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// The k best of the partial lists `tops`: one selection over the hits of all of them that
@@ -340,16 +366,13 @@ where
 /// among the k best).
 pub fn merged(tops: impl IntoIterator<Item = TopK>, k: usize) -> TopK {
     let tops: Vec<TopK> = tops.into_iter().collect();
-    let floor = tops
-        .iter()
-        .map(TopK::floor)
-        .fold(f32::NEG_INFINITY, f32::max);
+    let floor = merge_floor(&tops);
     let mut out = TopK::new(k);
-    out.hits = tops
-        .into_iter()
-        .flat_map(|top| top.hits)
-        .filter(|hit| hit.score >= floor)
-        .collect();
+    out.hits = Vec::with_capacity(tops.iter().map(|top| top.hits.len()).sum());
+    for top in &tops {
+        out.hits
+            .extend(top.hits.iter().filter(|hit| hit.score >= floor));
+    }
     out.select();
     out
 }
