@@ -212,10 +212,8 @@ impl TopK {
 
     /// Keep the k best of the buffer and remember the worst of them (the selection's k-th).
     fn select(&mut self) {
-        if self.hits.len() > self.k {
-            let (_, worst, _) = self.hits.select_nth_unstable_by(self.k - 1, Hit::rank_cmp);
-            self.bound = Some(*worst);
-            self.hits.truncate(self.k);
+        if let Some(worst) = self.keep_best() {
+            self.bound = Some(worst);
         } else if self.hits.len() == self.k {
             self.bound = self.hits.iter().copied().max_by(Hit::rank_cmp);
         }
@@ -224,12 +222,16 @@ impl TopK {
         }
     }
 
-    /// Keep the k best of the buffer, for reading out: no bound, since nothing is pushed after.
-    fn keep_best(&mut self) {
-        if self.hits.len() > self.k {
-            self.hits.select_nth_unstable_by(self.k - 1, Hit::rank_cmp);
-            self.hits.truncate(self.k);
+    /// Keep the k best of the buffer; the worst of them when a selection was made. A list
+    /// read out takes this alone: nothing is pushed after, so it needs no bound.
+    fn keep_best(&mut self) -> Option<Hit> {
+        if self.hits.len() <= self.k {
+            return None;
         }
+        let (_, worst, _) = self.hits.select_nth_unstable_by(self.k - 1, Hit::rank_cmp);
+        let worst = *worst;
+        self.hits.truncate(self.k);
+        Some(worst)
     }
 
     /// A hit that does not rank before this one cannot enter (once one is known: after the
