@@ -90,6 +90,8 @@ pub struct Question {
     /// Asked after this many of the dataset's messages are captured, and before the rest (a
     /// RealMem query, whose own turn is the message at this index); `None`: after them all.
     pub replay_at: Option<usize>,
+    /// The conversation it is asked in (a RealMem query's session), where it is asked in one.
+    pub conversation: Option<String>,
 }
 
 /// A parsed file.
@@ -281,6 +283,7 @@ fn locomo(path: &Path, bytes: &[u8]) -> Result<Dataset, DatasetError> {
                 unresolved_evidence: Vec::new(),
                 timestamp_ms: None,
                 replay_at: None,
+                conversation: None,
             };
             for raw in &qa.evidence {
                 for id in locomo_evidence_ids(raw) {
@@ -390,6 +393,7 @@ fn longmemeval(path: &Path, bytes: &[u8]) -> Result<Dataset, DatasetError> {
                 .as_deref()
                 .and_then(|d| parse_time(d, LONGMEMEVAL_TIME)),
             replay_at: None,
+            conversation: None,
         });
     }
     Ok(out)
@@ -535,6 +539,7 @@ fn realmem(path: &Path, bytes: &[u8], out: &mut Dataset) -> Result<(), DatasetEr
                     unresolved_evidence: Vec::new(),
                     timestamp_ms,
                     replay_at: Some(out.messages.len()),
+                    conversation: Some(uuid.clone()),
                 };
                 for uuid in reply
                     .into_iter()

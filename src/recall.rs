@@ -11,8 +11,9 @@ use std::sync::Arc;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::arena::Arena;
+use crate::arena::{Arena, Slot};
 use crate::budget::Budget;
+use crate::dictionary::Dictionary;
 use crate::frame::{self, Candidate, Frame, Layout, Omitted, Pick, Turn};
 use crate::heat;
 use crate::memory::Memory;
@@ -44,8 +45,9 @@ pub struct RecallConfig {
     pub openers: usize,
     /// The top hits of the question that join the mandatory set.
     pub mandatory_hits: usize,
-    /// Tokens of the current conversation's most recent stretch in the mandatory set (its last
-    /// turn always, however long).
+    /// Tokens of the current conversation's most recent stretch ([`stretch`]: its last turn
+    /// always, however long): in the mandatory set, read beside the question and passed over
+    /// by the search ([`question_query`]).
     pub recent_tokens: usize,
     /// Warmth below which a row is no longer offered to the frame.
     pub warm_floor: f32,
@@ -160,10 +162,18 @@ pub fn recall(
     ask: &Ask<'_>,
 ) -> Result<Recall, StoreError> {
     let store = &memory.store;
-    let started = std::time::Instant::now();
-    let query = PreparedQuery::new(&memory.dictionary, arena, ask.question);
     let mut excluded = store.scope_exclusions(ask.scope)?;
     excluded.extend(ask.hidden.iter().copied());
+    // The current conversation's most recent stretch joins the mandatory set. The question is
+    // read beside it, and the search passes over it: the frame holds it whatever is found.
+    let stretch = stretch(store, arena, ask, config.recent_tokens, &excluded)?;
+    let started = std::time::Instant::now();
+    let query = question_query(&memory.dictionary, arena, ask, &stretch);
+    let passed_over: HashSet<RowId> = excluded
+        .iter()
+        .copied()
+        .chain(stretch.iter().map(|&(id, _)| id))
+        .collect();
     let found = search_without(
         &memory.dictionary,
         arena,
@@ -171,7 +181,7 @@ pub fn recall(
         ask.scope,
         &query,
         config.reach.max(config.depth),
-        &excluded,
+        &passed_over,
     );
     let scan_us = started.elapsed().as_micros() as u64;
     // Speakers are resolved only when naming one can lift a row.
@@ -195,22 +205,6 @@ pub fn recall(
     let hits = &ordered[..ordered.len().min(config.depth)];
     let scanned_rows = arena.scope_rows(ask.scope);
     let clock = store.clock(ask.user)?;
-    // The current conversation's most recent stretch joins the mandatory set.
-    let mut stretch = Vec::new();
-    if let Some(conversation) = ask.conversation {
-        let mut tokens = 0;
-        for id in store.conversation_rows_newest_first(ask.user, conversation) {
-            let id = id?;
-            let Some(slot) = arena.slot(id).filter(|_| !excluded.contains(&id)) else {
-                continue;
-            };
-            tokens += arena.page(slot.page).token_lens[slot.index as usize] as usize;
-            stretch.push((id, slot));
-            if tokens >= config.recent_tokens {
-                break;
-            }
-        }
-    }
     let mut states = warm_states(store, arena, ask, clock, config.warm_floor, hits, &stretch)?;
     states.retain(|(row, _)| !excluded.contains(row));
     let ranked: Vec<RowId> = hits.iter().map(|h| h.row).collect();
@@ -292,6 +286,59 @@ pub fn recall(
         frame,
         offered: picks,
     })
+}
+
+/// The most recent stretch of the conversation `ask` continues, newest first: its rows back to
+/// `recent_tokens` tokens (the newest always), each with its slot, leaving out `excluded` and
+/// rows the arena does not hold. Empty without a conversation.
+pub fn stretch(
+    store: &Store,
+    arena: &Arena,
+    ask: &Ask<'_>,
+    recent_tokens: usize,
+    excluded: &HashSet<RowId>,
+) -> Result<Vec<(RowId, Slot)>, StoreError> {
+    let mut stretch = Vec::new();
+    let Some(conversation) = ask.conversation else {
+        return Ok(stretch);
+    };
+    let mut tokens = 0;
+    for id in store.conversation_rows_newest_first(ask.user, conversation) {
+        let id = id?;
+        let Some(slot) = arena.slot(id).filter(|_| !excluded.contains(&id)) else {
+            continue;
+        };
+        tokens += arena.page(slot.page).token_lens[slot.index as usize] as usize;
+        stretch.push((id, slot));
+        if tokens >= recent_tokens {
+            break;
+        }
+    }
+    Ok(stretch)
+}
+
+/// The question of `ask` as the search reads it: in its conversation, beside the rows of the
+/// `stretch` before it ([`PreparedQuery::in_conversation`]). A captured question (not a
+/// probe) is the newest turn of its conversation: the stretch's newest user rows are itself.
+pub fn question_query(
+    dictionary: &Dictionary,
+    arena: &Arena,
+    ask: &Ask<'_>,
+    stretch: &[(RowId, Slot)],
+) -> PreparedQuery {
+    let is_user = |slot: Slot| {
+        Role::from_code(arena.page(slot.page).roles[slot.index as usize]) == Some(Role::User)
+    };
+    let own = if ask.probe {
+        0
+    } else {
+        stretch
+            .iter()
+            .take_while(|&&(_, slot)| is_user(slot))
+            .count()
+    };
+    let context: Vec<Slot> = stretch[own..].iter().map(|&(_, slot)| slot).collect();
+    PreparedQuery::in_conversation(dictionary, arena, ask.question, &context)
 }
 
 /// The frame of `picks` within `budget`: the turns it selects read from the store, rendered

@@ -222,7 +222,31 @@ impl HybridScorer {
         stats: &impl FrequencyStats,
         dense_weight: f32,
     ) -> Self {
-        let idf: Vec<f32> = terms.iter().map(|&(t, _)| Bm25::idf(stats, t)).collect();
+        Self::weighted(
+            terms,
+            &vec![1.0; terms.len()],
+            query_vector,
+            stats,
+            dense_weight,
+        )
+    }
+
+    /// [`HybridScorer::new`] with each term's IDF scaled by its weight in `weights` (in term
+    /// order): a term weighted 0.3 counts for 0.3 of what it would alone, in the score, its
+    /// bound `BM25_max` and the first pass's estimate alike.
+    pub fn weighted(
+        terms: &[(TermId, u32)],
+        weights: &[f32],
+        query_vector: Vec<f32>,
+        stats: &impl FrequencyStats,
+        dense_weight: f32,
+    ) -> Self {
+        debug_assert_eq!(terms.len(), weights.len());
+        let idf: Vec<f32> = terms
+            .iter()
+            .zip(weights)
+            .map(|(&(t, _), w)| w * Bm25::idf(stats, t))
+            .collect();
         let bm25_max = idf.iter().sum::<f32>() * (HYBRID_BM25.k1 + 1.0);
         let mean_len = mean_row_len(stats);
         let Bm25 { k1, b } = HYBRID_BM25;

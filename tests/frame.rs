@@ -14,7 +14,7 @@ use perpetuity::capture::{Capturer, Message};
 use perpetuity::frame::Side;
 use perpetuity::heat;
 use perpetuity::memory::Memory;
-use perpetuity::recall::{Ask, Recall, RecallConfig, recall};
+use perpetuity::recall::{Ask, Recall, RecallConfig, question_query, recall};
 use perpetuity::scan::kernels::Kernels;
 use perpetuity::store::Activation;
 use perpetuity::types::{Role, RowId, UserId};
@@ -421,7 +421,7 @@ fn a_speaker_the_question_names_comes_first() {
         .capture(&memory.store, &messages)
         .unwrap();
     let first = |config: &RecallConfig, question: &str| {
-        let recall = run(&memory, config, &ask("pets", question, true));
+        let recall = run(&memory, config, &ask("later", question, true));
         let top = recall.retrieved[0].row;
         memory
             .store
@@ -459,7 +459,7 @@ fn a_speaker_the_question_names_comes_first() {
         run(
             &memory,
             &RecallConfig::default(),
-            &ask("pets", question, true),
+            &ask("later", question, true),
         )
         .retrieved
         .iter()
@@ -527,4 +527,93 @@ fn a_retrieved_turn_brings_its_conversations_opening_turn() {
     // Continuing the garden conversation itself: no opener is added.
     let current = run(&memory, &narrow(1), &ask("garden", question, true));
     assert_eq!(current.retrieved.len(), 2);
+}
+
+#[test]
+fn a_question_is_read_in_its_conversation_and_the_search_passes_over_its_stretch() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = common::memory(dir.path());
+    seeded(&memory);
+    let capturer = Capturer::new(&memory.dictionary);
+    let stretch = capturer
+        .capture(
+            &memory.store,
+            &[
+                turn(
+                    "alice",
+                    "plans",
+                    Role::User,
+                    "Alice",
+                    50,
+                    "Can you look at the Orkney ferry booking for me?",
+                ),
+                turn(
+                    "alice",
+                    "plans",
+                    Role::Assistant,
+                    "Guide",
+                    50,
+                    "Of course. Which part of the ferry booking?",
+                ),
+            ],
+        )
+        .unwrap();
+    let stretch: Vec<RowId> = stretch.into_iter().flatten().collect();
+    let booked = memory
+        .store
+        .rows_of(ALICE[0])
+        .map(Result::unwrap)
+        .find(|row| row.text.starts_with("We booked the ferry to Orkney"))
+        .unwrap()
+        .id;
+    // Alone, the question holds none of the booking's words; in its conversation it does.
+    let question = "Did you confirm it?";
+    let config = RecallConfig::default();
+    let probed = run(&memory, &config, &ask("plans", question, true));
+    let retrieved: Vec<RowId> = probed.retrieved.iter().map(|r| RowId(r.row)).collect();
+    assert_eq!(retrieved.first(), Some(&booked), "{retrieved:?}");
+    for id in &stretch {
+        assert!(!retrieved.contains(id), "the stretch was retrieved: {id:?}");
+        assert!(probed.frame.rows.contains(id), "the stretch left the frame");
+    }
+    let alone = run(&memory, &config, &ask("chat", question, true));
+    assert!(
+        alone.retrieved.first().map(|r| RowId(r.row)) != Some(booked),
+        "the question alone found the booking: the test shows nothing"
+    );
+
+    // Captured, the question is read the same way: its own row is not its context.
+    capturer
+        .capture(
+            &memory.store,
+            &[turn("alice", "plans", Role::User, "Alice", 50, question)],
+        )
+        .unwrap();
+    let arena = arena(&memory);
+    let live = ask("plans", question, false);
+    let stretch = perpetuity::recall::stretch(
+        &memory.store,
+        &arena,
+        &live,
+        config.recent_tokens,
+        &Default::default(),
+    )
+    .unwrap();
+    let read = |ask: &Ask<'_>, stretch| {
+        let query = question_query(&memory.dictionary, &arena, ask, stretch);
+        (
+            query.scorer.terms().to_vec(),
+            query.scorer.idf().to_vec(),
+            query.int8.values,
+        )
+    };
+    assert_eq!(
+        read(&live, &stretch),
+        read(&ask("plans", question, true), &stretch[1..])
+    );
+    let recalled = run(&memory, &config, &live);
+    assert_eq!(
+        recalled.retrieved.first().map(|r| RowId(r.row)),
+        Some(booked)
+    );
 }

@@ -10,7 +10,9 @@ use perpetuity::capture::{Capturer, Message};
 use perpetuity::datasets::{self, Format};
 use perpetuity::ingest::ingest;
 use perpetuity::integrity;
-use perpetuity::retrieve::{PreparedQuery, brute_force, search};
+use perpetuity::retrieve::{
+    CONTEXT_TERM_WEIGHT, CONTEXT_TERMS, PreparedQuery, brute_force, search,
+};
 use perpetuity::scan::kernels::Kernels;
 use perpetuity::store::{Store, StoreOptions};
 use perpetuity::types::{Role, RowId, UserId};
@@ -407,4 +409,100 @@ fn an_opening_ranks_by_the_turns_after_it_in_both_searches() {
         openings_ranked += exact.iter().filter(|h| openings.contains(&h.row)).count();
     }
     assert!(openings_ranked > 0, "some opening ranks among the best");
+}
+
+/// A question read in its conversation keeps its own terms at full weight and adds each term
+/// only the context holds at `CONTEXT_TERM_WEIGHT`; with no context it is the question alone.
+#[test]
+fn a_question_in_its_conversation_weighs_the_context_below_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let dict = common::dictionary();
+    let (ids, arena) = captured(
+        &store,
+        &[
+            say("ann", "The ferry to Orkney leaves Scrabster at noon."),
+            say("ann", "Pack the ferry tickets and a raincoat."),
+        ],
+    );
+    let context: Vec<_> = ids.iter().map(|&id| arena.slot(id).unwrap()).collect();
+    let question = "When does the ferry leave?";
+    let alone = PreparedQuery::new(dict, &arena, question);
+    let none = PreparedQuery::in_conversation(dict, &arena, question, &[]);
+    assert_eq!(none.scorer.terms(), alone.scorer.terms());
+    assert_eq!(none.scorer.idf(), alone.scorer.idf());
+    assert_eq!(none.int8, alone.int8);
+
+    let read = PreparedQuery::in_conversation(dict, &arena, question, &context);
+    assert_eq!(read.retrieval.terms, alone.retrieval.terms);
+    let idf_of = |query: &PreparedQuery| -> HashMap<_, f32> {
+        query
+            .scorer
+            .terms()
+            .iter()
+            .map(|&(term, _)| term)
+            .zip(query.scorer.idf().iter().copied())
+            .collect()
+    };
+    let (own, in_context) = (idf_of(&alone), idf_of(&read));
+    for (term, idf) in &own {
+        assert_eq!(in_context[term], *idf, "a question's own term lost weight");
+    }
+    let added: Vec<_> = in_context.keys().filter(|t| !own.contains_key(t)).collect();
+    assert!(
+        (4..=CONTEXT_TERMS).contains(&added.len()),
+        "the context added {} terms",
+        added.len()
+    );
+    for term in added {
+        let full = perpetuity::relevance::Bm25::idf(arena.stats(), *term);
+        let weighted = in_context[term];
+        assert!(
+            (weighted - CONTEXT_TERM_WEIGHT * full).abs() <= 1e-6 * full.max(1.0),
+            "{weighted} against {full}"
+        );
+    }
+    assert_ne!(
+        read.int8, alone.int8,
+        "the context left the vector as it was"
+    );
+
+    // A long context adds only its rarest terms.
+    let words: Vec<String> = (0..40).map(|i| format!("word{i}")).collect();
+    let (more, arena) = captured(
+        &store,
+        &[
+            say("ann", &words.join(" ")),
+            say("ann", &words[..20].join(" ")),
+        ],
+    );
+    let context: Vec<_> = more.iter().map(|&id| arena.slot(id).unwrap()).collect();
+    let own = idf_of(&PreparedQuery::new(dict, &arena, question));
+    let mut added: Vec<f32> = idf_of(&PreparedQuery::in_conversation(
+        dict, &arena, question, &context,
+    ))
+    .into_iter()
+    .filter(|(term, _)| !own.contains_key(term))
+    .map(|(_, idf)| idf / CONTEXT_TERM_WEIGHT)
+    .collect();
+    let mut rarest: Vec<f32> = context
+        .iter()
+        .flat_map(|&slot| arena.row_entries(slot).terms.iter().map(|entry| entry.key))
+        .map(perpetuity::types::TermId)
+        .filter(|term| !own.contains_key(term))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .map(|term| perpetuity::relevance::Bm25::idf(arena.stats(), term))
+        .collect();
+    assert!(rarest.len() > CONTEXT_TERMS, "{} terms", rarest.len());
+    rarest.sort_by(|a, b| b.total_cmp(a));
+    rarest.truncate(CONTEXT_TERMS);
+    added.sort_by(|a, b| b.total_cmp(a));
+    assert_eq!(added.len(), CONTEXT_TERMS);
+    for (added, rare) in added.iter().zip(&rarest) {
+        assert!(
+            (added - rare).abs() <= 1e-5 * rare.max(1.0),
+            "{added} against {rare}"
+        );
+    }
 }

@@ -155,14 +155,20 @@ where
             *a += w * f32::from(v);
         }
     }
-    let norm = acc.iter().map(|x| x * x).sum::<f32>().sqrt();
-    if norm > 0.0 {
-        acc.iter_mut().for_each(|x| *x /= norm);
-    }
-    Embedding { unit: acc }
+    let mut embedding = Embedding { unit: acc };
+    embedding.normalise();
+    embedding
 }
 
 impl Embedding {
+    /// Scale to unit length (all zeros stay zeros).
+    pub fn normalise(&mut self) {
+        let norm = self.unit.iter().map(|x| x * x).sum::<f32>().sqrt();
+        if norm > 0.0 {
+            self.unit.iter_mut().for_each(|x| *x /= norm);
+        }
+    }
+
     /// Symmetric int8 quantisation with one scale: `max |x| ↦ 127`, round half away from zero.
     pub fn quantize(&self) -> Quantized {
         let max = self.unit.iter().fold(0f32, |m, x| m.max(x.abs()));

@@ -41,9 +41,9 @@ use crate::ingest::{self, IngestSummary};
 use crate::latency;
 use crate::memory::Memory;
 use crate::memory_tools::{Call, TurnState};
-use crate::recall::{Ask, RecallConfig, recall};
+use crate::recall::{Ask, RecallConfig, question_query, recall, stretch};
 use crate::relevance::{Bm25, mean_row_len};
-use crate::retrieve::{PreparedQuery, search};
+use crate::retrieve::search_without;
 use crate::scan::kernels::Kernels;
 use crate::store::{Store, StoreError, StoreOptions};
 use crate::types::{Role, RowId, UserId};
@@ -400,6 +400,10 @@ fn replay(
             break;
         }
         let probe = Probe {
+            store,
+            recent_tokens: frame.map_or(RecallConfig::default().recent_tokens, |(_, config)| {
+                config.recent_tokens
+            }),
             dictionary,
             arena: &arena,
             kernels,

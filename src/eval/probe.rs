@@ -107,14 +107,15 @@ impl Corpus {
         }
     }
 
-    /// The baseline: every row of `user` scored by plain BM25 under the statistic `stats`,
-    /// the best `depth` by score descending, then row id ascending.
+    /// The baseline: every row of `user` but those `passed_over` scored by plain BM25 under
+    /// the statistic `stats`, the best `depth` by score descending, then row id ascending.
     fn bm25(
         &self,
         stats: &FrequencyTable,
         user: UserId,
         query: &RetrievalRow,
         depth: usize,
+        passed_over: &HashSet<RowId>,
     ) -> Vec<RowId> {
         let idf: Vec<f32> = query
             .terms
@@ -127,6 +128,7 @@ impl Corpus {
             .get(&user)
             .into_iter()
             .flatten()
+            .filter(|(id, _)| !passed_over.contains(id))
             .map(|(id, row)| {
                 let score =
                     Bm25::STANDARD.score(&query.terms, &idf, &row.terms, row.term_len(), mean_len);
@@ -141,6 +143,9 @@ impl Corpus {
 /// One memory to ask: its caught-up arena and what the harness read of its store; with
 /// `frame`, each question's frame is rendered too (probe mode: nothing written).
 pub(super) struct Probe<'a> {
+    pub(super) store: &'a Store,
+    /// The recall's `recent_tokens`: how much of a question's conversation it is read beside.
+    pub(super) recent_tokens: usize,
     pub(super) dictionary: &'a Dictionary,
     pub(super) arena: &'a Arena,
     pub(super) kernels: &'a Kernels,
@@ -152,28 +157,39 @@ impl Probe<'_> {
     /// Ask one question as its user, in probe mode (nothing is captured), both ways.
     pub(super) fn ask(&self, question: &Question, depth: usize) -> Result<Answers, StoreError> {
         let user = UserId::from_key(&question.user_key);
+        let ask = Ask {
+            user,
+            scope: &[user],
+            conversation: question.conversation.as_deref(),
+            question: &question.question,
+            probe: true,
+            hidden: &[],
+            now_ms: self.corpus.latest.get(&user).copied(),
+        };
+        // Read as the recall reads it: beside its conversation's stretch, which both systems
+        // pass over (the frame holds it whatever is found).
+        let stretch = stretch(
+            self.store,
+            self.arena,
+            &ask,
+            self.recent_tokens,
+            &HashSet::new(),
+        )?;
+        let passed_over: HashSet<RowId> = stretch.iter().map(|&(id, _)| id).collect();
         let started = Instant::now();
-        let query = PreparedQuery::new(self.dictionary, self.arena, &question.question);
-        let hits = search(
+        let query = question_query(self.dictionary, self.arena, &ask, &stretch);
+        let hits = search_without(
             self.dictionary,
             self.arena,
             self.kernels,
             &[user],
             &query,
             depth,
+            &passed_over,
         );
         let elapsed = started.elapsed();
         let frame = match self.frame {
             Some((memory, config)) => {
-                let ask = Ask {
-                    user,
-                    scope: &[user],
-                    conversation: None,
-                    question: &question.question,
-                    probe: true,
-                    hidden: &[],
-                    now_ms: self.corpus.latest.get(&user).copied(),
-                };
                 let recall = recall(memory, self.arena, self.kernels, config, &ask)?;
                 let turns_of = |rows: &[RowId]| -> HashSet<Turn> {
                     rows.iter()
@@ -216,6 +232,7 @@ impl Probe<'_> {
                 user,
                 &query.retrieval,
                 depth,
+                &passed_over,
             )),
             elapsed,
         })

@@ -22,15 +22,15 @@ use rayon::prelude::*;
 
 use crate::arena::codebook::Codebook;
 use crate::arena::signature::term_bits;
-use crate::arena::{Arena, DIMS, PAGE_ROWS, Side, Sketch, Slot, embed_row};
+use crate::arena::{Arena, DIMS, PAGE_ROWS, RowEntries, Side, Sketch, Slot, embed_row};
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::{
     PREFETCH_INDEX_AHEAD, PREFETCH_TOKENS_AHEAD, Quantized, prefetch_token,
 };
 use crate::dictionary::derive::{RetrievalRow, derive};
 use crate::relevance::{
-    CONTEXT_AFTER, CONTEXT_BEFORE, HybridScorer, OPENING_AFTER, after_shares, in_context,
-    signature_share,
+    Bm25, CONTEXT_AFTER, CONTEXT_BEFORE, HybridScorer, OPENING_AFTER, TermCount, after_shares,
+    in_context, signature_share,
 };
 use crate::scan::kernels::{
     BLOCK_ROWS, Kernels, LUT_ENTRY_MAX, Lookahead, PAIR_ENTRIES, SignatureTerm, TwoBitQuery,
@@ -38,7 +38,7 @@ use crate::scan::kernels::{
 };
 use crate::scan::topk::{Hit, TopK, parallel_top_k};
 use crate::tokens::Tokenizer;
-use crate::types::{RowId, UserId};
+use crate::types::{RowId, TermId, UserId};
 
 mod context;
 mod first_pass;
@@ -92,6 +92,17 @@ pub struct Retrieved {
     pub score: f32,
 }
 
+/// What a term only the question's conversation holds counts for against one of the
+/// question's own ([`PreparedQuery::in_conversation`]; chosen on RealMem's even half, checked
+/// on its odd half, `docs/journal/benchmarks.md`, "The question read in its conversation").
+pub const CONTEXT_TERM_WEIGHT: f32 = 0.3;
+/// The weight of the conversation's vector added to the question's.
+pub const CONTEXT_VECTOR_WEIGHT: f32 = 0.6;
+/// The most terms the conversation adds: its rarest (highest IDF). Every query term costs
+/// stage one a signature test per row: at a million rows in one scope, 8 rows of context
+/// (about 150 terms) took a query from 7 to 17.5 ms, 16 of their terms to 8-9 ms, 32 to 9-9.5.
+pub const CONTEXT_TERMS: usize = 16;
+
 /// A query prepared once: its retrieval row, its stage-one dense estimate, its int8 vector and
 /// its exact scorer, all under the arena's statistic and codebook.
 #[derive(Debug, Clone)]
@@ -104,13 +115,79 @@ pub struct PreparedQuery {
 
 impl PreparedQuery {
     pub fn new(dictionary: &Dictionary, arena: &Arena, text: &str) -> Self {
+        Self::in_conversation(dictionary, arena, text, &[])
+    }
+
+    /// The question `text` read in its conversation, whose rows before it in the arena are
+    /// `context`: every term of the question at its full weight and the [`CONTEXT_TERMS`]
+    /// rarest terms only the context holds at [`CONTEXT_TERM_WEIGHT`], and the question's
+    /// vector plus [`CONTEXT_VECTOR_WEIGHT`] times the context's, normalised. A user's turn in
+    /// a working session ("go on with beat 3", "that failed again") says little alone; the
+    /// turns before it say what it is about. `retrieval` stays the question's own. With no
+    /// context this is the question alone.
+    pub fn in_conversation(
+        dictionary: &Dictionary,
+        arena: &Arena,
+        text: &str,
+        context: &[Slot],
+    ) -> Self {
         let tokenizer = Tokenizer::new();
         let retrieval = derive(dictionary, &tokenizer, None, &tokenizer.encode(text));
-        let embedding = embed_row(dictionary, arena.stats(), retrieval.tokens.iter().copied());
+        let mut embedding = embed_row(dictionary, arena.stats(), retrieval.tokens.iter().copied());
+        let mut terms: Vec<(TermId, u32, f32)> = retrieval
+            .terms
+            .iter()
+            .map(|&(term, count)| (term, count, 1.0))
+            .collect();
+        if !context.is_empty() {
+            let rows: Vec<RowEntries<'_>> = context
+                .iter()
+                .map(|&slot| arena.row_entries(slot))
+                .collect();
+            let around = embed_row(
+                dictionary,
+                arena.stats(),
+                rows.iter().flat_map(RowEntries::token_counts),
+            );
+            for (unit, around) in embedding.unit.iter_mut().zip(&around.unit) {
+                *unit += CONTEXT_VECTOR_WEIGHT * around;
+            }
+            embedding.normalise();
+            let mut only_context: Vec<TermId> = rows
+                .iter()
+                .flat_map(|row| row.terms.iter().map(TermCount::term))
+                .filter(|term| {
+                    retrieval
+                        .terms
+                        .binary_search_by_key(term, |&(t, _)| t)
+                        .is_err()
+                })
+                .collect();
+            only_context.sort_unstable();
+            only_context.dedup();
+            let mut rarest: Vec<(f32, TermId)> = only_context
+                .into_iter()
+                .map(|term| (Bm25::idf(arena.stats(), term), term))
+                .collect();
+            rarest.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            terms.extend(
+                rarest
+                    .into_iter()
+                    .take(CONTEXT_TERMS)
+                    .map(|(_, term)| (term, 1, CONTEXT_TERM_WEIGHT)),
+            );
+            terms.sort_unstable_by_key(|&(term, _, _)| term);
+        }
         let dense = DenseEstimate::new(arena.codebook(), &embedding.unit);
         let int8 = embedding.quantize();
-        let scorer = HybridScorer::new(
-            &retrieval.terms,
+        let weights: Vec<f32> = terms.iter().map(|&(_, _, weight)| weight).collect();
+        let terms: Vec<(TermId, u32)> = terms
+            .into_iter()
+            .map(|(term, count, _)| (term, count))
+            .collect();
+        let scorer = HybridScorer::weighted(
+            &terms,
+            &weights,
             embedding.unit,
             arena.stats(),
             dictionary.dense_weight(),
