@@ -100,8 +100,9 @@ pub const CONTEXT_TERM_WEIGHT: f32 = 0.3;
 pub const CONTEXT_VECTOR_WEIGHT: f32 = 0.6;
 /// The most terms the conversation adds: its rarest (highest IDF). Every query term costs
 /// stage one a signature test per row: at a million rows in one scope, 8 rows of context
-/// (about 150 terms) took a query from 7 to 17.5 ms, 16 of their terms to 8-9 ms, 32 to 9-9.5.
-pub const CONTEXT_TERMS: usize = 16;
+/// (about 150 terms) took a query from 7 to 17.5 ms, 32 of their terms to 9-9.5 ms. 16 cost
+/// a little less and left the evidence in the frame of RealMem's odd half where it was.
+pub const CONTEXT_TERMS: usize = 32;
 
 /// A query prepared once: its retrieval row, its stage-one dense estimate, its int8 vector and
 /// its exact scorer, all under the arena's statistic and codebook.
