@@ -318,25 +318,21 @@ pub fn stretch(
 }
 
 /// The question of `ask` as the search reads it: in its conversation, beside the rows of the
-/// `stretch` before it ([`PreparedQuery::in_conversation`]). A captured question (not a
-/// probe) is the newest turn of its conversation: the stretch's newest user rows are itself.
+/// `stretch` before its own turn ([`PreparedQuery::in_conversation`]). The stretch's newest
+/// user rows are that turn: the question itself once captured (or again, on a client's
+/// retry), so they are left out, and a live turn, its retry and a probe read one query.
 pub fn question_query(
     dictionary: &Dictionary,
     arena: &Arena,
     ask: &Ask<'_>,
     stretch: &[(RowId, Slot)],
 ) -> PreparedQuery {
-    let is_user = |slot: Slot| {
-        Role::from_code(arena.page(slot.page).roles[slot.index as usize]) == Some(Role::User)
-    };
-    let own = if ask.probe {
-        0
-    } else {
-        stretch
-            .iter()
-            .take_while(|&&(_, slot)| is_user(slot))
-            .count()
-    };
+    let own = stretch
+        .iter()
+        .take_while(|&&(_, slot)| {
+            Role::from_code(arena.page(slot.page).roles[slot.index as usize]) == Some(Role::User)
+        })
+        .count();
     let context: Vec<Slot> = stretch[own..].iter().map(|&(_, slot)| slot).collect();
     PreparedQuery::in_conversation(dictionary, arena, ask.question, &context)
 }
