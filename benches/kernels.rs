@@ -14,7 +14,6 @@ use perpetuity::scan::kernels::{
     self, DotI8Fn, Isa, Kernels, LUT_ENTRY_MAX, LUT_ROWS, Lookahead, TwoBitQuery,
 };
 use perpetuity::scan::topk::{Hit, TopK};
-use perpetuity::types::RowId;
 
 const DIMS: usize = 256;
 const REPEATS: usize = 5;
@@ -173,7 +172,7 @@ fn main() {
                     top.push(Hit {
                         score: sum as f32,
                         carried: 0.0,
-                        row: RowId((c * SCAN_CHUNK_ROWS + i) as u64),
+                        key: (c * SCAN_CHUNK_ROWS + i) as u64,
                     });
                     if let Some(worst) = top.threshold() {
                         bound = worst.score as i32;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::arena::{Arena, ArenaError, CODE_BYTES, Opened, SIGNATURE_BITS, Sketch};
+use crate::arena::{Arena, ArenaError, CODE_BYTES, Opened, SIGNATURE_BITS, ScopeSketches};
 use crate::capture::Message;
 use crate::dictionary::Dictionary;
 use crate::latency;
@@ -201,10 +201,10 @@ pub fn fidelity(
             agree += usize::from(set(&fast) == set(exact));
             // Stage one's best `k`, best first; each shallower depth keeps a prefix of them.
             let mut best = first_pass(&sketches, kernels, query, k);
-            best.sort_unstable_by(|a, b| b.score.total_cmp(&a.score).then(a.row.cmp(&b.row)));
+            best.sort_unstable_by(Hit::rank_cmp);
             for (count, (num, den)) in agree_shallower.iter_mut().zip(SHALLOWER) {
                 let mut kept = best[..(k * num / den).min(best.len())].to_vec();
-                kept.sort_unstable_by_key(|hit| hit.row);
+                kept.sort_unstable_by_key(|hit| hit.key);
                 let shallow = search_from(dictionary, arena, kernels, query, &kept, 10);
                 *count += usize::from(set(&shallow) == set(exact));
             }
@@ -316,7 +316,7 @@ pub fn simulate_workers(
         *spent += started.elapsed();
     }
     let started = Instant::now();
-    let hits = merged(tops, k).into_row_order();
+    let hits = merged(tops, k).into_key_order();
     (spent, started.elapsed(), hits)
 }
 
@@ -384,9 +384,9 @@ pub fn scan(
             std::hint::black_box(refine(&arena, kernels, &query, &candidates, RESCORE_K));
         })
         .as_secs_f64();
-    // Stage one reads a row's 2-bit code (two bits per dimension), lexical signature, scale α,
-    // term length and row id.
-    let first_pass_bytes_per_row = CODE_BYTES + SIGNATURE_BITS / 8 + 16;
+    // Stage one reads a row's 2-bit code (two bits per dimension), lexical signature, scale α
+    // and term length (not its row id: a hit names its slot).
+    let first_pass_bytes_per_row = CODE_BYTES + SIGNATURE_BITS / 8 + 8;
     let first_pass_bytes_per_s = first_pass_rows_per_s_per_core * first_pass_bytes_per_row as f64;
     // One buffer read by one core here and by every thread of the query's pool below.
     let bandwidth_data = bandwidth_buffer(512 << 20);
@@ -484,7 +484,7 @@ struct Simulated {
 /// Replay stage one of each query on one worker and on [`SIMULATED_WORKERS`], each result
 /// checked against [`first_pass`] on the one-thread pool `one`.
 fn simulated_scaling(
-    sketches: &[&Sketch],
+    sketches: &ScopeSketches<'_>,
     kernels: &Kernels,
     one: &rayon::ThreadPool,
     k: usize,
@@ -496,9 +496,10 @@ fn simulated_scaling(
     for (_, text) in queries.iter().take(SIMULATED_QUERIES) {
         let query = prepare(text);
         let pass = FirstPass::new(sketches, kernels, &query);
-        let (spent, merging, _) = simulate_workers(&pass, sketches.len(), k, 1);
+        let (spent, merging, _) = simulate_workers(&pass, sketches.sketches.len(), k, 1);
         let one_worker = ms(spent[0] + merging);
-        let (spent, merging, hits) = simulate_workers(&pass, sketches.len(), k, SIMULATED_WORKERS);
+        let (spent, merging, hits) =
+            simulate_workers(&pass, sketches.sketches.len(), k, SIMULATED_WORKERS);
         assert_eq!(
             hits,
             one.install(|| first_pass(sketches, kernels, &query, k)),

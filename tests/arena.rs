@@ -13,7 +13,7 @@ use perpetuity::arena::file::{
     codebook_range, header_range, read_header, write_header,
 };
 use perpetuity::arena::{
-    Arena, CODE_BYTES, Opened, PAGE_ROWS, Page, Sketch, Unusable, arena_dir, code_byte,
+    Arena, CODE_BYTES, Opened, PAGE_ROWS, Page, Sketch, Slot, Unusable, arena_dir, code_byte,
     page_checksum,
 };
 use perpetuity::ingest::ingest;
@@ -22,7 +22,7 @@ use perpetuity::measure::synthetic_messages;
 use perpetuity::retrieve::{PreparedQuery, Retrieved, search};
 use perpetuity::scan::kernels::{Kernels, code_offset};
 use perpetuity::store::{Store, StoreOptions};
-use perpetuity::types::UserId;
+use perpetuity::types::{RowId, UserId};
 
 const USERS: usize = 3;
 const QUERIES: [&str; 3] = [
@@ -710,7 +710,9 @@ fn the_codebook_follows_the_rows_and_survives_a_reopen() {
 
 /// Every row's code bytes and scale α, in page order.
 fn codes_of(arena: &Arena) -> Vec<(Vec<u8>, f32)> {
-    let sketches = arena.scope_sketches(&(0..USERS).map(user).collect::<Vec<_>>());
+    let sketches = arena
+        .scope_sketches(&(0..USERS).map(user).collect::<Vec<_>>())
+        .sketches;
     sketches
         .iter()
         .flat_map(|sketch| {
@@ -724,7 +726,7 @@ fn assert_codes_are_encodings(arena: &Arena) {
     for (page, sketch) in arena
         .scope_pages(&scope)
         .into_iter()
-        .zip(arena.scope_sketches(&scope))
+        .zip(arena.scope_sketches(&scope).sketches)
     {
         assert_eq!(sketch.rows, page.rows);
         for i in 0..page.rows as usize {
@@ -735,5 +737,32 @@ fn assert_codes_are_encodings(arena: &Arena) {
             assert_eq!(sketch.code_bytes(i).to_vec(), bytes);
             assert_eq!(sketch.alphas[i].to_bits(), code.alpha.to_bits());
         }
+    }
+}
+
+/// A slot's key names it (`Slot::from_key` inverts `Slot::key`) and orders as the arena lays
+/// rows out: within one user, as their row ids, which is how stage one's ties and the order
+/// stage two reads its candidates in stay those of the row ids.
+#[test]
+fn slot_keys_name_their_slots_and_order_a_users_rows_by_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_rows(dir.path(), 600);
+    let mut arena = Arena::new();
+    arena.catch_up(&store, common::dictionary()).unwrap();
+    for u in 0..USERS {
+        let mut rows: Vec<(u64, RowId)> = Vec::new();
+        for p in arena.scope_page_numbers(&[user(u)]) {
+            let page = arena.page(p);
+            for index in 0..page.rows {
+                let slot = Slot { page: p, index };
+                assert_eq!(Slot::from_key(slot.key()), slot);
+                let id = RowId(page.row_ids[index as usize]);
+                assert_eq!(arena.slot(id), Some(slot));
+                rows.push((slot.key(), id));
+            }
+        }
+        assert!(rows.len() > 2 * PAGE_ROWS, "{} rows", rows.len());
+        rows.sort_unstable();
+        assert!(rows.windows(2).all(|w| w[0].1 < w[1].1), "user {u}");
     }
 }

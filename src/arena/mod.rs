@@ -192,6 +192,13 @@ impl RowEntries<'_> {
     }
 }
 
+/// A scope's sketches ([`Arena::scope_sketches`]): `sketches[i]` is the sketch of page
+/// `pages[i]`.
+pub struct ScopeSketches<'a> {
+    pub pages: Vec<u32>,
+    pub sketches: Vec<&'a Sketch>,
+}
+
 /// A direction in a user's rows: towards earlier or later rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
@@ -212,6 +219,21 @@ impl Slot {
         page: u32::MAX,
         index: u32::MAX,
     };
+
+    /// The slot as one number, `page · PAGE_ROWS + index`: ordered as the arena lays rows
+    /// out (a user's rows lie in row id order, so within one user as their row ids are), and
+    /// compact, so a radix sort of a scope's keys takes as few passes as its row ids would.
+    pub fn key(self) -> u64 {
+        u64::from(self.page) * PAGE_ROWS as u64 + u64::from(self.index)
+    }
+
+    /// The slot whose [`Slot::key`] is `key`.
+    pub fn from_key(key: u64) -> Self {
+        Self {
+            page: (key / PAGE_ROWS as u64) as u32,
+            index: (key % PAGE_ROWS as u64) as u32,
+        }
+    }
 }
 
 /// What a row's page and sketch hold that is computed from it alone, before it is placed: its
@@ -514,14 +536,13 @@ impl Arena {
             .collect()
     }
 
-    /// The sketches of the pages [`Arena::scope_pages`] hands out, in the same order: what
-    /// stage one scans.
-    pub fn scope_sketches(&self, scope: &[UserId]) -> Vec<&Sketch> {
-        let sketches = self.sketch_slice();
-        self.scope_page_numbers(scope)
-            .into_iter()
-            .map(|p| &sketches[p as usize])
-            .collect()
+    /// The sketches of the pages [`Arena::scope_pages`] hands out, in the same order, with
+    /// their page numbers: what stage one scans.
+    pub fn scope_sketches(&self, scope: &[UserId]) -> ScopeSketches<'_> {
+        let all = self.sketch_slice();
+        let pages = self.scope_page_numbers(scope);
+        let sketches = pages.iter().map(|&p| &all[p as usize]).collect();
+        ScopeSketches { pages, sketches }
     }
 
     /// Rows of the pages [`Arena::scope_pages`] hands out (a group's members counted once).

@@ -94,7 +94,9 @@ pub struct Sketch {
     pub alphas: [f32; PAGE_ROWS],
     /// The page's `term_lens`.
     pub term_lens: [u32; PAGE_ROWS],
-    /// The page's `row_ids`.
+    /// The page's `row_ids`. Stage one no longer reads them (a hit names its slot,
+    /// [`super::Slot::key`]); only the open's consistency check does. Dropping them would
+    /// take a layout version.
     pub row_ids: [u64; PAGE_ROWS],
     /// The 2-bit codes in chunks of four bytes: byte `b` of row `r` at
     /// [`code_offset`]`(r, b)` = `(⌊b/4⌋ · PAGE_ROWS + r) · 4 + b mod 4` ([`code_byte`]).
@@ -228,9 +230,9 @@ impl Sketch {
     /// Start loading, with `load` ([`prefetch`] or [`prefetch_l2`]), the columns stage one
     /// reads besides the codes (which its kernel loads ahead itself,
     /// [`crate::scan::kernels::Lookahead`]), part `part` of two: the signatures (0), the scales
-    /// α, term lengths and row ids (1; a row id is read for every row offered to the top-k,
-    /// which early in a scan is most pages). Issued a part at a time between the kernels of a
-    /// sketch before, the loads overlap with its arithmetic instead of queueing all at once.
+    /// α and term lengths (1). Not the row ids: stage one names a row by its slot. Issued a
+    /// part at a time between the kernels of a sketch before, the loads overlap with its
+    /// arithmetic instead of queueing all at once.
     pub fn prefetch_first_pass(&self, part: usize, load: fn(*const u8)) {
         let lines = |bytes: &[u8]| {
             for line in bytes.chunks(64) {
@@ -242,7 +244,6 @@ impl Sketch {
         } else {
             lines(bytemuck::cast_slice(&self.alphas));
             lines(bytemuck::cast_slice(&self.term_lens));
-            lines(bytemuck::cast_slice(&self.row_ids));
         }
     }
 

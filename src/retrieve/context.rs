@@ -81,11 +81,10 @@ pub(super) fn with_rows_around<I: Iterator<Item = Slot>>(
     slots: impl IntoIterator<Item = Slot>,
     around: impl Fn(Slot) -> I,
 ) -> Vec<(RowId, Slot)> {
-    let id = |slot: Slot| RowId(arena.page(slot.page).row_ids[slot.index as usize]);
     let mut out: Vec<(RowId, Slot)> = slots
         .into_iter()
         .flat_map(|slot| std::iter::once(slot).chain(around(slot)))
-        .map(|slot| (id(slot), slot))
+        .map(|slot| (row_in(arena, slot), slot))
         .collect();
     out.sort_unstable_by_key(|&(row, _)| row);
     out.dedup_by_key(|&mut (row, _)| row);

@@ -100,30 +100,36 @@ fn estimate_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
 
 /// Stage one over every row of a scope's `sketches` ([`Arena::scope_sketches`]): the `k` best
 /// by the estimate from the 2-bit codes ([`DenseEstimate`]) and the lexical signature
-/// ([`HybridScorer::dense_part`] plus [`HybridScorer::estimate_lexical_part`]), ties by row id;
-/// returned in row id order, the order stage two reads them back from the arena (a user's
-/// pages hold its rows in row id order, so the reads move forward through memory).
+/// ([`HybridScorer::dense_part`] plus [`HybridScorer::estimate_lexical_part`]), each hit keyed
+/// by its row's slot ([`Slot::key`]; ties to the lower key, which within one user is the lower
+/// row id); returned in key order, the order stage two reads them back from the arena, so its
+/// reads move forward through memory. No row id is read: the sketch's copy of them is not
+/// loaded, and stage two finds each row by its key.
 pub fn first_pass(
-    sketches: &[&Sketch],
+    sketches: &ScopeSketches<'_>,
     kernels: &Kernels,
     query: &PreparedQuery,
     k: usize,
 ) -> Vec<Hit> {
     let pass = FirstPass::new(sketches, kernels, query);
-    parallel_top_k(sketches.len(), k, |p, top| pass.score_page(p, top)).into_row_order()
+    parallel_top_k(sketches.sketches.len(), k, |p, top| pass.score_page(p, top)).into_key_order()
 }
 
 /// Stage one's work for one query, page by page: what [`first_pass`] spreads over the rayon
 /// pool, and what `bench scan` replays worker by worker to simulate more cores than it has.
 pub struct FirstPass<'a> {
-    sketches: &'a [&'a Sketch],
+    sketches: &'a ScopeSketches<'a>,
     kernels: &'a Kernels,
     query: &'a PreparedQuery,
     terms: Vec<SignatureTerm>,
 }
 
 impl<'a> FirstPass<'a> {
-    pub fn new(sketches: &'a [&'a Sketch], kernels: &'a Kernels, query: &'a PreparedQuery) -> Self {
+    pub fn new(
+        sketches: &'a ScopeSketches<'a>,
+        kernels: &'a Kernels,
+        query: &'a PreparedQuery,
+    ) -> Self {
         Self {
             sketches,
             kernels,
@@ -134,8 +140,13 @@ impl<'a> FirstPass<'a> {
 
     /// Offer the rows of page `p` to `top`.
     pub fn score_page(&self, p: usize, top: &mut TopK) {
-        let (sketches, kernels, query) = (self.sketches, self.kernels, self.query);
+        let (sketches, kernels, query) = (&self.sketches.sketches, self.kernels, self.query);
         let sketch = sketches[p];
+        let first = Slot {
+            page: self.sketches.pages[p],
+            index: 0,
+        }
+        .key();
         let (next, after) = (sketches.get(p + 1), sketches.get(p + 2));
         // The next sketch is loaded into the first-level cache and the one after it into the
         // second-level one while this one is scored: their codes by the kernel as it reads
@@ -191,7 +202,7 @@ impl<'a> FirstPass<'a> {
             top.push(Hit {
                 score: estimates[i],
                 carried: lexical[i],
-                row: RowId(sketch.row_ids[i]),
+                key: first + i as u64,
             });
         }
     }

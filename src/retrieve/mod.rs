@@ -22,7 +22,9 @@ use rayon::prelude::*;
 
 use crate::arena::codebook::Codebook;
 use crate::arena::signature::term_bits;
-use crate::arena::{Arena, DIMS, PAGE_ROWS, RowEntries, Side, Sketch, Slot, embed_row};
+use crate::arena::{
+    Arena, DIMS, PAGE_ROWS, RowEntries, ScopeSketches, Side, Sketch, Slot, embed_row,
+};
 use crate::dictionary::Dictionary;
 use crate::dictionary::derive::{
     PREFETCH_INDEX_AHEAD, PREFETCH_TOKENS_AHEAD, Quantized, prefetch_token,
@@ -271,12 +273,16 @@ fn exact_many(
         .collect()
 }
 
+/// The id of the row in `slot`.
+fn row_in(arena: &Arena, slot: Slot) -> RowId {
+    RowId(arena.page(slot.page).row_ids[slot.index as usize])
+}
+
 /// The row in `slot` as a result with `score`.
 fn retrieved(arena: &Arena, slot: Slot, score: f32) -> Retrieved {
-    let page = arena.page(slot.page);
     Retrieved {
-        row: RowId(page.row_ids[slot.index as usize]),
-        user: UserId(page.user),
+        row: row_in(arena, slot),
+        user: UserId(arena.page(slot.page).user),
         score,
     }
 }
@@ -345,7 +351,7 @@ pub fn search_without(
     hits
 }
 
-/// [`search`] from stage one's `wide` hits (in row id order) on: stage two, the exact rescore
+/// [`search`] from stage one's `wide` hits (in slot key order) on: stage two, the exact rescore
 /// and the score in context.
 pub fn search_from(
     dictionary: &Dictionary,
@@ -366,7 +372,10 @@ pub fn search_from(
     let mut own: Vec<(RowId, Slot, f32)> = scored(
         candidates
             .iter()
-            .filter_map(|hit| Some((hit.row, arena.slot(hit.row)?)))
+            .map(|hit| {
+                let slot = Slot::from_key(hit.key);
+                (row_in(arena, slot), slot)
+            })
             .collect(),
     )
     .collect();
@@ -398,7 +407,7 @@ pub fn search_from(
     own.extend(scored(unscored));
     own.sort_unstable_by_key(|&(row, _, _)| row);
     let own_of = |slot: Slot| {
-        let row = RowId(arena.page(slot.page).row_ids[slot.index as usize]);
+        let row = row_in(arena, slot);
         let at = own
             .binary_search_by_key(&row, |&(id, _, _)| id)
             .expect("every neighbour read was scored");
@@ -480,7 +489,7 @@ pub fn brute_force_many(
                             top.push(Hit {
                                 score: score_in_context(own_of(slot, q), &around, |s| own_of(s, q)),
                                 carried: 0.0,
-                                row: RowId(page.row_ids[index as usize]),
+                                key: slot.key(),
                             });
                         }
                     }
@@ -493,7 +502,7 @@ pub fn brute_force_many(
                 .map(|top| {
                     top.into_sorted()
                         .into_iter()
-                        .filter_map(|hit| Some(retrieved(arena, arena.slot(hit.row)?, hit.score)))
+                        .map(|hit| retrieved(arena, Slot::from_key(hit.key), hit.score))
                         .collect::<Vec<_>>()
                 })
                 .collect::<Vec<_>>()

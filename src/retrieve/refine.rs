@@ -16,7 +16,7 @@ const PREFETCH_TERMS_AHEAD: usize = 4;
 /// Stage two, in two steps. First it narrows stage one's hits to [`narrow_k`] by stage one's
 /// estimate with the int8 cosine in place of the 2-bit one ([`narrow`]: only the row's vector
 /// and scale are read). Then it scores those with the exact lexical part (BM25 over the row's resident terms)
-/// and the int8 cosine, and keeps the `k` best, ties by row id ([`score_lexical`]). The result
+/// and the int8 cosine, and keeps the `k` best, ties by slot key ([`score_lexical`]). The result
 /// differs from the exact score only in the int8 rounding and in weights that may have moved
 /// since the row was caught up.
 pub fn refine(
@@ -54,7 +54,7 @@ enum Cosine {
 }
 
 /// Stage two's walk: `hits` in tasks of [`REFINE_CHUNK_HITS`] on the rayon pool, each with its
-/// own top `k` (merged deterministically). `score` sees each hit whose row the arena holds, with
+/// own top `k` (merged deterministically). `score` sees each hit, with
 /// its page, its index there and its int8 cosine to the query; the hits are sparse in the arena,
 /// so what is read of each row is loaded a few steps ahead: its vector and scale when the
 /// cosine is computed, and when `lexical` its other columns and term entries (these once its
@@ -73,9 +73,9 @@ fn walk_hits(
         let mut dot = [0i32; 1];
         let end = ((c + 1) * REFINE_CHUNK_HITS).min(hits.len());
         let chunk = &hits[c * REFINE_CHUNK_HITS..end];
-        let slots: Vec<Option<Slot>> = chunk.iter().map(|hit| arena.slot(hit.row)).collect();
-        for (n, (hit, slot)) in chunk.iter().zip(&slots).enumerate() {
-            if let Some(&Some(ahead)) = slots.get(n + PREFETCH_ROWS_AHEAD) {
+        let slots: Vec<Slot> = chunk.iter().map(|hit| Slot::from_key(hit.key)).collect();
+        for (n, (hit, &slot)) in chunk.iter().zip(&slots).enumerate() {
+            if let Some(&ahead) = slots.get(n + PREFETCH_ROWS_AHEAD) {
                 if cosine_from == Cosine::Computed {
                     arena.prefetch_vector(ahead);
                 }
@@ -83,12 +83,9 @@ fn walk_hits(
                     arena.prefetch_lexical(ahead);
                 }
             }
-            if lexical && let Some(&Some(ahead)) = slots.get(n + PREFETCH_TERMS_AHEAD) {
+            if lexical && let Some(&ahead) = slots.get(n + PREFETCH_TERMS_AHEAD) {
                 arena.prefetch_terms(ahead);
             }
-            let Some(slot) = *slot else {
-                continue;
-            };
             let cosine = match cosine_from {
                 Cosine::Computed => {
                     let page = arena.page(slot.page);
@@ -105,7 +102,7 @@ fn walk_hits(
 
 /// The `keep` best of `hits` by stage one's estimate with the int8 cosine in place of the 2-bit
 /// one: the lexical part is the one stage one computed from the signature and carried in the
-/// hit, so only the row's vector and scale are read. Returned in row id order, each hit
+/// hit, so only the row's vector and scale are read. Returned in key order, each hit
 /// carrying its int8 cosine on to [`score_lexical`].
 fn narrow(
     arena: &Arena,
@@ -125,11 +122,11 @@ fn narrow(
             top.push(Hit {
                 score: query.scorer.dense_part(cosine) + hit.carried,
                 carried: cosine,
-                row: hit.row,
+                key: hit.key,
             });
         },
     )
-    .into_row_order()
+    .into_key_order()
 }
 
 /// The `k` best of `hits` by the int8 cosine (computed, or carried from [`narrow`]) and the
@@ -158,7 +155,7 @@ fn score_lexical(
                     .scorer
                     .score_with_cosine(entries.terms, entries.len, cosine),
                 carried: 0.0,
-                row: hit.row,
+                key: hit.key,
             });
         },
     )

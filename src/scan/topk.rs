@@ -1,6 +1,6 @@
 //! Top-k selection with a deterministic merge.
 //!
-//! Order is score descending, then row id ascending: a total order, so the k best of a set are
+//! Order is score descending, then key ascending: a total order, so the k best of a set are
 //! one well-defined list. Each worker keeps its own [`TopK`] over the blocks it scores; the
 //! partial lists are merged once. Because the global k best always lie in the union of the
 //! partial k-best lists under the same total order, the result is identical for any split of
@@ -16,8 +16,6 @@ use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 
-use crate::types::RowId;
-
 /// Hits a new [`TopK`] has room for before it grows.
 const INITIAL_CAPACITY: usize = 256;
 /// Hits a sharing [`TopK`] takes in at least between two publications of its share: each costs
@@ -32,19 +30,22 @@ pub struct Hit {
     /// its estimate; stage two's narrowing: the int8 cosine); never compared. It fills what
     /// would be padding: a hit is 16 bytes either way.
     pub carried: f32,
-    pub row: RowId,
+    /// The row, as the caller names it: the search names a row by where the arena holds it
+    /// ([`crate::arena::Slot::key`], so no stage reads a row id until the results), a test
+    /// by its row id. Of two equal scores the lower key ranks first.
+    pub key: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<Hit>() == 16);
 
 impl Hit {
-    /// The result order: higher score first, then lower row id. Scores are never NaN
+    /// The result order: higher score first, then lower key. Scores are never NaN
     /// (`total_cmp` keeps the order total even if one were).
     pub fn rank_cmp(&self, other: &Self) -> Ordering {
         other
             .score
             .total_cmp(&self.score)
-            .then(self.row.cmp(&other.row))
+            .then(self.key.cmp(&other.key))
     }
 }
 
@@ -59,7 +60,7 @@ impl Hit {
 /// seen a few times `k / parts` rows. Where k is a large part of each worker's rows (a first
 /// pass at a million rows keeps 16,000, a sixteenth of the rows is 62,500), the first leaves
 /// most rows offered and merged, the second few (`docs/journal/benchmarks.md`). A hit scoring exactly
-/// the floor may still win a tie on row id, and is kept.
+/// the floor may still win a tie on its key, and is kept.
 #[derive(Debug)]
 pub struct SharedFloor {
     floor: AtomicU32,
@@ -272,36 +273,36 @@ impl TopK {
         self.hits
     }
 
-    /// The k best hits in row id order (for a pass that reads them back from the arena, where
-    /// a user's rows lie in row id order).
-    pub fn into_row_order(mut self) -> Vec<Hit> {
+    /// The k best hits in key order (for a pass that reads them back from the arena: by slot
+    /// key, in the arena's order).
+    pub fn into_key_order(mut self) -> Vec<Hit> {
         self.keep_best();
-        sort_by_row(&mut self.hits);
+        sort_by_key(&mut self.hits);
         self.hits
     }
 }
 
-/// Sort `hits` by row id, least significant byte first over the bytes in which their ids
-/// differ from the least of them (three passes over the ids of a million-row scope): the
+/// Sort `hits` by key, least significant byte first over the bytes in which their keys
+/// differ from the least of them (three passes over the keys of a million-row scope): the
 /// first pass's 16,000 candidates sort in a fraction of what a comparison sort takes (half of
 /// the merge of sixteen workers' lists; `docs/journal/benchmarks.md`).
-fn sort_by_row(hits: &mut Vec<Hit>) {
-    let Some(least) = hits.iter().map(|h| h.row.0).min() else {
+fn sort_by_key(hits: &mut Vec<Hit>) {
+    let Some(least) = hits.iter().map(|h| h.key).min() else {
         return;
     };
-    let span = hits.iter().map(|h| h.row.0 - least).max().unwrap_or(0);
+    let span = hits.iter().map(|h| h.key - least).max().unwrap_or(0);
     let bytes = (u64::BITS - span.leading_zeros()).div_ceil(8);
     let mut from = std::mem::take(hits);
     let mut to = vec![
         Hit {
             score: 0.0,
             carried: 0.0,
-            row: RowId(0),
+            key: 0,
         };
         from.len()
     ];
     for byte in 0..bytes {
-        let digit = |hit: &Hit| ((hit.row.0 - least) >> (8 * byte) & 0xFF) as usize;
+        let digit = |hit: &Hit| ((hit.key - least) >> (8 * byte) & 0xFF) as usize;
         let mut starts = [0usize; 257];
         for hit in &from {
             starts[digit(hit) + 1] += 1;
@@ -391,7 +392,7 @@ mod tests {
             .map(|(i, &score)| Hit {
                 score,
                 carried: 0.0,
-                row: RowId(i as u64),
+                key: i as u64,
             })
             .collect();
         hits.sort_by(Hit::rank_cmp);
@@ -400,7 +401,7 @@ mod tests {
     }
 
     proptest! {
-        /// The radix sort by row id agrees with a comparison sort, whatever the ids' spread.
+        /// The radix sort by key agrees with a comparison sort, whatever the ids' spread.
         #[test]
         fn rows_sort_as_a_comparison_sort_does(
             rows in proptest::collection::hash_set(any::<u64>().prop_map(|r| r >> 5), 0..600),
@@ -413,11 +414,11 @@ mod tests {
             ] {
                 let mut hits: Vec<Hit> = ids
                     .iter()
-                    .map(|&r| Hit { score: (r % 7) as f32, carried: 0.5, row: RowId(r) })
+                    .map(|&r| Hit { score: (r % 7) as f32, carried: 0.5, key: r })
                     .collect();
                 let mut expected = hits.clone();
-                expected.sort_unstable_by_key(|h| h.row);
-                sort_by_row(&mut hits);
+                expected.sort_unstable_by_key(|h| h.key);
+                sort_by_key(&mut hits);
                 prop_assert_eq!(hits, expected);
             }
         }
@@ -440,7 +441,7 @@ mod tests {
                 for w in 0..workers {
                     let end = (at[w] + turn).min(runs[w].1);
                     for (i, &score) in scores.iter().enumerate().take(end).skip(at[w]) {
-                        tops[w].push(Hit { score, carried: 0.0, row: RowId(i as u64) });
+                        tops[w].push(Hit { score, carried: 0.0, key: i as u64 });
                     }
                     at[w] = end;
                 }
@@ -455,12 +456,12 @@ mod tests {
         let hit = |score, row| Hit {
             score,
             carried: 0.0,
-            row: RowId(row),
+            key: row,
         };
         top.push(hit(1.0, 5));
         top.push(hit(3.0, 9));
         assert_eq!(top.threshold(), None, "no selection yet");
-        top.push(hit(1.0, 4)); // same score, lower row id: ranks before row 5
+        top.push(hit(1.0, 4)); // same score, lower key: ranks before key 5
         top.push(hit(0.5, 1)); // fourth hit: the buffer holds 2k, so the two best are selected
         assert_eq!(top.threshold(), Some(hit(1.0, 4)));
         top.push(hit(1.0, 6)); // ties the bound but ranks after it: not kept
@@ -478,7 +479,7 @@ mod tests {
         }
 
         /// Any split into blocks and any thread count give exactly the brute-force list, ties
-        /// (frequent here: scores are drawn from a few values) broken by row id.
+        /// (frequent here: scores are drawn from a few values) broken by key.
         #[test]
         fn parallel_top_k_is_exact_and_deterministic(
             scores in proptest::collection::vec(prop_oneof![Just(0.5f32), Just(1.0), Just(-2.0), -5.0f32..5.0], 0..400),
@@ -493,7 +494,7 @@ mod tests {
                     parallel_top_k(blocks, k, |b, top| {
                         let end = ((b + 1) * block_rows).min(scores.len());
                         for (i, &score) in scores.iter().enumerate().take(end).skip(b * block_rows) {
-                            top.push(Hit { score, carried: 0.0, row: RowId(i as u64) });
+                            top.push(Hit { score, carried: 0.0, key: i as u64 });
                         }
                     })
                     .into_sorted()
