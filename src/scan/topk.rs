@@ -277,7 +277,7 @@ impl TopK {
     /// key, in the arena's order).
     pub fn into_key_order(mut self) -> Vec<Hit> {
         self.keep_best();
-        sort_by_key(&mut self.hits);
+        radix_sort_by_key(&mut self.hits);
         self.hits
     }
 }
@@ -286,7 +286,7 @@ impl TopK {
 /// differ from the least of them (three passes over the keys of a million-row scope): the
 /// first pass's 16,000 candidates sort in a fraction of what a comparison sort takes (half of
 /// the merge of sixteen workers' lists; `docs/journal/benchmarks.md`).
-fn sort_by_key(hits: &mut Vec<Hit>) {
+fn radix_sort_by_key(hits: &mut Vec<Hit>) {
     let Some(least) = hits.iter().map(|h| h.key).min() else {
         return;
     };
@@ -418,7 +418,7 @@ mod tests {
                     .collect();
                 let mut expected = hits.clone();
                 expected.sort_unstable_by_key(|h| h.key);
-                sort_by_key(&mut hits);
+                radix_sort_by_key(&mut hits);
                 prop_assert_eq!(hits, expected);
             }
         }
