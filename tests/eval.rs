@@ -106,12 +106,19 @@ fn assert_small_file_figures(report: &Value, system: &str) {
             0.0 < median && median <= p90 && p90 < 1_500.0,
             "{median} {p90}"
         );
+        // The retrieved set in the frame's order holds every turn of the user too.
+        let retrieved = &report[system]["frame"]["retrieved_turn"];
+        assert_eq!(retrieved["questions"], 2);
+        for metric in ["recall_any", "recall_all", "recall_frac", "ndcg"] {
+            assert_near(retrieved, &[&format!("{metric}@20")], 1.0);
+        }
     } else {
         for frame in [
             "evidence_in_frame",
             "evidence_in_frame_or_reopen",
             "median_tokens",
             "p90_tokens",
+            "retrieved_turn",
         ] {
             assert!(at(report, &[system, "frame", frame]).is_null());
         }

@@ -143,7 +143,7 @@ impl Serialize for Level {
 }
 
 pub(super) fn summarize<'a>(ks: &[usize], scores: impl Iterator<Item = &'a Scored>) -> Summary {
-    let (mut turn, mut session) = (Level::new(ks), Level::new(ks));
+    let (mut turn, mut session, mut retrieved) = (Level::new(ks), Level::new(ks), Level::new(ks));
     let (mut in_frame, mut with_reopen, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
     for scored in scores {
         if let Some(metrics) = &scored.turn {
@@ -152,9 +152,12 @@ pub(super) fn summarize<'a>(ks: &[usize], scores: impl Iterator<Item = &'a Score
         if let Some(metrics) = &scored.session {
             session.add(metrics);
         }
-        if let Some(frame) = scored.frame {
+        if let Some(frame) = &scored.frame {
             in_frame.extend(frame.all_in);
             with_reopen.extend(frame.with_reopen);
+            if let Some(metrics) = &frame.retrieved {
+                retrieved.add(metrics);
+            }
             tokens.push(frame.tokens as u64);
         }
     }
@@ -173,6 +176,7 @@ pub(super) fn summarize<'a>(ks: &[usize], scores: impl Iterator<Item = &'a Score
             evidence_in_frame_or_reopen: share(&with_reopen),
             median_tokens: quantile(0.5),
             p90_tokens: quantile(0.9),
+            retrieved_turn: (retrieved.questions() > 0).then_some(retrieved),
         },
     }
 }

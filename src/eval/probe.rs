@@ -37,13 +37,16 @@ pub(super) struct Answers {
     pub(super) elapsed: Duration,
 }
 
-/// The turns a rendered frame shows, its tokens, and the turns one `memory_reopen` after it
-/// returns (the retrieved set's turns the frame left out).
+/// The turns a rendered frame shows, its tokens, the turns one `memory_reopen` after it
+/// returns (the retrieved set's turns the frame left out), and the retrieved set's turns in
+/// the frame's order (the search's rows lifted by their conversation and speaker, with the
+/// openings: what the reheat ranks and `memory_reopen` pages through).
 #[derive(Debug, Clone)]
 pub(super) struct Shown {
     pub(super) turns: HashSet<Turn>,
     pub(super) tokens: usize,
     pub(super) reopened: HashSet<Turn>,
+    pub(super) retrieved: Vec<Turn>,
 }
 
 /// What the harness reads of one store: each row's turn and session, and each asked user's
@@ -220,6 +223,10 @@ impl Probe<'_> {
                     turns,
                     tokens: recall.frame.tokens,
                     reopened,
+                    retrieved: self
+                        .corpus
+                        .ranked(recall.retrieved.iter().map(|r| RowId(r.row)))
+                        .turns,
                 })
             }
             None => None,
@@ -240,11 +247,13 @@ impl Probe<'_> {
 }
 
 /// One question's frame: whether every evidence turn was shown, and whether every one was
-/// shown or returned by one `memory_reopen` (`None` without turn evidence); the frame's tokens.
-#[derive(Debug, Clone, Copy)]
+/// shown or returned by one `memory_reopen`, and the turn-level metrics of the retrieved set
+/// in the frame's order (`None` without turn evidence); the frame's tokens.
+#[derive(Debug, Clone)]
 pub(super) struct FrameScore {
     pub(super) all_in: Option<bool>,
     pub(super) with_reopen: Option<bool>,
+    pub(super) retrieved: Option<Vec<f64>>,
     pub(super) tokens: usize,
 }
 
@@ -277,6 +286,8 @@ impl Scored {
                 FrameScore {
                     all_in: all(&|t| shown.turns.contains(t)),
                     with_reopen: all(&|t| shown.turns.contains(t) || shown.reopened.contains(t)),
+                    retrieved: (!turns.is_empty())
+                        .then(|| question_metrics(&shown.retrieved, &turns, ks)),
                     tokens: shown.tokens,
                 }
             }),
