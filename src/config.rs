@@ -157,6 +157,7 @@ pub struct RecallFile {
     pub reach: Option<usize>,
     pub conversation_lift: Option<f32>,
     pub speaker_lift: Option<f32>,
+    pub model_weight: Option<f32>,
     pub mandatory_hits: Option<usize>,
     pub recent_tokens: Option<usize>,
     pub warm_floor: Option<f32>,
@@ -206,10 +207,15 @@ impl FileConfig {
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == Some(0)) {
             return Err(format!("{name} must be above 0"));
         }
-        if let Some(floor) = self.recall.warm_floor
-            && !(0.0..=1.0).contains(&floor)
-        {
-            return Err(format!("recall.warm_floor must lie in 0..=1, not {floor}"));
+        for (name, share) in [
+            ("recall.warm_floor", self.recall.warm_floor),
+            ("recall.model_weight", self.recall.model_weight),
+        ] {
+            if let Some(share) = share
+                && !(0.0..=1.0).contains(&share)
+            {
+                return Err(format!("{name} must lie in 0..=1, not {share}"));
+            }
         }
         for (name, lift) in [
             ("recall.conversation_lift", self.recall.conversation_lift),
@@ -276,6 +282,7 @@ mod tests {
             reach = 300
             conversation_lift = 0.5
             speaker_lift = 0.1
+            model_weight = 0.9
             mandatory_hits = 2
             recent_tokens = 500
             warm_floor = 0.1
@@ -306,6 +313,7 @@ mod tests {
         assert_eq!(proxy.recall.reach, 300);
         assert_eq!(proxy.recall.conversation_lift, 0.5);
         assert_eq!(proxy.recall.speaker_lift, 0.1);
+        assert_eq!(proxy.recall.model_weight, 0.9);
         assert_eq!(proxy.recall.mandatory_hits, 2);
         assert_eq!(proxy.recall.recent_tokens, 500);
         assert_eq!(proxy.recall.warm_floor, 0.1);
@@ -369,6 +377,8 @@ mod tests {
         assert!(refused("[limits]\nconnect_timeout_s = 0").contains("connect_timeout_s"));
         assert!(refused("[recall]\nwarm_floor = 2.0").contains("warm_floor"));
         assert!(refused("[recall]\nspeaker_lift = -0.1").contains("speaker_lift"));
+        assert!(refused("[recall]\nmodel_weight = 1.5").contains("model_weight"));
+        assert!(refused("[recall]\nmodel_weight = nan").contains("model_weight"));
         assert!(refused("[recall]\nconversation_lift = nan").contains("conversation_lift"));
         assert!(refused("[recall]\nreach = 0").contains("recall.reach"));
         assert!(

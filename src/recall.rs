@@ -39,6 +39,9 @@ pub struct RecallConfig {
     pub conversation_lift: f32,
     /// Added to the score of a row whose speaker the question names, in the frame's order.
     pub speaker_lift: f32,
+    /// Share of its score a row of an unnamed assistant (the model's own words) keeps in the
+    /// frame's order, before the lifts.
+    pub model_weight: f32,
     /// Conversations in the frame's order whose first turn joins the retrieved set, right
     /// after the conversation's best row ([`with_openers`]): at the default, every
     /// conversation the retrieved set holds.
@@ -63,6 +66,7 @@ impl Default for RecallConfig {
             reach: 256,
             conversation_lift: 0.7,
             speaker_lift: 0.05,
+            model_weight: 0.8,
             openers: 256,
             mandatory_hits: 3,
             recent_tokens: 1_000,
@@ -184,11 +188,11 @@ pub fn recall(
         &passed_over,
     );
     let scan_us = started.elapsed().as_micros() as u64;
-    // Speakers are resolved only when naming one can lift a row.
-    let named = if config.speaker_lift > 0.0 {
-        speakers_named(memory, arena, &query, &found)?
+    // Speakers are resolved only where one can move a row.
+    let speakers = if config.speaker_lift > 0.0 || config.model_weight != 1.0 {
+        speakers(memory, arena, &query, &found)?
     } else {
-        vec![false; found.len()]
+        vec![Speaker::default(); found.len()]
     };
     let conversations: Vec<(UserId, u64)> = found
         .iter()
@@ -197,7 +201,7 @@ pub fn recall(
     let ordered = with_openers(
         store,
         arena,
-        frame_order(found, &conversations, &named, config),
+        frame_order(found, &conversations, &speakers, config),
         ask.conversation.map(ConversationId::from_key),
         &excluded,
         config.openers,
@@ -448,20 +452,44 @@ fn with_openers(
     Ok(out)
 }
 
-/// The frame's order of a search's `hits` (best first): each row's score lifted by
-/// `conversation_lift` times the best score among the hits of its conversation
-/// (`conversations[i]` is hit `i`'s: its owner's, in a group scope), and by `speaker_lift` where `named[i]` (the question names
-/// its speaker); best lifted score first, ties by row id. Each hit's score becomes its lifted
-/// one. A conversation that holds a strong match is likely about the question in other turns
-/// too, and a question about a person is mostly answered by what that person said: on LoCoMo
-/// both raise the share of questions whose evidence the frame holds (`docs/journal/benchmarks.md`).
+/// What the frame's order knows of a hit's speaker ([`speakers`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Speaker {
+    /// The question names the row's speaker.
+    pub named: bool,
+    /// The row is an unnamed assistant's: the model's own words.
+    pub model: bool,
+}
+
+/// The frame's order of a search's `hits` (best first). A row of the model
+/// (`speakers[i].model`) first keeps `model_weight` of its score where positive; then each
+/// row's score is lifted by `conversation_lift` times the best such score among the hits of
+/// its conversation (`conversations[i]` is hit `i`'s: its owner's, in a group scope), and by
+/// `speaker_lift` where `speakers[i].named` (the question names its speaker); best lifted
+/// score first, ties by row id. Each hit's score becomes its lifted one. A conversation that
+/// holds a strong match is likely about the question in other turns too, and a question about
+/// a person is mostly answered by what that person said: on LoCoMo both raise the share of
+/// questions whose evidence the frame holds. In a memory of a person and a model, what the
+/// person said is most of what is asked about, and the model's long answers, holding more of
+/// any question's words, outrank it: on RealMem 78% of the evidence is the user's turns, and
+/// the assistant's fill more than half of the search's top ten (`docs/journal/benchmarks.md`).
 /// The search itself stays exact: this only reorders what it returned.
 pub fn frame_order<C: Copy + Eq + std::hash::Hash>(
     hits: Vec<Retrieved>,
     conversations: &[C],
-    named: &[bool],
+    speakers: &[Speaker],
     config: &RecallConfig,
 ) -> Vec<Retrieved> {
+    let hits: Vec<Retrieved> = hits
+        .into_iter()
+        .zip(speakers)
+        .map(|(mut hit, speaker)| {
+            if speaker.model && hit.score > 0.0 {
+                hit.score *= config.model_weight;
+            }
+            hit
+        })
+        .collect();
     let mut best: HashMap<C, f32> = HashMap::new();
     for (hit, &conversation) in hits.iter().zip(conversations) {
         let top = best.entry(conversation).or_insert(hit.score);
@@ -469,10 +497,10 @@ pub fn frame_order<C: Copy + Eq + std::hash::Hash>(
     }
     let mut lifted: Vec<Retrieved> = hits
         .into_iter()
-        .zip(conversations.iter().zip(named))
-        .map(|(mut hit, (conversation, &named))| {
+        .zip(conversations.iter().zip(speakers))
+        .map(|(mut hit, (conversation, speaker))| {
             hit.score += config.conversation_lift * best[conversation];
-            if named {
+            if speaker.named {
                 hit.score += config.speaker_lift;
             }
             hit
@@ -482,22 +510,22 @@ pub fn frame_order<C: Copy + Eq + std::hash::Hash>(
     lifted
 }
 
-/// For each hit, whether the question names its speaker: every lexical term of the name now
-/// bound to the row's speaker slot (its conversation and role, read from the arena) is among
-/// the question's terms. A row captured with a name always has one bound to its slot (the
-/// capture binds it), so rows without a bound name have no speaker's name and are named by
-/// no question. Nothing is read from the store but each hit owner's bound names, held in
-/// memory.
-fn speakers_named(
+/// Each hit's [`Speaker`]: whether the question names it (every lexical term of the name now
+/// bound to the row's speaker slot, its conversation and role read from the arena, is among
+/// the question's terms), and whether it is the model (an assistant with no name bound). A
+/// row captured with a name always has one bound to its slot (the capture binds it), so rows
+/// without a bound name have no speaker's name and are named by no question. Nothing is read
+/// from the store but each hit owner's bound names, held in memory.
+fn speakers(
     memory: &Memory,
     arena: &Arena,
     query: &PreparedQuery,
     hits: &[Retrieved],
-) -> Result<Vec<bool>, StoreError> {
+) -> Result<Vec<Speaker>, StoreError> {
     let asked: HashSet<TermId> = query.retrieval.terms.iter().map(|&(t, _)| t).collect();
     let mut bound: HashMap<UserId, BoundNames> = HashMap::new();
     let mut verdicts: HashMap<Arc<str>, bool> = HashMap::new();
-    let mut named = Vec::with_capacity(hits.len());
+    let mut speakers = Vec::with_capacity(hits.len());
     for hit in hits {
         let slot = arena.slot(hit.row).and_then(|slot| {
             let page = arena.page(slot.page);
@@ -512,14 +540,17 @@ fn speakers_named(
             Entry::Vacant(names) => names.insert(memory.store.bound_names(hit.user)?),
         };
         let name = slot.and_then(|slot| names.get(&slot));
-        named.push(name.is_some_and(|name| {
-            *verdicts.entry(name.clone()).or_insert_with_key(|name| {
-                let terms = memory.dictionary.lexical().terms(name);
-                !terms.is_empty() && terms.iter().all(|(term, _)| asked.contains(term))
-            })
-        }));
+        speakers.push(Speaker {
+            named: name.is_some_and(|name| {
+                *verdicts.entry(name.clone()).or_insert_with_key(|name| {
+                    let terms = memory.dictionary.lexical().terms(name);
+                    !terms.is_empty() && terms.iter().all(|(term, _)| asked.contains(term))
+                })
+            }),
+            model: name.is_none() && slot.is_some_and(|(_, role)| role == Role::Assistant),
+        });
     }
-    Ok(named)
+    Ok(speakers)
 }
 
 /// The activation of every row that may still be warm enough for the frame, of the retrieved

@@ -377,6 +377,14 @@ fn rows_that_cooled_leave_the_warm_index_and_their_activation_stays() {
     assert!(report.is_clean(), "{:?}", report.violations);
 }
 
+/// Unrelated turns, so that a memory's statistic has more than the turns a test is about.
+const CHATTER: [&str; 4] = [
+    "The bakery on the corner sells rye bread.",
+    "Rain is due on Thursday afternoon.",
+    "The train was late again this morning.",
+    "Painting the kitchen took all weekend.",
+];
+
 /// The frame's order lifts the turns of a speaker the question names: two answers match the
 /// question about as well, the one its speaker said comes first, and only by that lift.
 #[test]
@@ -401,13 +409,7 @@ fn a_speaker_the_question_names_comes_first() {
             "I walk my dog in the park.",
         ),
     ];
-    let chatter = [
-        "The bakery on the corner sells rye bread.",
-        "Rain is due on Thursday afternoon.",
-        "The train was late again this morning.",
-        "Painting the kitchen took all weekend.",
-    ];
-    for (hour, text) in chatter.iter().enumerate() {
+    for (hour, text) in CHATTER.iter().enumerate() {
         messages.push(turn(
             "alice",
             "news",
@@ -480,6 +482,69 @@ fn a_speaker_the_question_names_comes_first() {
     };
     assert!(park_first("Where does Finn walk the dog?"));
     assert!(!park_first(eli));
+}
+
+/// In the frame's order the model's own words yield to what the person said: the assistant's
+/// answer repeats the user's fact and matches the question a little better, and comes second
+/// only by `model_weight` and only where the assistant has no name (a named speaker is a
+/// person, as in a chat between two people: the weight leaves that order as it is).
+#[test]
+fn the_models_own_words_yield_to_what_the_person_said() {
+    let order = |assistant: Option<&str>, config: &RecallConfig| {
+        let dir = tempfile::tempdir().unwrap();
+        let memory = common::memory(dir.path());
+        let said = |role, name: Option<&str>, hour, text: &str| Message {
+            name: name.map(str::to_owned),
+            ..turn("alice", "family", role, "", hour, text)
+        };
+        let mut messages = vec![
+            said(
+                Role::User,
+                Some("Alice"),
+                0,
+                "My sister's wedding is in Lisbon this May, and I still need a dress, a gift, a hotel, a car and a flight for two.",
+            ),
+            said(
+                Role::Assistant,
+                assistant,
+                0,
+                "Lovely, so your sister's wedding is in Lisbon in May.",
+            ),
+        ];
+        for (hour, text) in CHATTER.iter().enumerate() {
+            messages.push(said(Role::User, Some("Alice"), 1 + hour as i64, text));
+        }
+        Capturer::new(&memory.dictionary)
+            .capture(&memory.store, &messages)
+            .unwrap();
+        let recall = run(
+            &memory,
+            config,
+            &ask("later", "When is my sister's wedding in Lisbon?", true),
+        );
+        recall
+            .retrieved
+            .iter()
+            .map(|r| {
+                let role = memory
+                    .store
+                    .row(ALICE[0], RowId(r.row))
+                    .unwrap()
+                    .unwrap()
+                    .role;
+                (role, r.score)
+            })
+            .collect::<Vec<_>>()
+    };
+    let unweighted = RecallConfig {
+        model_weight: 1.0,
+        ..RecallConfig::default()
+    };
+    assert_eq!(order(None, &unweighted)[0].0, Role::Assistant);
+    assert_eq!(order(None, &RecallConfig::default())[0].0, Role::User);
+    let named = order(Some("Guide"), &RecallConfig::default());
+    assert_eq!(named[0].0, Role::Assistant);
+    assert_eq!(named, order(Some("Guide"), &unweighted));
 }
 
 /// A conversation's first turn joins the frame after the conversation's best row: the

@@ -204,6 +204,7 @@ impl ProxyConfig {
             recall.conversation_lift,
         );
         set(&mut config.recall.speaker_lift, recall.speaker_lift);
+        set(&mut config.recall.model_weight, recall.model_weight);
         set(&mut config.recall.mandatory_hits, recall.mandatory_hits);
         set(&mut config.recall.recent_tokens, recall.recent_tokens);
         set(&mut config.recall.warm_floor, recall.warm_floor);

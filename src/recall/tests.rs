@@ -7,72 +7,83 @@ fn rows() -> impl Strategy<Value = Vec<(RowId, u8)>> {
         .prop_map(|m| m.into_iter().map(|(row, v)| (RowId(row), v)).collect())
 }
 
-/// Search hits as the search returns them (best first, ties by row id), each with a
-/// conversation and whether its speaker is named.
-fn hits() -> impl Strategy<Value = (Vec<Retrieved>, Vec<u64>, Vec<bool>)> {
-    proptest::collection::btree_map(0u64..500, (0u8..16, 0u64..4, any::<bool>()), 0..60).prop_map(
-        |rows| {
-            let mut hits: Vec<(Retrieved, u64, bool)> = rows
-                .into_iter()
-                .map(|(row, (score, conversation, named))| {
-                    let hit = Retrieved {
-                        row: RowId(row),
-                        user: UserId(1),
-                        score: f32::from(score) / 16.0,
-                    };
-                    (hit, conversation, named)
-                })
-                .collect();
-            hits.sort_by(|a, b| b.0.score.total_cmp(&a.0.score).then(a.0.row.cmp(&b.0.row)));
-            let conversations = hits.iter().map(|h| h.1).collect();
-            let named = hits.iter().map(|h| h.2).collect();
-            (
-                hits.into_iter().map(|h| h.0).collect(),
-                conversations,
-                named,
-            )
-        },
-    )
+/// Search hits as the search returns them (best first, ties by row id; some scores below
+/// zero), each with a conversation and its speaker.
+fn hits() -> impl Strategy<Value = (Vec<Retrieved>, Vec<u64>, Vec<Speaker>)> {
+    let hit = (-4i8..16, 0u64..4, any::<bool>(), any::<bool>());
+    proptest::collection::btree_map(0u64..500, hit, 0..60).prop_map(|rows| {
+        let mut hits: Vec<(Retrieved, u64, Speaker)> = rows
+            .into_iter()
+            .map(|(row, (score, conversation, named, model))| {
+                let hit = Retrieved {
+                    row: RowId(row),
+                    user: UserId(1),
+                    score: f32::from(score) / 16.0,
+                };
+                (hit, conversation, Speaker { named, model })
+            })
+            .collect();
+        hits.sort_by(|a, b| b.0.score.total_cmp(&a.0.score).then(a.0.row.cmp(&b.0.row)));
+        let conversations = hits.iter().map(|h| h.1).collect();
+        let named = hits.iter().map(|h| h.2).collect();
+        (
+            hits.into_iter().map(|h| h.0).collect(),
+            conversations,
+            named,
+        )
+    })
 }
 
 proptest! {
     /// Without lifts the frame's order is the search's.
     #[test]
-    fn frame_order_without_lifts_is_the_search_order((found, conversations, named) in hits()) {
+    fn frame_order_without_lifts_is_the_search_order((found, conversations, speakers) in hits()) {
         let config = RecallConfig {
             conversation_lift: 0.0,
             speaker_lift: 0.0,
+            model_weight: 1.0,
             ..RecallConfig::default()
         };
-        prop_assert_eq!(frame_order(found.clone(), &conversations, &named, &config), found);
+        prop_assert_eq!(frame_order(found.clone(), &conversations, &speakers, &config), found);
     }
 
-    /// Each row's score is its own plus the lifts, the order is by that score then row id,
-    /// and the best hit of each conversation keeps its lead over the rest of it among rows
-    /// named alike.
+    /// Each row's score is its own (a share `model_weight` of it for the model's positive
+    /// ones) plus the lifts, the order is by that score then row id, and the best hit of each
+    /// conversation keeps its lead over the rest of it among rows of speakers alike.
     #[test]
-    fn frame_order_lifts_by_conversation_and_speaker(
-        (found, conversations, named) in hits(),
+    fn frame_order_weighs_the_model_and_lifts_by_conversation_and_speaker(
+        (found, conversations, speakers) in hits(),
         conversation_lift in 0.0f32..2.0,
         speaker_lift in 0.0f32..0.5,
+        model_weight in 0.0f32..=1.0,
     ) {
-        let config = RecallConfig { conversation_lift, speaker_lift, ..RecallConfig::default() };
-        let ordered = frame_order(found.clone(), &conversations, &named, &config);
+        let config = RecallConfig {
+            conversation_lift,
+            speaker_lift,
+            model_weight,
+            ..RecallConfig::default()
+        };
+        let ordered = frame_order(found.clone(), &conversations, &speakers, &config);
         prop_assert_eq!(ordered.len(), found.len());
-        let of: HashMap<RowId, (f32, u64, bool)> = found
+        let weighed = |score: f32, speaker: Speaker| {
+            if speaker.model && score > 0.0 { score * model_weight } else { score }
+        };
+        let of: HashMap<RowId, (f32, u64, Speaker)> = found
             .iter()
-            .zip(conversations.iter().zip(&named))
-            .map(|(hit, (&conversation, &named))| (hit.row, (hit.score, conversation, named)))
+            .zip(conversations.iter().zip(&speakers))
+            .map(|(hit, (&conversation, &speaker))| {
+                (hit.row, (weighed(hit.score, speaker), conversation, speaker))
+            })
             .collect();
         for hit in &ordered {
-            let (own, conversation, named) = of[&hit.row];
+            let (own, conversation, speaker) = of[&hit.row];
             let best = of
                 .values()
                 .filter(|v| v.1 == conversation)
                 .map(|v| v.0)
                 .fold(f32::NEG_INFINITY, f32::max);
-            let expected = own + conversation_lift * best + if named { speaker_lift } else { 0.0 };
-            prop_assert_eq!(hit.score, expected);
+            let lift = if speaker.named { speaker_lift } else { 0.0 };
+            prop_assert_eq!(hit.score, own + conversation_lift * best + lift);
         }
         for pair in ordered.windows(2) {
             prop_assert!(
