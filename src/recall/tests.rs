@@ -25,11 +25,11 @@ fn hits() -> impl Strategy<Value = (Vec<Retrieved>, Vec<u64>, Vec<Speaker>)> {
             .collect();
         hits.sort_by(|a, b| b.0.score.total_cmp(&a.0.score).then(a.0.row.cmp(&b.0.row)));
         let conversations = hits.iter().map(|h| h.1).collect();
-        let named = hits.iter().map(|h| h.2).collect();
+        let speakers = hits.iter().map(|h| h.2).collect();
         (
             hits.into_iter().map(|h| h.0).collect(),
             conversations,
-            named,
+            speakers,
         )
     })
 }
