@@ -78,24 +78,28 @@ impl DenseEstimate {
     }
 }
 
-/// The query terms as the estimates read them: each term's bits ([`term_bits`]; none for a
-/// stop word, which every row is taken to hold), weighted by the share of its IDF that a
-/// signature match, or a stop word, counts for ([`signature_share`]).
-fn estimate_terms(query: &PreparedQuery) -> Vec<SignatureTerm> {
-    query
-        .scorer
-        .terms()
-        .iter()
-        .zip(query.scorer.idf())
-        .map(|(&(term, _), &idf)| {
-            let bits = term_bits(term);
-            SignatureTerm {
+/// The query terms as the estimates read them, each weighted by the share of its IDF that a
+/// signature match, or a stop word, counts for ([`signature_share`]): the terms a signature
+/// is tested for, with their bits ([`term_bits`]), and the summed weight of the stop words,
+/// which no signature holds and every row is taken to hold. A question's stop words are
+/// often a third of its terms; tested, each would cost the signature kernel a pass over
+/// every row to add the same weight to each.
+fn estimate_terms(query: &PreparedQuery) -> (Vec<SignatureTerm>, f32) {
+    let mut tested = Vec::new();
+    let mut held = 0.0;
+    for (&(term, _), &idf) in query.scorer.terms().iter().zip(query.scorer.idf()) {
+        let bits = term_bits(term);
+        if bits.mask == 0 {
+            held += idf * signature_share(true);
+        } else {
+            tested.push(SignatureTerm {
                 word: bits.word,
                 mask: bits.mask,
-                weight: idf * signature_share(bits.mask == 0),
-            }
-        })
-        .collect()
+                weight: idf * signature_share(false),
+            });
+        }
+    }
+    (tested, held)
 }
 
 /// Stage one over every row of a scope's `sketches` ([`Arena::scope_sketches`]): the `k` best
@@ -121,7 +125,10 @@ pub struct FirstPass<'a> {
     sketches: &'a ScopeSketches<'a>,
     kernels: &'a Kernels,
     query: &'a PreparedQuery,
+    /// The terms the signatures are tested for, and the stop words' weight every row holds
+    /// ([`estimate_terms`]).
     terms: Vec<SignatureTerm>,
+    held: f32,
 }
 
 impl<'a> FirstPass<'a> {
@@ -130,11 +137,13 @@ impl<'a> FirstPass<'a> {
         kernels: &'a Kernels,
         query: &'a PreparedQuery,
     ) -> Self {
+        let (terms, held) = estimate_terms(query);
         Self {
             sketches,
             kernels,
             query,
-            terms: estimate_terms(query),
+            terms,
+            held,
         }
     }
 
@@ -189,7 +198,7 @@ impl<'a> FirstPass<'a> {
             let cosine = query.dense.cosine(sketch.alphas[i], sums[i]);
             lexical[i] = query
                 .scorer
-                .estimate_lexical_part(matched[i], sketch.term_lens[i]);
+                .estimate_lexical_part(self.held + matched[i], sketch.term_lens[i]);
             estimates[i] = query.scorer.dense_part(cosine) + lexical[i];
         }
         // Most rows fall below the floor: compare the page's estimates with it at once, and
