@@ -39,8 +39,9 @@ pub struct RecallConfig {
     pub conversation_lift: f32,
     /// Added to the score of a row whose speaker the question names, in the frame's order.
     pub speaker_lift: f32,
-    /// Share of its score a row of an unnamed assistant (the model's own words) keeps in the
-    /// frame's order, before the lifts.
+    /// Share of its score a row of the model (an assistant's, unless both sides of its
+    /// conversation have a name: [`Speaker::model`]) keeps in the frame's order, before the
+    /// lifts.
     pub model_weight: f32,
     /// Conversations in the frame's order whose first turn joins the retrieved set, right
     /// after the conversation's best row ([`with_openers`]): at the default, every
@@ -457,7 +458,8 @@ fn with_openers(
 pub struct Speaker {
     /// The question names the row's speaker.
     pub named: bool,
-    /// The row is an unnamed assistant's: the model's own words.
+    /// The row is the model's own words: an assistant's, in a conversation whose two sides do
+    /// not both have a name.
     pub model: bool,
 }
 
@@ -512,7 +514,10 @@ pub fn frame_order<C: Copy + Eq + std::hash::Hash>(
 
 /// Each hit's [`Speaker`]: whether the question names it (every lexical term of the name now
 /// bound to the row's speaker slot, its conversation and role read from the arena, is among
-/// the question's terms), and whether it is the model (an assistant with no name bound). A
+/// the question's terms), and whether it is the model: an assistant, unless both sides of its
+/// conversation have a name bound (a chat between two people, as LoCoMo's, whose second
+/// speaker is stored as the assistant). The proxy captures a reply under the model's id and
+/// the question under no name; a log of a person and an assistant names the person only. A
 /// row captured with a name always has one bound to its slot (the capture binds it), so rows
 /// without a bound name have no speaker's name and are named by no question. Nothing is read
 /// from the store but each hit owner's bound names, held in memory.
@@ -547,7 +552,10 @@ fn speakers(
                     !terms.is_empty() && terms.iter().all(|(term, _)| asked.contains(term))
                 })
             }),
-            model: name.is_none() && slot.is_some_and(|(_, role)| role == Role::Assistant),
+            model: slot.is_some_and(|(conversation, role)| {
+                role == Role::Assistant
+                    && (name.is_none() || !names.contains_key(&(conversation, Role::User)))
+            }),
         });
     }
     Ok(speakers)

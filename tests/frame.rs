@@ -377,13 +377,19 @@ fn rows_that_cooled_leave_the_warm_index_and_their_activation_stays() {
     assert!(report.is_clean(), "{:?}", report.violations);
 }
 
-/// Unrelated turns, so that a memory's statistic has more than the turns a test is about.
-const CHATTER: [&str; 4] = [
-    "The bakery on the corner sells rye bread.",
-    "Rain is due on Thursday afternoon.",
-    "The train was late again this morning.",
-    "Painting the kitchen took all weekend.",
-];
+/// Alice's unrelated turns in a conversation of their own, one an hour from hour 1, spoken as
+/// `role` by `name`: a memory's statistic then holds more than the turns a test is about.
+fn chatter(role: Role, name: &str) -> impl Iterator<Item = Message> {
+    [
+        "The bakery on the corner sells rye bread.",
+        "Rain is due on Thursday afternoon.",
+        "The train was late again this morning.",
+        "Painting the kitchen took all weekend.",
+    ]
+    .into_iter()
+    .enumerate()
+    .map(move |(hour, text)| turn("alice", "news", role, name, 1 + hour as i64, text))
+}
 
 /// The frame's order lifts the turns of a speaker the question names: two answers match the
 /// question about as well, the one its speaker said comes first, and only by that lift.
@@ -409,16 +415,7 @@ fn a_speaker_the_question_names_comes_first() {
             "I walk my dog in the park.",
         ),
     ];
-    for (hour, text) in CHATTER.iter().enumerate() {
-        messages.push(turn(
-            "alice",
-            "news",
-            Role::Assistant,
-            "Eli",
-            1 + hour as i64,
-            text,
-        ));
-    }
+    messages.extend(chatter(Role::Assistant, "Eli"));
     Capturer::new(&memory.dictionary)
         .capture(&memory.store, &messages)
         .unwrap();
@@ -486,34 +483,32 @@ fn a_speaker_the_question_names_comes_first() {
 
 /// In the frame's order the model's own words yield to what the person said: the assistant's
 /// answer repeats the user's fact and matches the question a little better, and comes second
-/// only by `model_weight` and only where the assistant has no name (a named speaker is a
-/// person, as in a chat between two people: the weight leaves that order as it is).
+/// only by `model_weight`: where the assistant has no name (a log of a person and an
+/// assistant), and where the user has none (the proxy captures a question under no name and a
+/// reply under the model's id); not where both sides are named (a chat between two people:
+/// the weight leaves that order as it is).
 #[test]
 fn the_models_own_words_yield_to_what_the_person_said() {
-    let order = |assistant: Option<&str>, config: &RecallConfig| {
+    let order = |user: Option<&str>, assistant: Option<&str>, config: &RecallConfig| {
         let dir = tempfile::tempdir().unwrap();
         let memory = common::memory(dir.path());
-        let said = |role, name: Option<&str>, hour, text: &str| Message {
+        let said = |role, name: Option<&str>, text: &str| Message {
             name: name.map(str::to_owned),
-            ..turn("alice", "family", role, "", hour, text)
+            ..turn("alice", "family", role, "", 0, text)
         };
         let mut messages = vec![
             said(
                 Role::User,
-                Some("Alice"),
-                0,
+                user,
                 "My sister's wedding is in Lisbon this May, and I still need a dress, a gift, a hotel, a car and a flight for two.",
             ),
             said(
                 Role::Assistant,
                 assistant,
-                0,
                 "Lovely, so your sister's wedding is in Lisbon in May.",
             ),
         ];
-        for (hour, text) in CHATTER.iter().enumerate() {
-            messages.push(said(Role::User, Some("Alice"), 1 + hour as i64, text));
-        }
+        messages.extend(chatter(Role::User, "Alice"));
         Capturer::new(&memory.dictionary)
             .capture(&memory.store, &messages)
             .unwrap();
@@ -540,11 +535,16 @@ fn the_models_own_words_yield_to_what_the_person_said() {
         model_weight: 1.0,
         ..RecallConfig::default()
     };
-    assert_eq!(order(None, &unweighted)[0].0, Role::Assistant);
-    assert_eq!(order(None, &RecallConfig::default())[0].0, Role::User);
-    let named = order(Some("Guide"), &RecallConfig::default());
-    assert_eq!(named[0].0, Role::Assistant);
-    assert_eq!(named, order(Some("Guide"), &unweighted));
+    for (user, assistant) in [(Some("Alice"), None), (None, Some("gpt-4o"))] {
+        assert_eq!(order(user, assistant, &unweighted)[0].0, Role::Assistant);
+        assert_eq!(
+            order(user, assistant, &RecallConfig::default())[0].0,
+            Role::User
+        );
+    }
+    let people = order(Some("Alice"), Some("Guide"), &RecallConfig::default());
+    assert_eq!(people[0].0, Role::Assistant);
+    assert_eq!(people, order(Some("Alice"), Some("Guide"), &unweighted));
 }
 
 /// A conversation's first turn joins the frame after the conversation's best row: the

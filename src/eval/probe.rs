@@ -39,8 +39,9 @@ pub(super) struct Answers {
 
 /// The turns a rendered frame shows, its tokens, the turns one `memory_reopen` after it
 /// returns (the retrieved set's turns the frame left out), and the retrieved set's turns in
-/// the frame's order (the search's rows lifted by their conversation and speaker, with the
-/// openings: what the reheat ranks and `memory_reopen` pages through).
+/// the frame's order (the search's rows, the model's weighed and each lifted by its
+/// conversation and speaker, with the openings: what the reheat ranks and `memory_reopen`
+/// pages through).
 #[derive(Debug, Clone)]
 pub(super) struct Shown {
     pub(super) turns: HashSet<Turn>,

@@ -5,9 +5,9 @@ use super::*;
 /// Frame metrics of ours, pooled (`null` for the other systems): the share of questions whose
 /// every evidence turn is inside the rendered frame, the share whose every evidence turn is in
 /// the frame or in what one `memory_reopen` returns after it, the frame's size in tokens, and
-/// the turn level of the retrieved set in the frame's order (the search's rows lifted by their
-/// conversation and speaker, with the openings: what the reheat ranks and `memory_reopen`
-/// pages through), beside the search's own order in `turn`.
+/// the turn level of the retrieved set in the frame's order (the search's rows, the model's
+/// weighed and each lifted by its conversation and speaker, with the openings: what the
+/// reheat ranks and `memory_reopen` pages through), beside the search's own order in `turn`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct FrameMetrics {
     pub evidence_in_frame: Option<f64>,
@@ -387,7 +387,7 @@ impl Report {
         if let Some(retrieved) = &frame.retrieved_turn {
             table(
                 out,
-                "turn level, the search's order against the retrieved set in the frame's order (lifts and openings)",
+                "turn level, the search's order against the retrieved set in the frame's order (weight, lifts and openings)",
                 &["search", "frame's order"],
                 &[&self.overall.turn, retrieved],
             )?;
