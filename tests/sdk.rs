@@ -3,8 +3,8 @@
 //! the older `anthropic` 1.17.0 beside it) call the proxy (Chat Completions, Responses,
 //! Messages, Gemini), streaming and not, with tools, and get the providers' errors as their
 //! own exception types. The client-side checks are in `tests/sdk/clients.py` (and, for the
-//! retry, the back-to-back turns and a turn with recall off, `retry.py`, `back_to_back.py` and
-//! `recall_off.py`).
+//! retry, the back-to-back turns, a turn with recall off and the model's restatement,
+//! `retry.py`, `back_to_back.py`, `recall_off.py` and `model_weight.py`).
 
 mod common;
 
@@ -12,6 +12,7 @@ use std::ffi::OsStr;
 
 use common::sdk_python;
 use common::upstream::{Answer, Harness, body_of, fixture, gemini_jsonl_as_sse, jsonl_as_sse};
+use perpetuity::recall::RecallConfig;
 
 fn error(status: u16, body: serde_json::Value) -> Answer {
     Answer::Whole(status, "application/json", body.to_string().into_bytes())
@@ -376,5 +377,62 @@ async fn a_turn_with_recall_off_is_forwarded_as_sent_and_its_question_remembered
         received[1].text().contains("buoy 47"),
         "the next turn's frame holds the question captured beside the forward: {}",
         received[1].text()
+    );
+}
+
+/// The question's forwarded body after the OpenAI SDK told a fact in one conversation (the
+/// upstream's reply restating it, stored under the model's id as every reply is) and asked
+/// about it in another, with room in the frame for the question and one remembered turn.
+async fn asked_after_a_restatement(python: &std::path::Path, model_weight: f32) -> String {
+    let h = Harness::start(|config| {
+        config.recall.model_weight = model_weight;
+        config.recall.mandatory_hits = 1;
+        config.recall.budget = perpetuity::budget::Budget {
+            floor: 1,
+            ceiling: 1,
+        };
+    })
+    .await;
+    h.answer(common::upstream::chat_reply(
+        "So your sister's wedding is in Lisbon in May.",
+    ));
+    h.answer(common::upstream::chat_reply("Noted."));
+    for step in ["tell", "ask"] {
+        common::run_sdk_script(
+            python.to_owned(),
+            "model_weight.py",
+            format!("http://{}", h.proxy),
+            std::path::PathBuf::new(),
+            &[("STEP", OsStr::new(step))],
+            "model weight step passed",
+        )
+        .await;
+        // The reply is stored before the next conversation asks.
+        h.rows_of("sk-sdk-model", 2);
+    }
+    let received = h.received();
+    assert_eq!(received.len(), 2, "one upstream call per SDK call");
+    received[1].text()
+}
+
+/// Through the OpenAI SDK, the model's restatement of a fact matches the question a little
+/// better than the user's own words, and the frame, with room for one of them, shows the
+/// user's: in the frame's order the model's rows keep `model_weight` of their score. At weight
+/// 1 it shows the model's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_frame_shows_what_the_user_said_before_the_models_restatement() {
+    let Some(python) = sdk_python() else {
+        return;
+    };
+    let (said, restated) = ("a car and a flight for two", "So your sister");
+    let weighed = asked_after_a_restatement(&python, RecallConfig::default().model_weight).await;
+    assert!(
+        weighed.contains(said) && !weighed.contains(restated),
+        "{weighed}"
+    );
+    let unweighed = asked_after_a_restatement(&python, 1.0).await;
+    assert!(
+        unweighed.contains(restated) && !unweighed.contains(said),
+        "{unweighed}"
     );
 }
