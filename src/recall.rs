@@ -477,21 +477,16 @@ pub struct Speaker {
 /// the assistant's fill more than half of the search's top ten (`docs/journal/benchmarks.md`).
 /// The search itself stays exact: this only reorders what it returned.
 pub fn frame_order<C: Copy + Eq + std::hash::Hash>(
-    hits: Vec<Retrieved>,
+    mut hits: Vec<Retrieved>,
     conversations: &[C],
     speakers: &[Speaker],
     config: &RecallConfig,
 ) -> Vec<Retrieved> {
-    let hits: Vec<Retrieved> = hits
-        .into_iter()
-        .zip(speakers)
-        .map(|(mut hit, speaker)| {
-            if speaker.model && hit.score > 0.0 {
-                hit.score *= config.model_weight;
-            }
-            hit
-        })
-        .collect();
+    for (hit, speaker) in hits.iter_mut().zip(speakers) {
+        if speaker.model && hit.score > 0.0 {
+            hit.score *= config.model_weight;
+        }
+    }
     let mut best: HashMap<C, f32> = HashMap::new();
     for (hit, &conversation) in hits.iter().zip(conversations) {
         let top = best.entry(conversation).or_insert(hit.score);
