@@ -76,6 +76,9 @@ fn read_batch(store: &Store, retrieval: Cf, from: RowId) -> Result<Option<Batch>
     }))
 }
 
+/// Rows whose entries go to `terms.bin` in one write.
+const WRITE_ROWS: usize = 1_024;
+
 impl Arena {
     /// Read every row newer than the watermark from the store, count its retrieval row into
     /// the resident statistic, embed it, append it to its user's last page, and commit, in
@@ -148,6 +151,30 @@ impl Arena {
                 signature: signature::signature(retrieval.terms.iter().map(|&(term, _)| term)),
             }
         });
+        // Entries first, past the committed ones: each row's terms, then its tokens, in row
+        // order, written a stretch of rows at a time.
+        let mut at = TERMS_HEADER_BYTES + self.header.terms as usize * ENTRY_BYTES;
+        let mut entries: Vec<Entry> = Vec::new();
+        for stretch in batch.chunks(WRITE_ROWS) {
+            entries.clear();
+            for (_, retrieval) in stretch {
+                entries.extend(
+                    retrieval
+                        .terms
+                        .iter()
+                        .map(|&(term, count)| Entry { key: term.0, count }),
+                );
+                entries.extend(retrieval.tokens.iter().map(|&(token, count)| Entry {
+                    key: u64::from(token.0),
+                    count,
+                }));
+            }
+            let bytes: &[u8] = bytemuck::cast_slice(&entries);
+            self.terms
+                .write_at(at, bytes)
+                .map_err(|e| io_error(&self.terms, e))?;
+            at += bytes.len();
+        }
         for ((row, retrieval), sketched) in batch.iter().zip(&sketched) {
             self.append(row, retrieval, sketched)?;
             self.header.watermark = row.id.0 + 1;
@@ -160,32 +187,17 @@ impl Arena {
         Ok(batch.len())
     }
 
-    /// Place one row: its entries past the committed ones, its columns in its user's last page
-    /// (a new page where that one is full), its code and signature in the page's sketch.
+    /// Place one row, whose entries are written past the committed ones: its columns in its
+    /// user's last page (a new page where that one is full), its code and signature in the
+    /// page's sketch.
     fn append(
         &mut self,
         row: &Row,
         retrieval: &RetrievalRow,
         sketched: &Sketched,
     ) -> Result<(), ArenaError> {
-        // Entries first, past the committed ones: the terms, then the tokens.
         let offset = self.header.terms;
-        let entries: Vec<Entry> = retrieval
-            .terms
-            .iter()
-            .map(|&(term, count)| Entry { key: term.0, count })
-            .chain(retrieval.tokens.iter().map(|&(token, count)| Entry {
-                key: u64::from(token.0),
-                count,
-            }))
-            .collect();
-        let at = TERMS_HEADER_BYTES + offset as usize * ENTRY_BYTES;
-        let end = at + entries.len() * ENTRY_BYTES;
-        self.terms
-            .reserve(end)
-            .map_err(|e| io_error(&self.terms, e))?;
-        self.terms.bytes_mut()[at..end].copy_from_slice(bytemuck::cast_slice(&entries));
-        self.header.terms += entries.len() as u64;
+        self.header.terms += (retrieval.terms.len() + retrieval.tokens.len()) as u64;
 
         let last = self
             .by_user

@@ -7,6 +7,7 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use bytemuck::{Pod, Zeroable};
@@ -259,6 +260,21 @@ impl MappedFile {
         Ok(())
     }
 
+    /// Write `bytes` at `at`, growing the file first where it is shorter. A file's bytes go in
+    /// by `pwrite`, which the mapping sees (a shared mapping of the same page cache): a write
+    /// into the mapping instead faults each new page in, and the kernel zero-fills it (read
+    /// from an unwritten extent) before the copy overwrites it.
+    pub fn write_at(&mut self, at: usize, bytes: &[u8]) -> io::Result<()> {
+        self.reserve(at + bytes.len())?;
+        match &self.file {
+            Some((file, _)) => file.write_all_at(bytes, at as u64),
+            None => {
+                self.map[at..at + bytes.len()].copy_from_slice(bytes);
+                Ok(())
+            }
+        }
+    }
+
     pub fn bytes(&self) -> &[u8] {
         &self.map
     }
@@ -325,5 +341,38 @@ fn map(file: &File) -> io::Result<MmapMut> {
 fn huge_pages(map: &MmapMut) {
     if let Err(error) = map.advise(memmap2::Advice::HugePage) {
         tracing::debug!(%error, "huge pages not available for the arena mapping");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes written past the end of the map, across a growth, read back through the mapping,
+    /// and what was there before them kept.
+    fn writes_read_back_through_the_map(mut file: MappedFile) {
+        let first: Vec<u8> = (0..1_000u32).map(|i| i as u8).collect();
+        file.write_at(10, &first).unwrap();
+        let past = MIN_MAP_BYTES * 2 - 7;
+        let second = vec![0xA5u8; MIN_MAP_BYTES];
+        file.write_at(past, &second).unwrap();
+        assert!(file.bytes().len() >= past + second.len());
+        assert_eq!(&file.bytes()[10..1_010], first.as_slice());
+        assert_eq!(&file.bytes()[past..past + second.len()], second.as_slice());
+        assert!(file.bytes()[1_010..past].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn a_file_written_at_an_offset_reads_back_through_its_mapping() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("terms.bin");
+        writes_read_back_through_the_map(MappedFile::open(&path).unwrap());
+        let reopened = MappedFile::open(&path).unwrap();
+        assert_eq!(reopened.bytes()[10 + 999], (999u32 as u8));
+    }
+
+    #[test]
+    fn an_anonymous_mapping_written_at_an_offset_reads_back() {
+        writes_read_back_through_the_map(MappedFile::anonymous(0).unwrap());
     }
 }

@@ -15,12 +15,13 @@
 //! Files (`docs/format.md` has the grammar): `<data>/arena/<dictionary version>/pages.bin`, a
 //! header that is the commit record, the codebook, then pages; `sketches.bin`, the sketch of
 //! each page at the same index; and `terms.bin`, each row's distinct terms with counts for
-//! the exact lexical score. Appends write the new rows into the mappings first and the header
-//! last, so a process killed at any point leaves a header that counts only whole rows; what it
-//! does not count is cut away when the files are opened again. Every page carries a checksum
-//! over itself (its sketch's checksum included) and its rows' terms; a file that fails any
-//! check (magic, version, checksums, dictionary, a purge since, a watermark ahead of the
-//! store) is reported and rebuilt from the store, never served.
+//! the exact lexical score. Appends write the new rows first (a batch's entries by `pwrite`,
+//! its columns into the mappings) and the header last, so a process killed at any point leaves
+//! a header that counts only whole rows; what it does not count is cut away when the files are
+//! opened again. Every page carries a checksum over itself (its sketch's checksum included)
+//! and its rows' terms; a file that fails any check (magic, version, checksums, dictionary, a
+//! purge since, a watermark ahead of the store) is reported and rebuilt from the store, never
+//! served.
 //!
 //! The arena is a cache of the store: it can always be rebuilt from it. Before every scan it
 //! catches up by reading only rows newer than its watermark ([`Arena::catch_up`]), keeping a
