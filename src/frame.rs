@@ -328,8 +328,8 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
             .first()
             .and_then(|t| when_label(t.timestamp_ms, layout.now_ms));
         let header = match &opened {
-            Some(when) => format!("[{which} conversation ({conversation}), from {when}]"),
-            None => format!("[{which} conversation ({conversation})]"),
+            Some(when) => format!("[{which} conversation from {when}]"),
+            None => format!("[{which} conversation]"),
         };
         messages.push(Side::User, &header, None);
         let mut shown = group.first().and_then(|t| t.timestamp_ms);

@@ -162,13 +162,13 @@ fn a_captured_question_is_the_last_turn_once_and_retrieval_reheats_what_it_selec
 
     // The earlier conversation's fact is quoted verbatim, before the current conversation.
     let fact = all.find("We booked the ferry to Orkney for the twelfth of June.");
-    let current = all.find("[This conversation (chat)");
+    let current = all.find("[This conversation from");
     assert!(
         fact.is_some() && current.is_some() && fact < current,
         "{all}"
     );
     assert!(
-        all.contains("[Earlier conversation (trip), from 2024-03-01 09:00, 2 days before now]")
+        all.contains("[Earlier conversation from 2024-03-01 09:00, 2 days before now]")
     );
 
     // The top hit was reheated, and only retrieval's reheat changed activation.

@@ -103,13 +103,13 @@ fn groups_by_conversation_with_the_current_one_last_and_merges_sides() {
     );
     assert_eq!(
         messages[0].content,
-        "[Earlier conversation (s1), from 2023-05-08 13:57, 9 minutes before now]\n\n\
+        "[Earlier conversation from 2023-05-08 13:57, 9 minutes before now]\n\n\
          [Caroline] I went to the support group."
     );
     assert_eq!(
         messages[2].content,
         "[Caroline, 14:01] It was great.\n\n\
-         [This conversation (s2), from 2023-05-08 13:59, 7 minutes before now]\n\n\
+         [This conversation from 2023-05-08 13:59, 7 minutes before now]\n\n\
          [Caroline] Painting today.\n\n\
          [Caroline, 14:00] A sunset.\n\n\
          What did Caroline paint?"
@@ -124,7 +124,7 @@ fn a_group_opening_on_the_assistant_side_still_starts_with_a_user_message() {
     assert_eq!(messages[0].role, Side::User);
     assert_eq!(
         messages[0].content,
-        "[Earlier conversation (s9), from 2023-05-08 14:03]"
+        "[Earlier conversation from 2023-05-08 14:03]"
     );
     assert_eq!(messages[1].role, Side::Assistant);
 }
@@ -139,7 +139,7 @@ fn chunks_of_one_message_join_verbatim_under_one_label() {
     let messages = render(&[&first, &second], &Layout::default(), Omitted::default());
     assert_eq!(
         messages[0].content,
-        "[Earlier conversation (s1), from 2023-05-08 14:06]\n\n[Ann] Part one. Part two."
+        "[Earlier conversation from 2023-05-08 14:06]\n\n[Ann] Part one. Part two."
     );
     assert_eq!(messages[0].rows, vec![RowId(10), RowId(11)]);
 }
