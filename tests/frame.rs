@@ -167,9 +167,7 @@ fn a_captured_question_is_the_last_turn_once_and_retrieval_reheats_what_it_selec
         fact.is_some() && current.is_some() && fact < current,
         "{all}"
     );
-    assert!(
-        all.contains("[Earlier conversation from 2024-03-01 09:00, 2 days before now]")
-    );
+    assert!(all.contains("[Earlier conversation from 2024-03-01 09:00, 2 days before now]"));
 
     // The top hit was reheated, and only retrieval's reheat changed activation.
     let after = activations(&memory, alice);

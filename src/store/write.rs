@@ -86,9 +86,13 @@ impl Store {
                 continue;
             }
             let conversation = ConversationId::from_key(&message.conversation);
+            // A user's key is written once a batch, with its first message in it.
             let clock = match clocks.get(&user) {
                 Some(&c) => c,
-                None => self.clock(user)?,
+                None => {
+                    batch.put_cf(&users_cf, keys::user(user), message.user_key.as_bytes());
+                    self.clock(user)?
+                }
             };
             let message_tokens: u64 = message.chunks.iter().map(|c| c.tokens.len() as u64).sum();
             let (clock, kept) = match &message.moved {
@@ -96,7 +100,6 @@ impl Store {
                 None => (clock + message_tokens, clock + message_tokens),
             };
             clocks.insert(user, kept);
-            batch.put_cf(&users_cf, keys::user(user), message.user_key.as_bytes());
 
             let first = RowId(next_row);
             if let Some(name) = &message.name {
