@@ -14,8 +14,12 @@ use crate::store::{Activation, Moved, MovedChunk, NewMessage, Row, Store, StoreE
 use crate::types::{Role, RowId, UserId};
 
 /// Messages per write batch in bulk ingest. Each message is still all-or-nothing (a batch is
-/// atomic); batching amortises the WAL write. Large enough to keep both cores busy preparing.
-pub const INGEST_BATCH_MESSAGES: usize = 2048;
+/// atomic); batching amortises the WAL write and the frequency statistic's merges (one per
+/// distinct token and term of the batch: about 7,900 for 2,048 synthetic messages, as many as
+/// a third of the batch's memtable inserts, and they grow slower than the batch). 8,192 took
+/// `bench ingest` from 41-44k to 47-49k rows/s; 16,384 was no faster, 32,768 slower
+/// (`docs/journal/benchmarks.md`). Large enough to keep both cores busy preparing.
+pub const INGEST_BATCH_MESSAGES: usize = 8_192;
 
 /// What a bulk ingest did.
 #[derive(Debug, Clone, Copy, Default)]
