@@ -52,7 +52,7 @@ pub fn chunk_bounds(
     let mut ends = Vec::with_capacity(tokens.len());
     let mut offset = 0;
     for token in tokens {
-        offset += tokenizer.decode_bytes(std::slice::from_ref(token)).len();
+        offset += tokenizer.token_bytes(*token).len();
         ends.push(offset);
     }
     let bytes = text.as_bytes();

@@ -37,6 +37,42 @@ struct Counted {
     bytes: usize,
 }
 
+/// Ids the decoding table holds: every ordinary token and the special tokens above them
+/// (o200k_base's highest is `<|endofprompt|>`, 200,018). Every id from here on is outside the
+/// vocabulary.
+const DECODED_IDS: u32 = 200_019;
+
+/// The bytes of every id below [`DECODED_IDS`] end to end, and where each id's start: a
+/// token is decoded by two array reads.
+struct Decoded {
+    bytes: Vec<u8>,
+    starts: Vec<u32>,
+}
+
+impl Decoded {
+    fn new(bpe: &CoreBPE) -> Self {
+        let mut bytes = Vec::with_capacity(2 << 20);
+        let mut starts = Vec::with_capacity(DECODED_IDS as usize + 1);
+        for id in 0..DECODED_IDS {
+            starts.push(bytes.len() as u32);
+            // An id the vocabulary lacks stands for nothing, as the decoder's error says.
+            if let Ok(token) = bpe.decode_bytes(&[id]) {
+                bytes.extend_from_slice(&token);
+            }
+        }
+        starts.push(bytes.len() as u32);
+        Self { bytes, starts }
+    }
+
+    fn bytes_of(&self, token: TokenId) -> &[u8] {
+        let id = token.0 as usize;
+        match (self.starts.get(id), self.starts.get(id + 1)) {
+            (Some(&start), Some(&end)) => &self.bytes[start as usize..end as usize],
+            _ => &[],
+        }
+    }
+}
+
 /// The fixed tokenizer. Cheap to copy: it points at a process-wide instance.
 #[derive(Clone, Copy)]
 pub struct Tokenizer {
@@ -109,22 +145,29 @@ impl Tokenizer {
             .sum()
     }
 
-    /// The bytes that a run of tokens stands for. Ids outside the vocabulary decode to nothing;
-    /// a run cut in the middle of a UTF-8 sequence yields its partial bytes.
+    /// The bytes that a run of tokens stands for: each token's [`Tokenizer::token_bytes`] in
+    /// order. Ids outside the vocabulary decode to nothing; a run cut in the middle of a UTF-8
+    /// sequence yields its partial bytes.
     pub fn decode_bytes(&self, tokens: &[TokenId]) -> Vec<u8> {
-        let ids: Vec<u32> = tokens.iter().map(|token| token.0).collect();
-        // The whole run at once where every id is in the vocabulary (a capture's own tokens);
-        // token by token, leaving the others out, where one is not.
-        if let Ok(bytes) = self.bpe.decode_bytes(&ids) {
-            return bytes;
-        }
+        let table = self.table();
         let mut out = Vec::with_capacity(tokens.len() * 4);
-        for token in tokens {
-            if let Ok(bytes) = self.bpe.decode_bytes(&[token.0]) {
-                out.extend_from_slice(&bytes);
-            }
+        for &token in tokens {
+            out.extend_from_slice(table.bytes_of(token));
         }
         out
+    }
+
+    /// The bytes one token stands for: an ordinary token's, a special token's text, nothing for
+    /// an id outside the vocabulary. Read from [`Decoded`], built once from the tokenizer's own
+    /// decoder: a capture decodes every token it stores (its chunk cuts, its lexical terms),
+    /// and the decoder's hash map lookup per token was 8% of a real conversation's ingest.
+    pub fn token_bytes(&self, token: TokenId) -> &'static [u8] {
+        self.table().bytes_of(token)
+    }
+
+    fn table(&self) -> &'static Decoded {
+        static TABLE: OnceLock<Decoded> = OnceLock::new();
+        TABLE.get_or_init(|| Decoded::new(self.bpe))
     }
 
     /// Lossy UTF-8 text of a run of tokens.
@@ -142,7 +185,7 @@ impl Tokenizer {
             let mut hasher = Sha256::new();
             let engine = base64::engine::general_purpose::STANDARD;
             for rank in 0..VOCAB_SIZE {
-                let bytes = self.decode_bytes(&[TokenId(rank)]);
+                let bytes = self.token_bytes(TokenId(rank));
                 hasher.update(engine.encode(&bytes).as_bytes());
                 hasher.update(format!(" {rank}\n").as_bytes());
             }
@@ -311,6 +354,45 @@ mod tests {
         );
         assert_eq!(pieces("").count(), 0);
         assert_eq!(pieces("\n[").collect::<Vec<_>>(), ["\n", "["]);
+    }
+
+    proptest::proptest! {
+        /// The table decodes every id as the tokenizer's own decoder does: ordinary and
+        /// special tokens to their bytes, ids outside the vocabulary (in the table's range and
+        /// past it) to nothing.
+        #[test]
+        fn the_table_decodes_as_the_decoder(
+            ids in proptest::collection::vec(
+                proptest::prop_oneof![
+                    0u32..VOCAB_SIZE,
+                    VOCAB_SIZE - 2..DECODED_IDS + 2,
+                    proptest::prelude::any::<u32>(),
+                ],
+                0..40,
+            ),
+        ) {
+            let tok = Tokenizer::new();
+            let mut expected = Vec::new();
+            for &id in &ids {
+                expected.extend(tok.bpe.decode_bytes(&[id]).unwrap_or_default());
+            }
+            let tokens: Vec<TokenId> = ids.iter().copied().map(TokenId).collect();
+            proptest::prop_assert_eq!(tok.decode_bytes(&tokens), expected);
+        }
+    }
+
+    #[test]
+    fn the_table_holds_the_special_tokens_and_nothing_past_them() {
+        let tok = Tokenizer::new();
+        for special in tok.bpe.special_tokens() {
+            let ids = tok.bpe.encode_with_special_tokens(special);
+            assert_eq!(ids.len(), 1, "{special}");
+            assert!(ids[0] < DECODED_IDS, "{special} is {}", ids[0]);
+            assert_eq!(tok.token_bytes(TokenId(ids[0])), special.as_bytes());
+        }
+        for id in DECODED_IDS..DECODED_IDS + 1_000 {
+            assert!(tok.bpe.decode_bytes(&[id]).is_err(), "{id}");
+        }
     }
 
     #[test]
