@@ -186,7 +186,7 @@ impl Tokenizer {
             let engine = base64::engine::general_purpose::STANDARD;
             for rank in 0..VOCAB_SIZE {
                 let bytes = self.token_bytes(TokenId(rank));
-                hasher.update(engine.encode(&bytes).as_bytes());
+                hasher.update(engine.encode(bytes).as_bytes());
                 hasher.update(format!(" {rank}\n").as_bytes());
             }
             hex(&hasher.finalize())
