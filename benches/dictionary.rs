@@ -1,5 +1,6 @@
-//! Dictionary figures: load time, and derivation rate (tokens → retrieval row, and retrieval
-//! row → embedding + int8 quantisation) in rows per second over the LoCoMo turns.
+//! Dictionary figures: load time, the tokenizer's rate on prose (the LoCoMo turns) and on code
+//! (this crate's own sources), and derivation rate (tokens → retrieval row, and retrieval row
+//! → embedding + int8 quantisation) in rows per second over the LoCoMo turns.
 //!
 //! Run: `cargo bench --bench dictionary`. Prints medians of repeated runs.
 
@@ -35,6 +36,61 @@ fn locomo_turns() -> Vec<String> {
         .collect()
 }
 
+/// The text of every `.rs` file under this crate's `src/`.
+fn crate_sources() -> Vec<String> {
+    fn walk(dir: &Path, out: &mut Vec<String>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .expect("src/ reads")
+            .map(|entry| entry.expect("entry reads").path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(std::fs::read_to_string(&path).expect("source reads"));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut out);
+    out
+}
+
+/// The tokenizer's rate on `texts`, one thread: the first pass (a pre-token outside the
+/// vocabulary is byte-pair merged), the median of repeated passes (its merges kept), and
+/// o200k_base's own `encode_ordinary` over the same texts, which keeps none.
+fn encoding(tokenizer: &Tokenizer, what: &str, texts: &[String]) {
+    let bytes: usize = texts.iter().map(String::len).sum();
+    let pass = || {
+        let started = Instant::now();
+        let tokens: usize = texts.iter().map(|t| tokenizer.encode(t).len()).sum();
+        (started.elapsed(), tokens)
+    };
+    let (first, tokens) = pass();
+    let again = median((0..REPEATS).map(|_| pass().0).collect());
+    let bpe = tiktoken_rs::o200k_base_singleton();
+    let own = median(
+        (0..REPEATS)
+            .map(|_| {
+                let started = Instant::now();
+                let n: usize = texts.iter().map(|t| bpe.encode_ordinary(t).len()).sum();
+                std::hint::black_box(n);
+                started.elapsed()
+            })
+            .collect(),
+    );
+    let mb = |d: Duration| bytes as f64 / d.as_secs_f64() / 1e6;
+    println!(
+        "encode {what}: {bytes} bytes, {tokens} tokens; first pass {first:?} ({:.1} MB/s), \
+         again median {again:?} ({:.1} MB/s); o200k_base's encode_ordinary median {own:?} \
+         ({:.1} MB/s), one thread",
+        mb(first),
+        mb(again),
+        mb(own)
+    );
+}
+
 fn main() {
     let root = default_dictionaries_root();
     let tokenizer = Tokenizer::new();
@@ -62,10 +118,12 @@ fn main() {
         median(loads)
     );
 
+    encoding(&tokenizer, "this crate's sources (code)", &crate_sources());
     let turns = locomo_turns();
     if turns.is_empty() {
         return;
     }
+    encoding(&tokenizer, "the LoCoMo turns (prose)", &turns);
     let tokens: Vec<_> = turns.iter().map(|t| tokenizer.encode(t)).collect();
     let total_tokens: usize = tokens.iter().map(Vec::len).sum();
     println!(

@@ -5,11 +5,14 @@
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, OnceLock};
 
 use base64::Engine as _;
+use fancy_regex::Regex;
+use rustc_hash::FxHashMap;
 use sha2::{Digest, Sha256};
-use tiktoken_rs::CoreBPE;
+use tiktoken_rs::{CoreBPE, O200K_BASE_PAT_STR, byte_pair_split};
 
 use crate::types::TokenId;
 
@@ -47,6 +50,8 @@ const DECODED_IDS: u32 = 200_019;
 struct Decoded {
     bytes: Vec<u8>,
     starts: Vec<u32>,
+    /// Every ordinary token's rank by its bytes (what byte-pair merging looks up).
+    ranks: FxHashMap<Vec<u8>, u32>,
 }
 
 impl Decoded {
@@ -61,7 +66,18 @@ impl Decoded {
             }
         }
         starts.push(bytes.len() as u32);
-        Self { bytes, starts }
+        let ranks = (0..VOCAB_SIZE)
+            .map(|rank| {
+                let (start, end) = (starts[rank as usize], starts[rank as usize + 1]);
+                (bytes[start as usize..end as usize].to_vec(), rank)
+            })
+            .filter(|(token, _)| !token.is_empty())
+            .collect();
+        Self {
+            bytes,
+            starts,
+            ranks,
+        }
     }
 
     fn bytes_of(&self, token: TokenId) -> &[u8] {
@@ -69,6 +85,70 @@ impl Decoded {
         match (self.starts.get(id), self.starts.get(id + 1)) {
             (Some(&start), Some(&end)) => &self.bytes[start as usize..end as usize],
             _ => &[],
+        }
+    }
+}
+
+/// Copies of o200k_base's pre-token pattern, each thread using one ([`pre_tokens`]): a
+/// pattern's matcher keeps its scratch space for the thread that used it first and hands the
+/// others theirs through a lock, so threads that share one wait on each other. A fixed number,
+/// so a burst of threads (the captures run on tokio's blocking pool) does not grow a scratch
+/// space each.
+const PATTERNS: usize = 64;
+
+/// The pattern of this thread ([`PATTERNS`]): the first threads to encode get one each.
+fn pre_tokens() -> &'static Regex {
+    static ALL: LazyLock<Vec<Regex>> = LazyLock::new(|| {
+        let pattern =
+            Regex::new(O200K_BASE_PAT_STR).expect("o200k_base's pre-token pattern compiles");
+        vec![pattern; PATTERNS]
+    });
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % PATTERNS;
+    }
+    &ALL[MINE.with(|&mine| mine)]
+}
+
+/// Bytes the byte-pair merges kept ([`Merged`]) take, about; past it they are forgotten all at
+/// once.
+const MERGED_BYTES: usize = 16 << 20;
+
+/// What one kept merge takes beside its bytes and ranks: its two boxes and the map's slot.
+const MERGED_ENTRY_BYTES: usize = 64;
+
+/// Pre-tokens that are not tokens, with the ranks their byte-pair merge gave (process-wide): a
+/// word outside the vocabulary (a name, an identifier, a word of another language) recurs in
+/// a user's turns, and merging its bytes is the tokenizer's most costly step.
+#[derive(Default)]
+struct Merged {
+    ranks: FxHashMap<Box<[u8]>, Box<[u32]>>,
+    bytes: usize,
+}
+
+impl Merged {
+    /// Append the ranks of `piece` (not itself a token) to `out`: kept, or merged now (outside
+    /// the lock) and kept.
+    fn append(piece: &[u8], ranks: &FxHashMap<Vec<u8>, u32>, out: &mut Vec<TokenId>) {
+        static MERGED: LazyLock<Mutex<Merged>> = LazyLock::new(Mutex::default);
+        if let Some(kept) = MERGED.lock().ranks.get(piece) {
+            out.extend(kept.iter().map(|&rank| TokenId(rank)));
+            return;
+        }
+        let merged: Box<[u32]> = byte_pair_split(piece, ranks)
+            .into_iter()
+            .map(|part| ranks[part])
+            .collect();
+        out.extend(merged.iter().map(|&rank| TokenId(rank)));
+        let size = piece.len() + 4 * merged.len() + MERGED_ENTRY_BYTES;
+        let mut kept = MERGED.lock();
+        if kept.bytes + size > MERGED_BYTES {
+            *kept = Self::default();
+        }
+        // Another thread may have merged the same piece meanwhile: its bytes count once.
+        if !kept.ranks.contains_key(piece) {
+            kept.bytes += size;
+            kept.ranks.insert(piece.into(), merged);
         }
     }
 }
@@ -103,12 +183,28 @@ impl Tokenizer {
 
     /// Text to token ids. Special-token text is encoded as ordinary text, never as a control
     /// token: stored content can never smuggle in a special token.
-    /// A run of over [`RUN_BYTES`] is encoded in parts ([`runs`]).
+    /// A run of over [`RUN_BYTES`] is encoded in parts ([`runs`]). Each part is cut into
+    /// o200k_base's pre-tokens by its own pattern; a pre-token that is a token is one rank
+    /// lookup, any other is byte-pair merged, once while [`Merged`] keeps it
+    /// (o200k_base's own `encode_ordinary`, with the merges remembered: a proptest holds the
+    /// two equal).
     pub fn encode(&self, text: &str) -> Vec<TokenId> {
-        runs(text)
-            .flat_map(|run| self.bpe.encode_ordinary(run))
-            .map(TokenId)
-            .collect()
+        let ranks = &self.table().ranks;
+        let pattern = pre_tokens();
+        let mut out = Vec::with_capacity(text.len() / 3);
+        for run in runs(text) {
+            for piece in pattern.find_iter(run) {
+                let piece = piece
+                    .expect("o200k_base's pattern needs no backtracking past the limit")
+                    .as_str()
+                    .as_bytes();
+                match ranks.get(piece) {
+                    Some(&rank) => out.push(TokenId(rank)),
+                    None => Merged::append(piece, ranks, &mut out),
+                }
+            }
+        }
+        out
     }
 
     /// How many tokens `text` encodes to: `encode(text).len()`, exactly, without encoding what
@@ -127,9 +223,7 @@ impl Tokenizer {
             .map(|piece| {
                 let known = COUNTED.lock().counts.get(piece).copied();
                 known.unwrap_or_else(|| {
-                    let tokens = runs(piece)
-                        .map(|run| self.bpe.encode_ordinary(run).len())
-                        .sum();
+                    let tokens = self.encode(piece).len();
                     let mut counted = COUNTED.lock();
                     if counted.bytes + piece.len() > COUNTED_BYTES {
                         *counted = Counted::default();
@@ -314,6 +408,36 @@ mod tests {
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+        #[test]
+        fn encode_is_the_tokenizers_own(text in texts()) {
+            let tok = Tokenizer::new();
+            let expected: Vec<TokenId> = runs(&text)
+                .flat_map(|run| tok.bpe.encode_ordinary(run))
+                .map(TokenId)
+                .collect();
+            proptest::prop_assert_eq!(&tok.encode(&text), &expected);
+            // Again, from the merges kept.
+            proptest::prop_assert_eq!(tok.encode(&text), expected);
+        }
+
+        /// Made-up words, contractions, mixed case, digits and any character at all: pieces
+        /// that are not tokens, merged and then read from what was kept.
+        #[test]
+        fn encode_is_the_tokenizers_own_on_any_text(
+            text in proptest::prop_oneof![
+                "([A-Za-z]{1,12}('s|'T|'re)?[ ,.!?0-9]{0,3}){0,30}",
+                proptest::prelude::any::<String>(),
+            ],
+        ) {
+            let tok = Tokenizer::new();
+            let expected: Vec<TokenId> = runs(&text)
+                .flat_map(|run| tok.bpe.encode_ordinary(run))
+                .map(TokenId)
+                .collect();
+            proptest::prop_assert_eq!(&tok.encode(&text), &expected);
+            proptest::prop_assert_eq!(tok.encode(&text), expected);
+        }
+
         #[test]
         fn count_is_the_length_of_the_encoding(text in texts()) {
             let tok = Tokenizer::new();
