@@ -59,15 +59,22 @@ fn neighbours_stay_in_their_user_and_conversation() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     // ann: conversation "a" throughout; "b" interleaved every third message, then a run of
-    // "b" longer than the walk bound, then "a" again. ben: conversation "a" too, interleaved.
+    // "b" longer than the walk bound, then runs of "b" that put the next "a" at the bound and
+    // one row past it, "a" between them. ben: conversation "a" too, interleaved.
+    let mut ann: Vec<&str> = (0..100)
+        .map(|i| if i % 3 == 0 { "b" } else { "a" })
+        .collect();
+    for run in [
+        NEIGHBOUR_WALK_ROWS + 10,
+        NEIGHBOUR_WALK_ROWS - 1,
+        NEIGHBOUR_WALK_ROWS,
+    ] {
+        ann.extend(std::iter::repeat_n("b", run));
+        ann.extend(["a"; 5]);
+    }
     let mut messages = Vec::new();
     let mut conversation_of = Vec::new();
-    for i in 0..200 {
-        let conversation = if i % 3 == 0 || (100..100 + NEIGHBOUR_WALK_ROWS + 10).contains(&i) {
-            "b"
-        } else {
-            "a"
-        };
+    for (i, &conversation) in ann.iter().enumerate() {
         messages.push(Message {
             conversation: conversation.into(),
             ..say("ann", &format!("ann message {i}"))

@@ -410,52 +410,77 @@ impl Arena {
         scope.contains(&user).then_some(user)
     }
 
-    /// The row next to the row in `slot` in its user's rows (row id order), towards `side`.
-    fn step(&self, slot: Slot, side: Side) -> Option<Slot> {
-        let page = self.page(slot.page);
-        match side {
-            Side::Before if slot.index > 0 => Some(Slot {
-                index: slot.index - 1,
-                ..slot
-            }),
-            Side::After if slot.index + 1 < page.rows => Some(Slot {
-                index: slot.index + 1,
-                ..slot
-            }),
-            _ => {
-                let pages = self.by_user.get(&UserId(page.user))?;
-                let at = pages.binary_search(&slot.page).ok()?;
-                let other = match side {
-                    Side::Before => pages.get(at.checked_sub(1)?)?,
-                    Side::After => pages.get(at + 1)?,
-                };
-                let rows = self.page(*other).rows;
-                let index = match side {
-                    Side::Before => rows.checked_sub(1)?,
-                    Side::After => 0,
-                };
-                (index < rows).then_some(Slot {
-                    page: *other,
-                    index,
-                })
-            }
-        }
+    /// The page next to page `page` in its user's pages (row id order), towards `side`, and
+    /// where it stands in them; `at` is where `page` stands, if known.
+    fn next_page(&self, page: u32, at: Option<usize>, side: Side) -> Option<(u32, usize)> {
+        let pages = self.by_user.get(&UserId(self.page(page).user))?;
+        let at = match at {
+            Some(at) => at,
+            None => pages.binary_search(&page).ok()?,
+        };
+        let next = match side {
+            Side::Before => at.checked_sub(1)?,
+            Side::After => at + 1,
+        };
+        Some((*pages.get(next)?, next))
     }
 
     /// The nearest row of the same user and conversation as the row in `slot`, towards `side`
     /// in row id order (capture order), among the [`NEIGHBOUR_WALK_ROWS`] rows of the user on
-    /// that side. Never a row of another user: the walk stays on the row's user's pages.
+    /// that side. Never a row of another user: the walk stays on the row's user's pages. Each
+    /// page's stretch of conversation keys is searched in one pass, and the user's next page
+    /// looked up once a page: a row at a conversation's edge walks the whole bound, and a
+    /// scope of many short conversations has many such rows (a search's context reads the
+    /// neighbours of a thousand rows a recall).
     pub fn neighbour(&self, slot: Slot, side: Side) -> Option<Slot> {
-        let page = self.page(slot.page);
+        let (mut number, mut page) = (slot.page, self.page(slot.page));
         let conversation = page.conversations[slot.index as usize];
-        let mut at = slot;
-        for _ in 0..NEIGHBOUR_WALK_ROWS {
-            at = self.step(at, side)?;
-            if self.page(at.page).conversations[at.index as usize] == conversation {
-                return Some(at);
+        let mut left = NEIGHBOUR_WALK_ROWS;
+        // The rows of `page` the walk reads next: before `index` (Before) or from it (After).
+        let mut index = match side {
+            Side::Before => slot.index as usize,
+            Side::After => slot.index as usize + 1,
+        };
+        let mut at = None;
+        loop {
+            let rows = page.rows as usize;
+            let found = match side {
+                Side::Before => {
+                    let from = index.saturating_sub(left);
+                    left -= index - from;
+                    page.conversations[from..index]
+                        .iter()
+                        .rposition(|&c| c == conversation)
+                        .map(|i| from + i)
+                }
+                Side::After => {
+                    let to = rows.min(index + left).max(index);
+                    left -= to - index;
+                    page.conversations[index..to]
+                        .iter()
+                        .position(|&c| c == conversation)
+                        .map(|i| index + i)
+                }
+            };
+            if let Some(found) = found {
+                return Some(Slot {
+                    page: number,
+                    index: found as u32,
+                });
             }
+            if left == 0 {
+                return None;
+            }
+            let (next, next_at) = self.next_page(number, at, side)?;
+            (number, page, at) = (next, self.page(next), Some(next_at));
+            if page.rows == 0 {
+                return None;
+            }
+            index = match side {
+                Side::Before => page.rows as usize,
+                Side::After => 0,
+            };
         }
-        None
     }
 
     /// The lexical terms and tokens of the row in `slot`.
