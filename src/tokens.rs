@@ -45,16 +45,17 @@ struct Counted {
 /// vocabulary.
 const DECODED_IDS: u32 = 200_019;
 
-/// The bytes of every id below [`DECODED_IDS`] end to end, and where each id's start: a
-/// token is decoded by two array reads.
-struct Decoded {
+/// o200k_base's vocabulary both ways, built once from the tokenizer's own tables: the bytes of
+/// every id below [`DECODED_IDS`] end to end and where each id's start (a token is decoded by
+/// two array reads), and every ordinary token's rank by its bytes.
+struct Vocabulary {
     bytes: Vec<u8>,
     starts: Vec<u32>,
-    /// Every ordinary token's rank by its bytes (what byte-pair merging looks up).
+    /// What byte-pair merging looks up.
     ranks: FxHashMap<Vec<u8>, u32>,
 }
 
-impl Decoded {
+impl Vocabulary {
     fn new(bpe: &CoreBPE) -> Self {
         let mut bytes = Vec::with_capacity(2 << 20);
         let mut starts = Vec::with_capacity(DECODED_IDS as usize + 1);
@@ -189,7 +190,7 @@ impl Tokenizer {
     /// (o200k_base's own `encode_ordinary`, with the merges remembered: a proptest holds the
     /// two equal).
     pub fn encode(&self, text: &str) -> Vec<TokenId> {
-        let ranks = &self.table().ranks;
+        let ranks = &self.vocabulary().ranks;
         let pattern = pre_tokens();
         let mut out = Vec::with_capacity(text.len() / 3);
         for run in runs(text) {
@@ -243,7 +244,7 @@ impl Tokenizer {
     /// order. Ids outside the vocabulary decode to nothing; a run cut in the middle of a UTF-8
     /// sequence yields its partial bytes.
     pub fn decode_bytes(&self, tokens: &[TokenId]) -> Vec<u8> {
-        let table = self.table();
+        let table = self.vocabulary();
         let mut out = Vec::with_capacity(tokens.len() * 4);
         for &token in tokens {
             out.extend_from_slice(table.bytes_of(token));
@@ -252,16 +253,16 @@ impl Tokenizer {
     }
 
     /// The bytes one token stands for: an ordinary token's, a special token's text, nothing for
-    /// an id outside the vocabulary. Read from [`Decoded`], built once from the tokenizer's own
+    /// an id outside the vocabulary. Read from [`Vocabulary`], built once from the tokenizer's own
     /// decoder: a capture decodes every token it stores (its chunk cuts, its lexical terms),
     /// and the decoder's hash map lookup per token was 8% of a real conversation's ingest.
     pub fn token_bytes(&self, token: TokenId) -> &'static [u8] {
-        self.table().bytes_of(token)
+        self.vocabulary().bytes_of(token)
     }
 
-    fn table(&self) -> &'static Decoded {
-        static TABLE: OnceLock<Decoded> = OnceLock::new();
-        TABLE.get_or_init(|| Decoded::new(self.bpe))
+    fn vocabulary(&self) -> &'static Vocabulary {
+        static VOCABULARY: OnceLock<Vocabulary> = OnceLock::new();
+        VOCABULARY.get_or_init(|| Vocabulary::new(self.bpe))
     }
 
     /// Lossy UTF-8 text of a run of tokens.
