@@ -90,25 +90,23 @@ impl Vocabulary {
     }
 }
 
-/// Copies of o200k_base's pre-token pattern, each thread using one ([`pre_tokens`]): a
-/// pattern's matcher keeps its scratch space for the thread that used it first and hands the
-/// others theirs through a lock, so threads that share one wait on each other. A fixed number,
-/// so a burst of threads (the captures run on tokio's blocking pool) does not grow a scratch
-/// space each.
+/// Compilations of o200k_base's pre-token pattern, each thread using one ([`pre_tokens`]): a
+/// compiled pattern keeps its matcher's scratch space in pools that its clones share, and hands
+/// it to all but its first thread through a lock, so threads that share one wait on each
+/// other. Each is compiled on its first use; a fixed number, so a burst of threads (the
+/// captures run on tokio's blocking pool) does not compile and grow one each.
 const PATTERNS: usize = 64;
 
 /// The pattern of this thread ([`PATTERNS`]): the first threads to encode get one each.
 fn pre_tokens() -> &'static Regex {
-    static ALL: LazyLock<Vec<Regex>> = LazyLock::new(|| {
-        let pattern =
-            Regex::new(O200K_BASE_PAT_STR).expect("o200k_base's pre-token pattern compiles");
-        vec![pattern; PATTERNS]
-    });
+    static ALL: [OnceLock<Regex>; PATTERNS] = [const { OnceLock::new() }; PATTERNS];
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % PATTERNS;
     }
-    &ALL[MINE.with(|&mine| mine)]
+    ALL[MINE.with(|&mine| mine)].get_or_init(|| {
+        Regex::new(O200K_BASE_PAT_STR).expect("o200k_base's pre-token pattern compiles")
+    })
 }
 
 /// Bytes the byte-pair merges kept ([`Merged`]) take, about; past it they are forgotten all at
