@@ -410,26 +410,11 @@ impl Arena {
         scope.contains(&user).then_some(user)
     }
 
-    /// The page next to page `page` in its user's pages (row id order), towards `side`, and
-    /// where it stands in them; `at` is where `page` stands, if known.
-    fn next_page(&self, page: u32, at: Option<usize>, side: Side) -> Option<(u32, usize)> {
-        let pages = self.by_user.get(&UserId(self.page(page).user))?;
-        let at = match at {
-            Some(at) => at,
-            None => pages.binary_search(&page).ok()?,
-        };
-        let next = match side {
-            Side::Before => at.checked_sub(1)?,
-            Side::After => at + 1,
-        };
-        Some((*pages.get(next)?, next))
-    }
-
     /// The nearest row of the same user and conversation as the row in `slot`, towards `side`
     /// in row id order (capture order), among the [`NEIGHBOUR_WALK_ROWS`] rows of the user on
     /// that side. Never a row of another user: the walk stays on the row's user's pages. Each
-    /// page's stretch of conversation keys is searched in one pass, and the user's next page
-    /// looked up once a page: a row at a conversation's edge walks the whole bound, and a
+    /// page's stretch of conversation keys is searched in one pass, and the user's pages looked
+    /// up once a walk: a row at a conversation's edge walks the whole bound, and a
     /// scope of many short conversations has many such rows (a search's context reads the
     /// neighbours of a thousand rows a recall).
     pub fn neighbour(&self, slot: Slot, side: Side) -> Option<Slot> {
@@ -441,7 +426,8 @@ impl Arena {
             Side::Before => slot.index as usize,
             Side::After => slot.index as usize + 1,
         };
-        let mut at = None;
+        // The user's pages and where the walk stands in them, looked up at its first page edge.
+        let mut pages: Option<(&[u32], usize)> = None;
         loop {
             let rows = page.rows as usize;
             let found = match side {
@@ -471,8 +457,19 @@ impl Arena {
             if left == 0 {
                 return None;
             }
-            let (next, next_at) = self.next_page(number, at, side)?;
-            (number, page, at) = (next, self.page(next), Some(next_at));
+            let (list, at) = match pages {
+                Some(stand) => stand,
+                None => {
+                    let list = self.by_user.get(&UserId(page.user))?;
+                    (list.as_slice(), list.binary_search(&number).ok()?)
+                }
+            };
+            let at = match side {
+                Side::Before => at.checked_sub(1)?,
+                Side::After => at + 1,
+            };
+            number = *list.get(at)?;
+            (page, pages) = (self.page(number), Some((list, at)));
             if page.rows == 0 {
                 return None;
             }
