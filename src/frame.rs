@@ -11,7 +11,7 @@
 //! The mandatory set is never dropped. When turns were left out, the frame says so in one line.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -45,9 +45,11 @@ const SELECT_CHUNK: usize = 256;
 pub struct Turn {
     pub row: RowId,
     pub conversation: String,
-    /// The message the row is a chunk of (its first row), and the chunk's index in it.
+    /// The message the row is a chunk of (its first row), the chunk's index in it, and the
+    /// message's chunk count.
     pub message: RowId,
     pub chunk: u16,
+    pub chunks: u16,
     pub role: Role,
     /// The speaker's name, resolved through the binding log at render time.
     pub speaker: Option<String>,
@@ -106,6 +108,9 @@ pub struct Message {
     pub content: String,
     /// The stored rows quoted in this message, in order.
     pub rows: Vec<RowId>,
+    /// Of `rows`, those quoted only in part (a tool message's rows past its preview's cut):
+    /// the memory tools still return them.
+    pub partial: Vec<RowId>,
     /// Exact tokens of `content`.
     pub tokens: usize,
 }
@@ -131,6 +136,28 @@ pub struct Frame {
     /// Rows in the mandatory set.
     pub mandatory: usize,
     pub omitted: Omitted,
+}
+
+impl Frame {
+    /// The rows quoted only in part, of every message ([`Message::partial`]).
+    pub fn partial_rows(&self) -> HashSet<RowId> {
+        self.messages
+            .iter()
+            .flat_map(|m| m.partial.iter().copied())
+            .collect()
+    }
+
+    /// The rows shown whole, in frame order: [`Frame::rows`] less those quoted only in part
+    /// ([`Message::partial`]). The memory tools count these as shown, so `memory_chain` on a
+    /// tool message the preview cut returns the whole of it.
+    pub fn whole_rows(&self) -> Vec<RowId> {
+        let partial = self.partial_rows();
+        self.rows
+            .iter()
+            .copied()
+            .filter(|row| !partial.contains(row))
+            .collect()
+    }
 }
 
 /// `2023-05-08 13:56` (UTC), or `None` for a time outside the calendar.
@@ -227,7 +254,8 @@ struct Messages {
 }
 
 impl Messages {
-    fn push(&mut self, side: Side, text: &str, row: Option<RowId>) {
+    /// Add `text` on `side`, quoting `row` (whole unless `whole` is false).
+    fn push(&mut self, side: Side, text: &str, row: Option<RowId>, whole: bool) {
         match self.out.last_mut() {
             Some(last) if last.role == side => {
                 last.content.push_str("\n\n");
@@ -237,22 +265,31 @@ impl Messages {
                 role: side,
                 content: text.to_owned(),
                 rows: Vec::new(),
+                partial: Vec::new(),
                 tokens: 0,
             }),
         }
         if let Some(row) = row {
-            self.out.last_mut().expect("just pushed").rows.push(row);
+            self.quote(row, whole);
         }
     }
 
     /// Continue the last message's text (the next chunk of a message already begun).
-    fn extend(&mut self, text: &str, row: RowId) {
-        let last = self
-            .out
+    fn extend(&mut self, text: &str, row: RowId, whole: bool) {
+        self.out
             .last_mut()
-            .expect("a chunk continues a started message");
-        last.content.push_str(text);
+            .expect("a chunk continues a started message")
+            .content
+            .push_str(text);
+        self.quote(row, whole);
+    }
+
+    fn quote(&mut self, row: RowId, whole: bool) {
+        let last = self.out.last_mut().expect("a message to quote in");
         last.rows.push(row);
+        if !whole {
+            last.partial.push(row);
+        }
     }
 }
 
@@ -270,27 +307,62 @@ struct Preview {
 
 impl Preview {
     /// The part of `turn` (a chunk of a tool message) still within [`TOOL_PREVIEW_CHARS`],
-    /// with a note where the message is cut; nothing once it was cut.
-    fn take<'a>(&mut self, turn: &'a Turn, tools: bool) -> Cow<'a, str> {
+    /// with a note where the message is cut, nothing once it was cut; and whether that is the
+    /// whole of `turn`.
+    fn take<'a>(&mut self, turn: &'a Turn, tools: bool) -> (Cow<'a, str>, bool) {
         if self.cut {
-            return Cow::Borrowed("");
+            return (Cow::Borrowed(""), false);
         }
         let room = TOOL_PREVIEW_CHARS.saturating_sub(self.chars);
         match turn.text.char_indices().nth(room) {
             None => {
                 self.chars += turn.text.chars().count();
-                Cow::Borrowed(turn.text.as_str())
+                (Cow::Borrowed(turn.text.as_str()), true)
             }
             Some((end, _)) => {
                 self.cut = true;
-                let rest = if tools {
-                    format!("memory_chain #{} returns the whole", turn.message.0)
-                } else {
-                    "the whole is stored".to_owned()
-                };
-                Cow::Owned(format!("{} … [cut here; {rest}]", &turn.text[..end]))
+                let shown = format!(
+                    "{} … [cut here; {}]",
+                    &turn.text[..end],
+                    where_whole(turn, tools, "the whole")
+                );
+                (Cow::Owned(shown), false)
             }
         }
+    }
+}
+
+/// Where the whole of `turn`'s message is, for a note on a part of it: the chain tool's call
+/// when the memory tools ride along, which returns what of the message was not shown whole
+/// (`what`: the whole of a tool message past its preview, the rest of a message shown in
+/// part).
+fn where_whole(turn: &Turn, tools: bool, what: &str) -> String {
+    if tools {
+        format!("memory_chain #{} returns {what}", turn.message.0)
+    } else {
+        "the whole is stored".to_owned()
+    }
+}
+
+/// Whether `turn` is the chunk right after `previous` in one message.
+fn continues(previous: &Turn, turn: &Turn) -> bool {
+    previous.message == turn.message
+        && previous.chunk + 1 == turn.chunk
+        && previous.role == turn.role
+}
+
+/// The note closing a shown run of a message's chunks that ends with `last` and began at chunk
+/// `first`, where the run is not the whole message: its end cut (`… [cut here; …]`, as a tool
+/// message's preview says it), or else its start (the run then opens with `…`). `None` for a
+/// whole message.
+fn excerpt_note(first: u16, last: &Turn, tools: bool) -> Option<String> {
+    let whole = where_whole(last, tools, "the rest");
+    if last.chunk + 1 < last.chunks {
+        Some(format!(" … [cut here; {whole}]"))
+    } else if first > 0 {
+        Some(format!(" [its start is cut; {whole}]"))
+    } else {
+        None
     }
 }
 
@@ -316,7 +388,12 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
 
     let mut messages = Messages::default();
     if omitted.turns > 0 {
-        messages.push(Side::User, &omission_line(omitted, layout.tools), None);
+        messages.push(
+            Side::User,
+            &omission_line(omitted, layout.tools),
+            None,
+            true,
+        );
     }
     for (conversation, group) in &groups {
         let which = if Some(*conversation) == layout.current {
@@ -331,34 +408,52 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
             Some(when) => format!("[{which} conversation from {when}]"),
             None => format!("[{which} conversation]"),
         };
-        messages.push(Side::User, &header, None);
+        messages.push(Side::User, &header, None, true);
         let mut shown = group.first().and_then(|t| t.timestamp_ms);
         let mut previous: Option<&Turn> = None;
         let mut preview = Preview::default();
-        for &turn in group {
-            let continues = previous.is_some_and(|p| {
-                p.message == turn.message && p.chunk + 1 == turn.chunk && p.role == turn.role
-            });
-            if !continues {
+        let mut first = 0;
+        for (n, &turn) in group.iter().enumerate() {
+            let joined = previous.is_some_and(|p| continues(p, turn));
+            if !joined {
                 preview = Preview::default();
+                first = turn.chunk;
             }
-            let text = if turn.role == Role::Tool {
+            let (mut text, whole) = if turn.role == Role::Tool {
                 preview.take(turn, layout.tools)
             } else {
-                Cow::Borrowed(turn.text.as_str())
+                (Cow::Borrowed(turn.text.as_str()), true)
             };
-            if continues {
-                messages.extend(&text, turn.row);
+            // A message shown in part says so where it is cut, once a run of its chunks.
+            if !joined && first > 0 {
+                let gap = if text.starts_with(char::is_whitespace) {
+                    ""
+                } else {
+                    " "
+                };
+                text = Cow::Owned(format!("…{gap}{text}"));
+            }
+            let ends = group.get(n + 1).is_none_or(|next| !continues(turn, next));
+            if ends
+                && !preview.cut
+                && let Some(note) = excerpt_note(first, turn, layout.tools)
+            {
+                let spaced = text.ends_with(char::is_whitespace);
+                text.to_mut()
+                    .push_str(if spaced { note.trim_start() } else { &note });
+            }
+            if joined {
+                messages.extend(&text, turn.row, whole);
             } else {
                 let line = format!("{} {text}", label(turn, layout.now_ms, shown));
-                messages.push(Side::of(turn.role), &line, Some(turn.row));
+                messages.push(Side::of(turn.role), &line, Some(turn.row), whole);
                 shown = turn.timestamp_ms.or(shown);
             }
             previous = Some(turn);
         }
     }
     if let Some(question) = layout.probe_question {
-        messages.push(Side::User, question, None);
+        messages.push(Side::User, question, None, true);
     }
     messages.out
 }

@@ -486,6 +486,7 @@ mod tests {
             conversation: conversation.to_owned(),
             message: RowId(message),
             chunk: (row - message) as u16,
+            chunks: (row - message) as u16 + 1,
             role: Role::User,
             speaker: speaker.map(str::to_owned),
             timestamp_ms: ms,

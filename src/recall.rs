@@ -761,6 +761,7 @@ impl Turns {
             conversation: row.conversation,
             message: row.message,
             chunk: row.chunk,
+            chunks: row.chunks,
             role: row.role,
             timestamp_ms: row.timestamp_ms,
             text: row.text,

@@ -1507,3 +1507,65 @@ fn a_chain_follows_the_message_and_its_neighbours_and_never_another_users_rows()
         mine.text
     );
 }
+
+/// A tool result the frame shows only the start of is not counted as shown: its chain returns
+/// the whole of it, as the frame's note says.
+#[test]
+fn a_tool_result_the_frame_cut_short_is_returned_whole_by_its_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = common::memory(dir.path());
+    let log: String = (0..300)
+        .map(|i| format!("entry {i}: watered the tomato beds in the garden\n"))
+        .collect();
+    let message = |role, text: String| Message {
+        user_key: "u1".into(),
+        conversation: "c".into(),
+        role,
+        name: None,
+        timestamp_ms: None,
+        source_turn: None,
+        text,
+    };
+    let ids = Capturer::new(&memory.dictionary)
+        .capture(
+            &memory.store,
+            &[
+                message(Role::User, "Read the garden log.".into()),
+                message(Role::Tool, format!("read_file returned: {log}")),
+            ],
+        )
+        .unwrap();
+    let result = ids[1].clone();
+    assert!(result.len() > 2, "the result is chunked");
+    let mut arena = perpetuity::arena::Arena::new();
+    arena.catch_up(&memory.store, &memory.dictionary).unwrap();
+    let kernels = perpetuity::scan::kernels::Kernels::detect(false);
+    let user = [UserId::from_key("u1")];
+    let recalled = perpetuity::recall::recall(
+        &memory,
+        &arena,
+        &kernels,
+        &perpetuity::recall::RecallConfig::default(),
+        &perpetuity::recall::Ask::probe(&user, None, "What did I water in the garden?", 0),
+    )
+    .unwrap();
+    let frame = &recalled.frame;
+    let shown: Vec<_> = result.iter().filter(|r| frame.rows.contains(r)).collect();
+    assert!(!shown.is_empty(), "the frame quotes the result");
+    let text: String = frame.messages.iter().map(|m| m.content.as_str()).collect();
+    assert!(text.contains("[cut here;"), "{text}");
+    assert!(!text.contains("entry 299"), "the preview is cut");
+    let whole = frame.whole_rows();
+    assert!(
+        result.iter().all(|r| !whole.contains(r)),
+        "no row of the result is shown whole"
+    );
+    assert!(whole.contains(&ids[0][0]), "the question is shown whole");
+
+    let mut turn = TurnState::new(user[0], &user, None, Vec::new(), &whole);
+    let chained = turn
+        .run(&memory, &arena, &kernels, &Call::Chain { item: result[0] })
+        .unwrap();
+    assert_eq!(chained.rows, result, "{}", chained.text);
+    assert!(chained.text.contains("entry 299"), "{}", chained.text);
+}

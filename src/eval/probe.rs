@@ -212,7 +212,7 @@ impl Probe<'_> {
                         &[user],
                         ask.now_ms,
                         recall.retrieved.iter().map(|r| RowId(r.row)).collect(),
-                        &recall.frame.rows,
+                        &recall.frame.whole_rows(),
                     );
                     turns_of(
                         &state

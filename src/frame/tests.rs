@@ -16,6 +16,7 @@ fn turn(row: u64, conversation: &str, role: Role, speaker: &str, text: &str) -> 
         conversation: conversation.to_owned(),
         message: RowId(row),
         chunk: 0,
+        chunks: 1,
         role,
         speaker: Some(speaker.to_owned()),
         timestamp_ms: Some(MAY_8 + row as i64 * MINUTE),
@@ -136,12 +137,60 @@ fn chunks_of_one_message_join_verbatim_under_one_label() {
     first.message = RowId(10);
     second.message = RowId(10);
     second.chunk = 1;
+    (first.chunks, second.chunks) = (2, 2);
     let messages = render(&[&first, &second], &Layout::default(), Omitted::default());
     assert_eq!(
         messages[0].content,
         "[Earlier conversation from 2023-05-08 14:06]\n\n[Ann] Part one. Part two."
     );
     assert_eq!(messages[0].rows, vec![RowId(10), RowId(11)]);
+}
+
+#[test]
+fn a_message_shown_in_part_says_where_it_is_cut_and_where_the_whole_is() {
+    // One assistant answer of four chunks, rows 30 to 33.
+    let chunks: Vec<Turn> = ["One. ", "Two. ", "Three. ", "Four."]
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let mut chunk = turn(30 + i as u64, "s1", Role::Assistant, "Bot", text);
+            (chunk.message, chunk.chunk, chunk.chunks) = (RowId(30), i as u16, 4);
+            chunk.timestamp_ms = Some(MAY_8);
+            chunk
+        })
+        .collect();
+    let tools = Layout {
+        tools: true,
+        ..Layout::default()
+    };
+    let shown = |picked: &[usize], layout: &Layout<'_>| {
+        let turns: Vec<&Turn> = picked.iter().map(|&i| &chunks[i]).collect();
+        let messages = render(&turns, layout, Omitted::default());
+        messages[1].content.clone()
+    };
+    assert_eq!(
+        shown(&[0, 1, 2, 3], &tools),
+        "[Bot] One. Two. Three. Four.",
+        "a whole message has no mark"
+    );
+    assert_eq!(
+        shown(&[0, 1], &tools),
+        "[Bot] One. Two. … [cut here; memory_chain #30 returns the rest]"
+    );
+    assert_eq!(
+        shown(&[2, 3], &tools),
+        "[Bot] … Three. Four. [its start is cut; memory_chain #30 returns the rest]"
+    );
+    assert_eq!(
+        shown(&[1], &Layout::default()),
+        "[Bot] … Two. … [cut here; the whole is stored]"
+    );
+    // Two runs of one message: each says where it is cut.
+    assert_eq!(
+        shown(&[0, 2], &tools),
+        "[Bot] One. … [cut here; memory_chain #30 returns the rest]\n\n\
+         [Bot] … Three. … [cut here; memory_chain #30 returns the rest]"
+    );
 }
 
 #[test]
@@ -260,11 +309,11 @@ fn many_picks() -> impl Strategy<Value = Vec<Pick>> {
 fn a_tool_message_shows_its_start_and_says_where_the_rest_is() {
     let long = "x".repeat(TOOL_PREVIEW_CHARS - 10);
     let mut first = turn(20, "s1", Role::Tool, "", &long);
-    first.message = RowId(20);
+    (first.message, first.chunks) = (RowId(20), 3);
     let mut second = turn(21, "s1", Role::Tool, "", "0123456789abcdefghij");
-    (second.message, second.chunk) = (RowId(20), 1);
+    (second.message, second.chunk, second.chunks) = (RowId(20), 1, 3);
     let mut third = turn(22, "s1", Role::Tool, "", "never shown");
-    (third.message, third.chunk) = (RowId(20), 2);
+    (third.message, third.chunk, third.chunks) = (RowId(20), 2, 3);
     let short = turn(23, "s1", Role::Tool, "", "called Bash {\"command\":\"ls\"}");
     let layout = Layout {
         tools: true,
@@ -288,6 +337,7 @@ fn a_tool_message_shows_its_start_and_says_where_the_rest_is() {
         "a short call is whole"
     );
     assert_eq!(out[0].rows, [RowId(20), RowId(21), RowId(22), RowId(23)]);
+    assert_eq!(out[0].partial, [RowId(21), RowId(22)], "quoted in part");
     let quiet = render(&[&first, &second], &Layout::default(), Omitted::default());
     assert!(
         quiet[0]

@@ -261,7 +261,7 @@ fn recall_for(
             scope: identity.scope.clone(),
             items: wire::frame_items(request.format, &recall.frame),
             retrieved: recall.retrieved.iter().map(|r| RowId(r.row)).collect(),
-            shown: recall.frame.rows.clone(),
+            shown: recall.frame.whole_rows(),
             tokens: recall.frame.tokens,
             trimmed: recall.frame.omitted.turns,
             captured: Mutex::new(0),

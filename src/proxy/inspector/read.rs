@@ -246,6 +246,8 @@ pub(super) struct Why<'a> {
     ranks: HashMap<RowId, usize>,
     offered: HashMap<RowId, f32>,
     shown: HashSet<RowId>,
+    /// Of `shown`, the rows quoted only in part (a tool message past its preview).
+    partial: HashSet<RowId>,
 }
 
 impl<'a> Why<'a> {
@@ -266,6 +268,7 @@ impl<'a> Why<'a> {
                 .map(|pick| (pick.row, pick.warmth))
                 .collect(),
             shown: recall.frame.rows.iter().copied().collect(),
+            partial: recall.frame.partial_rows(),
         }
     }
 
@@ -278,7 +281,13 @@ impl<'a> Why<'a> {
         let recall = self.recall;
         let rank = self.ranks.get(&row).copied();
         let score = rank.map(|rank| recall.retrieved[rank].score);
-        let (fate, reason) = if self.shown.contains(&row) {
+        let (fate, reason) = if self.partial.contains(&row) {
+            (
+                "shown",
+                "in the frame in part: a tool message past its preview (memory_chain returns it)"
+                    .to_owned(),
+            )
+        } else if self.shown.contains(&row) {
             ("shown", "in the frame".to_owned())
         } else if birth_clock > recall.clock {
             ("later", "stored after this request".to_owned())

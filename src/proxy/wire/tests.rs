@@ -22,6 +22,7 @@ fn frame(messages: &[(Side, &str)]) -> Frame {
                 role: *role,
                 content: (*content).to_owned(),
                 rows: vec![RowId(1)],
+                partial: Vec::new(),
                 tokens: 1,
             })
             .collect(),
