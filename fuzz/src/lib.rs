@@ -55,6 +55,7 @@ pub fn request(format: Format, data: &[u8]) {
         role,
         content: content.to_owned(),
         rows: vec![RowId(1)],
+        partial: Vec::new(),
         tokens: 1,
     };
     let frame = Frame {
