@@ -3,8 +3,9 @@
 //! the older `anthropic` 1.17.0 beside it) call the proxy (Chat Completions, Responses,
 //! Messages, Gemini), streaming and not, with tools, and get the providers' errors as their
 //! own exception types. The client-side checks are in `tests/sdk/clients.py` (and, for the
-//! retry, the back-to-back turns, a turn with recall off and the model's restatement,
-//! `retry.py`, `back_to_back.py`, `recall_off.py` and `model_weight.py`).
+//! retry, the back-to-back turns, a turn with recall off, the model's restatement and a tool
+//! result followed by its chain, `retry.py`, `back_to_back.py`, `recall_off.py`,
+//! `model_weight.py` and `tool_chain.py`).
 
 mod common;
 
@@ -434,5 +435,77 @@ async fn the_frame_shows_what_the_user_said_before_the_models_restatement() {
     assert!(
         unweighed.contains(restated) && !unweighed.contains(said),
         "{unweighed}"
+    );
+}
+
+/// One step of `tool_chain.py` against the proxy at `proxy`.
+async fn chain_step(python: &std::path::Path, proxy: &str, step: &str) {
+    common::run_sdk_script(
+        python.to_owned(),
+        "tool_chain.py",
+        proxy.to_owned(),
+        std::path::PathBuf::new(),
+        &[("STEP", OsStr::new(step))],
+        "tool chain step passed",
+    )
+    .await;
+}
+
+/// Through the OpenAI SDK, an agent's turn whose tool read a long log, then a question about it
+/// in a new conversation: the frame shows the log's first 600 characters and says
+/// `memory_chain #ID returns the whole`; the model calls it, and the round after receives the
+/// whole log, as the note said (the rows the preview cut do not count as shown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_result_the_frame_cut_short_comes_back_whole_from_its_chain() {
+    let Some(python) = sdk_python() else {
+        return;
+    };
+    let h = Harness::start(|_| {}).await;
+    let proxy = format!("http://{}", h.proxy);
+    h.answer(common::upstream::chat_reply("You watered the tomato beds."));
+    chain_step(&python, &proxy, "read").await;
+    let rows = h.rows_of("sk-sdk-chain", 5);
+    let log = rows
+        .iter()
+        .find(|r| {
+            r.role == perpetuity::types::Role::Tool && r.text.starts_with("read_file returned")
+        })
+        .unwrap_or_else(|| panic!("the tool's result is stored: {rows:?}"));
+    assert!(log.chunks > 2, "the log is chunked");
+    let item = log.message.0;
+    let call = serde_json::json!({"id": "chatcmpl-chain", "object": "chat.completion", "created": 1,
+        "model": "gpt-4o", "choices": [{"index": 0, "finish_reason": "tool_calls",
+        "message": {"role": "assistant", "content": null, "tool_calls": [{"id": "call_chain",
+            "type": "function", "function": {"name": "memory_chain",
+                "arguments": format!("{{\"item\": {item}}}")}}]}}]});
+    h.answer(Answer::Whole(
+        200,
+        "application/json",
+        call.to_string().into_bytes(),
+    ));
+    h.answer(common::upstream::chat_reply("Entry 299 was the last."));
+    chain_step(&python, &proxy, "ask").await;
+    let received = h.received();
+    assert_eq!(received.len(), 3, "the read, and the question's two rounds");
+    let framed = received[1].text();
+    assert!(
+        framed.contains(&format!(
+            "[cut here; memory_chain #{item} returns the whole]"
+        )),
+        "{framed}"
+    );
+    assert!(!framed.contains("entry 299:"), "the preview is cut");
+    let chained = received[2].json()["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(chained["tool_call_id"], "call_chain");
+    let text = chained["content"].as_str().unwrap();
+    assert!(text.starts_with("memory_chain: "), "{text}");
+    assert!(
+        text.contains("entry 299:"),
+        "the whole log comes back: {text}"
     );
 }
