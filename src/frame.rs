@@ -356,11 +356,11 @@ fn continues(previous: &Turn, turn: &Turn) -> bool {
 /// message's preview says it), or else its start (the run then opens with `…`). `None` for a
 /// whole message.
 fn excerpt_note(first: u16, last: &Turn, tools: bool) -> Option<String> {
-    let whole = where_whole(last, tools, "the rest");
+    let whole = || where_whole(last, tools, "the rest");
     if last.chunk + 1 < last.chunks {
-        Some(format!(" … [cut here; {whole}]"))
+        Some(format!(" … [cut here; {}]", whole()))
     } else if first > 0 {
-        Some(format!(" [its start is cut; {whole}]"))
+        Some(format!(" [its start is cut; {}]", whole()))
     } else {
         None
     }
