@@ -4,14 +4,17 @@
 //! Run: `cargo bench --bench kernels`. Read bandwidth comes from `perpetuity::measure::read_bandwidth`
 //! over 512 MiB, in the same run. Sizes: 2-bit codes of 256 dims (64 bytes per row: a nibble per
 //! pair of dimensions, byte-major in groups of 64 rows) for 4M rows (256 MiB), int8 rows of 256 dims for 1M
-//! rows (256 MiB); larger than the L3 cache.
+//! rows (256 MiB); larger than the L3 cache; lexical signatures of 256 bits in blocks of 8 rows
+//! for 4M rows (128 MiB), tested for 8 and for 40 query terms (a question alone, and one read
+//! in its conversation with its context terms).
 //! Prints medians of repeated runs.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use perpetuity::scan::kernels::{
-    self, DotI8Fn, Isa, Kernels, LUT_ENTRY_MAX, LUT_ROWS, Lookahead, TwoBitQuery,
+    self, BLOCK_ROWS, DotI8Fn, Isa, Kernels, LUT_ENTRY_MAX, LUT_ROWS, Lookahead, SignatureTerm,
+    TwoBitQuery,
 };
 use perpetuity::scan::topk::{Hit, TopK};
 
@@ -19,6 +22,13 @@ const DIMS: usize = 256;
 const REPEATS: usize = 5;
 const CODE_ROWS: usize = 4 << 20;
 const INT8_ROWS: usize = 1 << 20;
+/// Words of a row's lexical signature (256 bits).
+const SIGNATURE_WORDS: usize = 4;
+/// What a row is, in each kernel's line.
+const DIMS_SHAPE: &str = "256 dims";
+const SIGNATURE_SHAPE: &str = "256 signature bits";
+/// Query terms the signature kernel tests: a question alone, and one read in its conversation.
+const SIGNATURE_TERMS: [usize; 2] = [8, 40];
 /// Rows of codes that fit in the L2 cache (512 KiB), for the in-cache figure.
 const CACHED_ROWS: usize = 8 << 10;
 /// Buffer of the read-bandwidth reference: twice the L3 cache of the machines we measure on.
@@ -46,19 +56,20 @@ fn fill(words: usize) -> Vec<u64> {
         .collect()
 }
 
-/// Median wall time of `REPEATS` runs of `run`.
-/// One kernel's line: `rows` rows of `bytes_per_row` bytes in `t`, against `bandwidth`.
-fn report(name: &str, rows: usize, bytes_per_row: usize, t: Duration, bandwidth: f64) {
+/// One kernel's line: `rows` rows of `bytes_per_row` bytes (`shape`, e.g. "256 dims") in `t`,
+/// against `bandwidth`.
+fn report(name: &str, shape: &str, rows: usize, bytes_per_row: usize, t: Duration, bandwidth: f64) {
     let rows_per_s = rows as f64 / t.as_secs_f64();
     let bytes_per_s = rows_per_s * bytes_per_row as f64;
     println!(
-        "{name}: {rows} rows x {DIMS} dims in {t:.2?}: {:.1}M rows/s/core, {:.2} GB/s, {:.0}% of read bandwidth",
+        "{name}: {rows} rows x {shape} in {t:.2?}: {:.1}M rows/s/core, {:.2} GB/s, {:.0}% of read bandwidth",
         rows_per_s / 1e6,
         bytes_per_s / 1e9,
         100.0 * bytes_per_s / bandwidth
     );
 }
 
+/// Median wall time of `REPEATS` runs of `run`.
 fn time(mut run: impl FnMut()) -> Duration {
     median(
         (0..REPEATS)
@@ -110,6 +121,7 @@ fn main() {
         });
         report(
             &format!("two_bit {isa:?}"),
+            DIMS_SHAPE,
             CODE_ROWS,
             code_bytes,
             t,
@@ -127,6 +139,7 @@ fn main() {
                 "two_bit {isa:?}, loading {} and {} bytes ahead",
                 ahead.near, ahead.far
             ),
+            DIMS_SHAPE,
             CODE_ROWS,
             code_bytes,
             t,
@@ -148,6 +161,7 @@ fn main() {
         });
         report(
             &format!("two_bit {isa:?}, in cache ({CACHED_ROWS} rows repeated)"),
+            DIMS_SHAPE,
             CODE_ROWS,
             code_bytes,
             t,
@@ -196,6 +210,8 @@ fn main() {
     assert_eq!(CODE_ROWS % LUT_ROWS, 0);
     assert_eq!(SCAN_CHUNK_ROWS % LUT_ROWS, 0);
 
+    signatures(bandwidth);
+
     let bytes: Vec<i8> = fill(INT8_ROWS * DIMS / 8)
         .into_iter()
         .flat_map(u64::to_le_bytes)
@@ -212,9 +228,69 @@ fn main() {
             f(&query, &bytes, &mut out);
             black_box(&out);
         });
-        report(&format!("dot_i8 {isa:?}"), INT8_ROWS, DIMS, t, bandwidth);
+        report(
+            &format!("dot_i8 {isa:?}"),
+            DIMS_SHAPE,
+            INT8_ROWS,
+            DIMS,
+            t,
+            bandwidth,
+        );
     }
     faiss_reference(scan_rows_per_s);
+}
+
+/// The signature kernel's forms over `CODE_ROWS` rows of random signatures (about half their
+/// bits set, so a term of three bits matches one row in eight), out of cache and in cache, for
+/// each count of `SIGNATURE_TERMS`: its cost grows with the query's terms, where the 2-bit
+/// kernel's does not.
+fn signatures(bandwidth: f64) {
+    let signatures = fill(CODE_ROWS * SIGNATURE_WORDS);
+    let mut out = vec![0f32; CODE_ROWS];
+    let bytes_per_row = SIGNATURE_WORDS * 8;
+    for count in SIGNATURE_TERMS {
+        let terms: Vec<SignatureTerm> = fill(count)
+            .into_iter()
+            .enumerate()
+            .map(|(t, w)| SignatureTerm {
+                word: t % SIGNATURE_WORDS,
+                mask: (0..3).fold(0, |mask, b| mask | 1 << ((w >> (8 * b)) % 64)),
+                weight: 1.0 + t as f32,
+            })
+            .collect();
+        for (isa, f) in kernels::signature_forms() {
+            let t = time(|| {
+                f(&terms, SIGNATURE_WORDS, &signatures, &mut out);
+                black_box(&out);
+            });
+            report(
+                &format!("signature {isa:?}, {count} terms"),
+                SIGNATURE_SHAPE,
+                CODE_ROWS,
+                bytes_per_row,
+                t,
+                bandwidth,
+            );
+            let cached = &signatures[..CACHED_ROWS * SIGNATURE_WORDS];
+            let t = time(|| {
+                for _ in 0..CODE_ROWS / CACHED_ROWS {
+                    f(&terms, SIGNATURE_WORDS, cached, &mut out[..CACHED_ROWS]);
+                    black_box(&out);
+                }
+            });
+            report(
+                &format!(
+                    "signature {isa:?}, {count} terms, in cache ({CACHED_ROWS} rows repeated)"
+                ),
+                SIGNATURE_SHAPE,
+                CODE_ROWS,
+                bytes_per_row,
+                t,
+                bandwidth,
+            );
+        }
+    }
+    assert_eq!(CODE_ROWS % BLOCK_ROWS, 0);
 }
 
 /// faiss's flat scans on the same shapes, run now when `PERPETUITY_FAISS_PYTHON` names a Python
