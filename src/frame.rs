@@ -254,8 +254,8 @@ struct Messages {
 }
 
 impl Messages {
-    /// Add `text` on `side`, quoting `row` (whole unless `whole` is false).
-    fn push(&mut self, side: Side, text: &str, row: Option<RowId>, whole: bool) {
+    /// Add `text` on `side`, quoting `quoted`: a row, and whether it is shown whole.
+    fn push(&mut self, side: Side, text: &str, quoted: Option<(RowId, bool)>) {
         match self.out.last_mut() {
             Some(last) if last.role == side => {
                 last.content.push_str("\n\n");
@@ -269,7 +269,7 @@ impl Messages {
                 tokens: 0,
             }),
         }
-        if let Some(row) = row {
+        if let Some((row, whole)) = quoted {
             self.quote(row, whole);
         }
     }
@@ -388,12 +388,7 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
 
     let mut messages = Messages::default();
     if omitted.turns > 0 {
-        messages.push(
-            Side::User,
-            &omission_line(omitted, layout.tools),
-            None,
-            true,
-        );
+        messages.push(Side::User, &omission_line(omitted, layout.tools), None);
     }
     for (conversation, group) in &groups {
         let which = if Some(*conversation) == layout.current {
@@ -408,7 +403,7 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
             Some(when) => format!("[{which} conversation from {when}]"),
             None => format!("[{which} conversation]"),
         };
-        messages.push(Side::User, &header, None, true);
+        messages.push(Side::User, &header, None);
         let mut shown = group.first().and_then(|t| t.timestamp_ms);
         let mut previous: Option<&Turn> = None;
         let mut preview = Preview::default();
@@ -446,14 +441,14 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
                 messages.extend(&text, turn.row, whole);
             } else {
                 let line = format!("{} {text}", label(turn, layout.now_ms, shown));
-                messages.push(Side::of(turn.role), &line, Some(turn.row), whole);
+                messages.push(Side::of(turn.role), &line, Some((turn.row, whole)));
                 shown = turn.timestamp_ms.or(shown);
             }
             previous = Some(turn);
         }
     }
     if let Some(question) = layout.probe_question {
-        messages.push(Side::User, question, None, true);
+        messages.push(Side::User, question, None);
     }
     messages.out
 }
