@@ -160,6 +160,7 @@ pub struct RecallFile {
     pub model_weight: Option<f32>,
     pub mandatory_hits: Option<usize>,
     pub recent_tokens: Option<usize>,
+    pub session_tokens: Option<usize>,
     pub warm_floor: Option<f32>,
 }
 

@@ -57,6 +57,9 @@ pub struct Turn {
     pub text: String,
     /// Tokens of `text`.
     pub tokens: usize,
+    /// A tool message quoted whole rather than by its preview (a working session's recent
+    /// work, `recall::stretch`); a message with one such chunk is quoted whole.
+    pub quoted_whole: bool,
 }
 
 /// A turn offered to the frame.
@@ -298,6 +301,10 @@ impl Messages {
 /// `memory_chain` on the message's id returns it.
 pub const TOOL_PREVIEW_CHARS: usize = 600;
 
+/// Tokens a tool message's preview takes at most, for a first pass's estimate: its
+/// [`TOOL_PREVIEW_CHARS`] at about four characters a token, and the note where it is cut.
+pub const TOOL_PREVIEW_TOKENS: usize = TOOL_PREVIEW_CHARS / 4 + 20;
+
 /// How much of the tool message being rendered has been shown, chunk after chunk.
 #[derive(Debug, Default)]
 struct Preview {
@@ -386,6 +393,11 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
         )
     });
 
+    let whole_messages: HashSet<RowId> = turns
+        .iter()
+        .filter(|t| t.quoted_whole)
+        .map(|t| t.message)
+        .collect();
     let mut messages = Messages::default();
     if omitted.turns > 0 {
         messages.push(Side::User, &omission_line(omitted, layout.tools), None);
@@ -414,11 +426,12 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
                 preview = Preview::default();
                 first = turn.chunk;
             }
-            let (mut text, whole) = if turn.role == Role::Tool {
-                preview.take(turn, layout.tools)
-            } else {
-                (Cow::Borrowed(turn.text.as_str()), true)
-            };
+            let (mut text, whole) =
+                if turn.role == Role::Tool && !whole_messages.contains(&turn.message) {
+                    preview.take(turn, layout.tools)
+                } else {
+                    (Cow::Borrowed(turn.text.as_str()), true)
+                };
             // A message shown in part says so where it is cut, once a run of its chunks.
             if !joined && first > 0 {
                 let gap = if text.starts_with(char::is_whitespace) {

@@ -492,6 +492,7 @@ mod tests {
             timestamp_ms: ms,
             text: format!("text {row}"),
             tokens: 2,
+            quoted_whole: false,
         }
     }
 

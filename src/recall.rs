@@ -53,6 +53,10 @@ pub struct RecallConfig {
     /// always, however long): in the mandatory set, read beside the question and passed over
     /// by the search ([`question_query`]).
     pub recent_tokens: usize,
+    /// Tokens of a working session's stretch (a conversation whose stretch holds tool rows), as
+    /// shown: its newest half quoted whole, older tool messages by their preview ([`stretch`]).
+    /// The part beyond `recent_tokens` is framed on top of the budget.
+    pub session_tokens: usize,
     /// Warmth below which a row is no longer offered to the frame.
     pub warm_floor: f32,
     /// Whether the memory tools ride along (the omission line names one only then).
@@ -71,6 +75,7 @@ impl Default for RecallConfig {
             openers: 256,
             mandatory_hits: 3,
             recent_tokens: 1_000,
+            session_tokens: 24_000,
             warm_floor: 0.05,
             tools: false,
         }
@@ -171,14 +176,21 @@ pub fn recall(
     excluded.extend(ask.hidden.iter().copied());
     // The current conversation's most recent stretch joins the mandatory set. The question is
     // read beside it, and the search passes over it: the frame holds it whatever is found.
-    let stretch = stretch(store, arena, ask, config.recent_tokens, &excluded)?;
+    let stretch = stretch(
+        store,
+        arena,
+        ask,
+        (config.recent_tokens, config.session_tokens),
+        &excluded,
+    )?;
     let started = std::time::Instant::now();
-    let query = question_query(&memory.dictionary, arena, ask, &stretch);
-    let passed_over: HashSet<RowId> = excluded
-        .iter()
-        .copied()
-        .chain(stretch.iter().map(|&(id, _)| id))
-        .collect();
+    let query = question_query(
+        &memory.dictionary,
+        arena,
+        ask,
+        &stretch.rows[..stretch.recent],
+    );
+    let passed_over: HashSet<RowId> = excluded.iter().copied().chain(stretch.ids()).collect();
     let found = search_without(
         &memory.dictionary,
         arena,
@@ -210,7 +222,15 @@ pub fn recall(
     let hits = &ordered[..ordered.len().min(config.depth)];
     let scanned_rows = arena.scope_rows(ask.scope);
     let clock = store.clock(ask.user)?;
-    let mut states = warm_states(store, arena, ask, clock, config.warm_floor, hits, &stretch)?;
+    let mut states = warm_states(
+        store,
+        arena,
+        ask,
+        clock,
+        config.warm_floor,
+        hits,
+        &stretch.rows,
+    )?;
     states.retain(|(row, _)| !excluded.contains(row));
     let ranked: Vec<RowId> = hits.iter().map(|h| h.row).collect();
     let mut updates = reheat(ask.user, &ranked, &mut states, clock);
@@ -224,9 +244,14 @@ pub fn recall(
         .iter()
         .take(config.mandatory_hits)
         .map(|h| h.row)
-        .chain(stretch.iter().map(|&(id, _)| id))
+        .chain(stretch.ids())
         .collect();
     mandatory.sort_unstable();
+    // A working session's recent tool messages are quoted whole.
+    let quoted_whole: HashSet<RowId> = stretch
+        .ids()
+        .filter(|row| is_tool(arena, *row) && !stretch.previewed.contains(row))
+        .collect();
 
     // First pass on what the arena knows (warmth, length); only the kept rows are read.
     let picks: Vec<Pick> = states
@@ -237,11 +262,17 @@ pub fn recall(
             if warmth < config.warm_floor && !is_mandatory {
                 return None;
             }
+            let tokens = arena.token_len(row)?;
             Some(Pick {
                 row,
                 warmth,
                 mandatory: is_mandatory,
-                tokens: arena.token_len(row)?,
+                // A tool message not quoted whole is shown by its preview.
+                tokens: if is_tool(arena, row) && !quoted_whole.contains(&row) {
+                    tokens.min(frame::TOOL_PREVIEW_TOKENS)
+                } else {
+                    tokens
+                },
             })
         })
         .collect();
@@ -257,7 +288,16 @@ pub fn recall(
                 store.patch_activation(&updates)
             }
         },
-        || frame_of(memory, arena, ask, config, &picks, budget),
+        || {
+            frame_of(
+                memory,
+                arena,
+                ask,
+                config,
+                &picks,
+                (budget + stretch.beyond_tokens, &quoted_whole),
+            )
+        },
     );
     patched?;
     let frame = frame?;
@@ -293,31 +333,128 @@ pub fn recall(
     })
 }
 
-/// The most recent stretch of the conversation `ask` continues, newest first: its rows back to
-/// `recent_tokens` tokens (the newest always), each with its slot, leaving out `excluded` and
-/// rows the arena does not hold. Empty without a conversation.
+/// The current conversation's stretch the frame holds whatever is found, newest first
+/// ([`stretch`]).
+#[derive(Debug, Clone, Default)]
+pub struct Stretch {
+    /// Its rows, newest first, each with its slot.
+    pub rows: Vec<(RowId, Slot)>,
+    /// How many of the newest rows make the chat's stretch: back to `recent_tokens` tokens,
+    /// the live turn whole. The question is read beside these ([`question_query`]).
+    pub recent: usize,
+    /// Its tool rows shown by their preview ([`frame::TOOL_PREVIEW_CHARS`]), not whole.
+    pub previewed: HashSet<RowId>,
+    /// Tokens of its rows past the chat's stretch, as shown: a working session's room on top
+    /// of the budget.
+    pub beyond_tokens: usize,
+}
+
+impl Stretch {
+    /// Every row of the stretch.
+    pub fn ids(&self) -> impl Iterator<Item = RowId> + '_ {
+        self.rows.iter().map(|&(id, _)| id)
+    }
+}
+
+/// The most recent stretch of the conversation `ask` continues, newest first, leaving out
+/// `excluded` and rows the arena does not hold; empty without a conversation.
+///
+/// A chat's stretch is its rows back to `recent_tokens` tokens, and always the whole of its
+/// newest turn: the newest run of user rows (the live question's chunks, however long). A
+/// working session, whose stretch holds tool rows, goes on to `session_tokens` as shown: a
+/// coding agent spends a turn's tokens on files it read and commands it ran, so a chat's
+/// stretch would hold less than one of its turns. Past the live turn, its rows within
+/// `session_tokens / 2` tokens are quoted whole; an older tool message (or one that would
+/// overrun the stretch) is shown by its preview, so only its first chunk is in the stretch,
+/// counted at the preview's size ([`frame::TOOL_PREVIEW_TOKENS`]), and its other chunks are
+/// left to the search like any other row. The prompts, replies and calls around them are quoted
+/// whole: the session's own course stays in view at a fraction of its tool traffic.
 pub fn stretch(
     store: &Store,
     arena: &Arena,
     ask: &Ask<'_>,
-    recent_tokens: usize,
+    (recent_tokens, session_tokens): (usize, usize),
     excluded: &HashSet<RowId>,
-) -> Result<Vec<(RowId, Slot)>, StoreError> {
-    let mut stretch = Vec::new();
+) -> Result<Stretch, StoreError> {
+    let mut stretch = Stretch::default();
     let Some(conversation) = ask.conversation else {
         return Ok(stretch);
     };
-    let mut tokens = 0;
+    // Tokens of the stretch, of it past the live turn, and of that as shown.
+    let (mut tokens, mut work, mut cost) = (0, 0, 0usize);
+    let (mut own, mut tools) = (true, false);
+    let mut recent = None;
+    // A tool message to show by its preview, as far as its first chunk is known: the chunks of
+    // one message share their birth clock, and only the first is kept (the preview is cut
+    // within it); its other chunks stay out of the stretch, so the search can reach them.
+    let mut pending: Option<(RowId, Slot, usize, u64)> = None;
     for id in store.conversation_rows_newest_first(ask.user, conversation) {
         let id = id?;
         let Some(slot) = arena.slot(id).filter(|_| !excluded.contains(&id)) else {
             continue;
         };
-        tokens += arena.page(slot.page).token_lens[slot.index as usize] as usize;
-        stretch.push((id, slot));
-        if tokens >= recent_tokens {
+        let page = arena.page(slot.page);
+        let role = Role::from_code(page.roles[slot.index as usize]);
+        let len = page.token_lens[slot.index as usize] as usize;
+        let birth = page.birth_clocks[slot.index as usize];
+        let tool = role == Some(Role::Tool);
+        if let Some((first, first_slot, first_len, first_birth)) = pending {
+            if tool && birth == first_birth {
+                pending = Some((id, slot, len, birth));
+                tokens += len;
+                work += len;
+                continue;
+            }
+            let shown = first_len.min(frame::TOOL_PREVIEW_TOKENS);
+            if cost + shown > session_tokens {
+                pending = None;
+                break;
+            }
+            cost += shown;
+            stretch.beyond_tokens += shown;
+            stretch.rows.push((first, first_slot));
+            stretch.previewed.insert(first);
+            pending = None;
+        }
+        own &= role == Some(Role::User);
+        if !own && recent.is_none() && tokens >= recent_tokens {
+            recent = Some(stretch.rows.len());
+        }
+        let beyond = recent.is_some();
+        tools |= tool;
+        tokens += len;
+        if own {
+            stretch.rows.push((id, slot));
+            continue;
+        }
+        work += len;
+        let whole =
+            !tool || ((!beyond || work - len < session_tokens / 2) && cost + len <= session_tokens);
+        if !whole {
+            pending = Some((id, slot, len, birth));
+            continue;
+        }
+        if beyond && cost + len > session_tokens {
             break;
         }
+        cost += len;
+        if beyond {
+            stretch.beyond_tokens += len;
+        }
+        stretch.rows.push((id, slot));
+    }
+    if let Some((first, first_slot, first_len, _)) = pending {
+        let shown = first_len.min(frame::TOOL_PREVIEW_TOKENS);
+        if cost + shown <= session_tokens {
+            stretch.beyond_tokens += shown;
+            stretch.rows.push((first, first_slot));
+            stretch.previewed.insert(first);
+        }
+    }
+    stretch.recent = recent.unwrap_or(stretch.rows.len());
+    if !tools {
+        stretch.rows.truncate(stretch.recent);
+        stretch.beyond_tokens = 0;
     }
     Ok(stretch)
 }
@@ -342,15 +479,16 @@ pub fn question_query(
     PreparedQuery::in_conversation(dictionary, arena, ask.question, &context)
 }
 
-/// The frame of `picks` within `budget`: the turns it selects read from the store, rendered
-/// and fitted; what the cap left out counted in its omission line.
+/// The frame of `picks` within `cap` tokens: the turns it selects read from the store (the tool
+/// messages of `quoted_whole` to be quoted whole), rendered and fitted; what the cap left out
+/// counted in its omission line.
 fn frame_of(
     memory: &Memory,
     arena: &Arena,
     ask: &Ask<'_>,
     config: &RecallConfig,
     picks: &[Pick],
-    budget: usize,
+    (cap, quoted_whole): (usize, &HashSet<RowId>),
 ) -> Result<Frame, StoreError> {
     let layout = Layout {
         now_ms: ask.now_ms,
@@ -358,7 +496,7 @@ fn frame_of(
         probe_question: ask.probe.then_some(ask.question),
         tools: config.tools,
     };
-    let kept = frame::select(picks, budget);
+    let kept = frame::select(picks, cap);
     let mut outside = Omitted::default();
     let mut is_kept = vec![false; picks.len()];
     for &i in &kept {
@@ -376,7 +514,8 @@ fn frame_of(
     turns.read_rows(memory, owned.iter().map(|&(pick, owner)| (owner, pick.row)))?;
     let mut candidates = Vec::with_capacity(owned.len());
     for (pick, owner) in owned {
-        if let Some(turn) = turns.turn(memory, owner, pick.row)? {
+        if let Some(mut turn) = turns.turn(memory, owner, pick.row)? {
+            turn.quoted_whole = quoted_whole.contains(&pick.row);
             candidates.push(Candidate {
                 turn,
                 warmth: pick.warmth,
@@ -387,11 +526,19 @@ fn frame_of(
     let tokenizer = Tokenizer::new();
     Ok(frame::fit(
         candidates,
-        budget,
+        cap,
         &layout,
         |text| tokenizer.count(text),
         outside,
     ))
+}
+
+/// Whether `row` is a tool message's (a call the agent made or what a tool returned), as the
+/// arena holds it.
+fn is_tool(arena: &Arena, row: RowId) -> bool {
+    arena.slot(row).is_some_and(|slot| {
+        Role::from_code(arena.page(slot.page).roles[slot.index as usize]) == Some(Role::Tool)
+    })
 }
 
 /// The conversation of `row` as the arena holds it (0 for a row it does not hold).
@@ -765,6 +912,7 @@ impl Turns {
             role: row.role,
             timestamp_ms: row.timestamp_ms,
             text: row.text,
+            quoted_whole: false,
         }))
     }
 }

@@ -658,10 +658,11 @@ fn a_question_is_read_in_its_conversation_and_the_search_passes_over_its_stretch
         &memory.store,
         &arena,
         &live,
-        config.recent_tokens,
+        (config.recent_tokens, config.session_tokens),
         &Default::default(),
     )
     .unwrap();
+    let stretch = &stretch.rows[..stretch.recent];
     let read = |ask: &Ask<'_>, stretch| {
         let query = question_query(&memory.dictionary, &arena, ask, stretch);
         (
@@ -671,12 +672,100 @@ fn a_question_is_read_in_its_conversation_and_the_search_passes_over_its_stretch
         )
     };
     let probe = ask("plans", question, true);
-    assert_eq!(read(&live, &stretch), read(&probe, &stretch[1..]));
+    assert_eq!(read(&live, stretch), read(&probe, &stretch[1..]));
     // A client's retry (a probe, its question stored already) reads it the same way too.
-    assert_eq!(read(&live, &stretch), read(&probe, &stretch));
+    assert_eq!(read(&live, stretch), read(&probe, stretch));
     let recalled = run(&memory, &config, &live);
     assert_eq!(
         recalled.retrieved.first().map(|r| RowId(r.row)),
         Some(booked)
+    );
+}
+
+/// A coding agent's session: turns of prompts, calls, file reads of a few thousand tokens each
+/// and replies.
+fn working_session(turns: usize) -> Vec<Message> {
+    let mut messages = Vec::new();
+    for t in 0..turns {
+        let hour = 70 + t as i64;
+        let say = |role, name, text: String| turn("alice", "session", role, name, hour, &text);
+        messages.push(say(
+            Role::User,
+            "Alice",
+            format!("Step {t}: make parser_{t} accept the input from ticket T-{t}0{t}."),
+        ));
+        for read in 0..3 {
+            messages.push(say(
+                Role::Tool,
+                "tool",
+                format!("called Read {{\"file_path\":\"src/parser_{t}_{read}.rs\"}}"),
+            ));
+            let body: String = (0..200)
+                .map(|line| format!("let value_{t}_{read}_{line} = decode_{line}(input);\n"))
+                .collect();
+            messages.push(say(Role::Tool, "tool", format!("Read returned: {body}")));
+        }
+        messages.push(say(
+            Role::Assistant,
+            "Guide",
+            format!("Done: parser_{t} now calls finish_{t}()."),
+        ));
+    }
+    messages
+}
+
+#[test]
+fn a_working_session_keeps_its_course_whole_and_its_older_reads_in_preview() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = common::memory(dir.path());
+    seeded(&memory);
+    let capturer = Capturer::new(&memory.dictionary);
+    capturer
+        .capture(&memory.store, &working_session(12))
+        .unwrap();
+    // The live prompt is long: far over the chat's stretch, it still arrives whole.
+    let question: String = (0..600)
+        .map(|i| format!("Line {i} of the pasted log: worker-{i} exited with status {i}.\n"))
+        .collect();
+    capturer
+        .capture(
+            &memory.store,
+            &[turn("alice", "session", Role::User, "Alice", 90, &question)],
+        )
+        .unwrap();
+    let config = RecallConfig::default();
+    let recall = run(&memory, &config, &ask("session", &question, false));
+    let frame = text(&recall);
+    assert!(
+        frame.contains(question.trim_end()),
+        "the live prompt was cut"
+    );
+    // The newest turn's reads are quoted whole, the oldest shown ones by their preview; every
+    // prompt and reply within the stretch is there whole.
+    assert!(frame.contains("let value_11_2_199 = decode_199(input);"));
+    assert!(frame.contains("let value_11_0_199 = decode_199(input);"));
+    let previewed = (0..12).find(|t| {
+        frame.contains(&format!("let value_{t}_0_0 = "))
+            && !frame.contains(&format!("let value_{t}_0_199 = "))
+    });
+    let previewed = previewed.expect("no older read shown by its preview");
+    for t in previewed..12 {
+        assert!(
+            frame.contains(&format!("Step {t}: make parser_{t} accept")),
+            "turn {t}"
+        );
+        assert!(frame.contains(&format!("Done: parser_{t} now calls finish_{t}().")));
+    }
+    // The live turn, the chat's stretch and the budget, and the session's stretch on top, as
+    // shown (labels and headers aside): a tenth of the session's own tokens.
+    let tokenizer = perpetuity::tokens::Tokenizer::new();
+    let bound = tokenizer.count(&question)
+        + config.recent_tokens
+        + config.budget.ceiling
+        + config.session_tokens;
+    assert!(
+        recall.frame.tokens <= bound + 2_000,
+        "{} tokens framed, over {bound}",
+        recall.frame.tokens
     );
 }

@@ -401,9 +401,10 @@ fn replay(
         }
         let probe = Probe {
             store,
-            recent_tokens: frame.map_or(RecallConfig::default().recent_tokens, |(_, config)| {
-                config.recent_tokens
-            }),
+            stretch_tokens: {
+                let config = frame.map_or(RecallConfig::default(), |(_, config)| *config);
+                (config.recent_tokens, config.session_tokens)
+            },
             dictionary,
             arena: &arena,
             kernels,

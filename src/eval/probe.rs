@@ -148,8 +148,9 @@ impl Corpus {
 /// `frame`, each question's frame is rendered too (probe mode: nothing written).
 pub(super) struct Probe<'a> {
     pub(super) store: &'a Store,
-    /// The recall's `recent_tokens`: how much of a question's conversation it is read beside.
-    pub(super) recent_tokens: usize,
+    /// The recall's `recent_tokens` and `session_tokens`: how much of a question's
+    /// conversation it is read beside, and passes over.
+    pub(super) stretch_tokens: (usize, usize),
     pub(super) dictionary: &'a Dictionary,
     pub(super) arena: &'a Arena,
     pub(super) kernels: &'a Kernels,
@@ -176,12 +177,17 @@ impl Probe<'_> {
             self.store,
             self.arena,
             &ask,
-            self.recent_tokens,
+            self.stretch_tokens,
             &HashSet::new(),
         )?;
-        let passed_over: HashSet<RowId> = stretch.iter().map(|&(id, _)| id).collect();
+        let passed_over: HashSet<RowId> = stretch.ids().collect();
         let started = Instant::now();
-        let query = question_query(self.dictionary, self.arena, &ask, &stretch);
+        let query = question_query(
+            self.dictionary,
+            self.arena,
+            &ask,
+            &stretch.rows[..stretch.recent],
+        );
         let hits = search_without(
             self.dictionary,
             self.arena,

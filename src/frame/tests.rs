@@ -22,6 +22,7 @@ fn turn(row: u64, conversation: &str, role: Role, speaker: &str, text: &str) -> 
         timestamp_ms: Some(MAY_8 + row as i64 * MINUTE),
         text: text.to_owned(),
         tokens: words(text),
+        quoted_whole: false,
     }
 }
 
