@@ -82,6 +82,13 @@ pub struct Layout<'a> {
     pub current: Option<&'a str>,
     /// Probe mode: the live question, appended after the frame (it is not a stored turn).
     pub probe_question: Option<&'a str>,
+    /// The live question's first row, when it is a stored turn of the current conversation:
+    /// the omission line goes right before it.
+    pub question: Option<RowId>,
+    /// The render time a working session's kept part was first rendered at
+    /// (`recall::Pin`): earlier conversations' ages are counted from it, so that part reads the
+    /// same, byte for byte, from turn to turn.
+    pub kept_now_ms: Option<i64>,
     /// Whether the memory tools ride along (the omission line names one only then).
     pub tools: bool,
 }
@@ -375,8 +382,10 @@ fn excerpt_note(first: u16, last: &Turn, tools: bool) -> Option<String> {
 
 /// Render `turns` (any order) as messages: grouped by conversation, groups ordered by their most
 /// recent row with `layout.current` last, each group opened by a header line on the user side
-/// (so the frame starts with a user message), the omission line first when anything was left
-/// out, and the probe question last. Token counts are left at zero.
+/// (so the frame starts with a user message), the omission line when anything was left out
+/// right before the live question (`layout.question`, or the probe question), and the probe
+/// question last. The frame's stable part comes first and what changes every turn last, so a
+/// provider's prefix cache serves the one from turn to turn. Token counts are left at zero.
 pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Message> {
     let mut groups: HashMap<&str, Vec<&Turn>> = HashMap::new();
     for &turn in turns {
@@ -399,18 +408,18 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
         .map(|t| t.message)
         .collect();
     let mut messages = Messages::default();
-    if omitted.turns > 0 {
-        messages.push(Side::User, &omission_line(omitted, layout.tools), None);
-    }
+    let mut omission = (omitted.turns > 0).then(|| omission_line(omitted, layout.tools));
     for (conversation, group) in &groups {
-        let which = if Some(*conversation) == layout.current {
-            "This"
+        let current = Some(*conversation) == layout.current;
+        let which = if current { "This" } else { "Earlier" };
+        // The current conversation's header carries no age (it would change every minute),
+        // an earlier one's counts from when the kept part was made.
+        let now = if current {
+            None
         } else {
-            "Earlier"
+            layout.kept_now_ms.or(layout.now_ms)
         };
-        let opened = group
-            .first()
-            .and_then(|t| when_label(t.timestamp_ms, layout.now_ms));
+        let opened = group.first().and_then(|t| when_label(t.timestamp_ms, now));
         let header = match &opened {
             Some(when) => format!("[{which} conversation from {when}]"),
             None => format!("[{which} conversation]"),
@@ -421,6 +430,12 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
         let mut preview = Preview::default();
         let mut first = 0;
         for (n, &turn) in group.iter().enumerate() {
+            if current && Some(turn.row) == layout.question {
+                // What did not fit is said last, just before the question.
+                if let Some(line) = omission.take() {
+                    messages.push(Side::User, &line, None);
+                }
+            }
             let joined = previous.is_some_and(|p| continues(p, turn));
             if !joined {
                 preview = Preview::default();
@@ -453,12 +468,20 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
             if joined {
                 messages.extend(&text, turn.row, whole);
             } else {
-                let line = format!("{} {text}", label(turn, layout.now_ms, shown));
+                let now = if current {
+                    layout.now_ms
+                } else {
+                    layout.kept_now_ms.or(layout.now_ms)
+                };
+                let line = format!("{} {text}", label(turn, now, shown));
                 messages.push(Side::of(turn.role), &line, Some((turn.row, whole)));
                 shown = turn.timestamp_ms.or(shown);
             }
             previous = Some(turn);
         }
+    }
+    if let Some(line) = omission {
+        messages.push(Side::User, &line, None);
     }
     if let Some(question) = layout.probe_question {
         messages.push(Side::User, question, None);

@@ -102,6 +102,26 @@ pub struct Ask<'a> {
     pub hidden: &'a [RowId],
     /// Render time (Unix ms) for the labels' ages.
     pub now_ms: Option<i64>,
+    /// The kept part of this working session's last frame, if any ([`Pin`]).
+    pub pin: Option<&'a Pin>,
+}
+
+/// The part of a working session's frame that later turns keep, so the forwarded request's
+/// start stays the same from turn to turn and the provider's prefix cache serves it (a new turn
+/// otherwise rebuilds the frame from its first byte). Made by a recall whose stretch holds tool
+/// rows; a later recall in the same conversation given it ([`Ask::pin`]) walks the stretch back
+/// to the same first row and shows the same rows outside it, with the new question's top hits,
+/// and nothing else, until the stretch outgrows `session_tokens` by half: then the frame is
+/// made afresh and so is its pin.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pin {
+    /// The stretch's oldest row.
+    pub anchor: RowId,
+    /// The frame's rows outside the stretch (earlier conversations', and this one's from before
+    /// the stretch), in row id order.
+    pub rest: Vec<RowId>,
+    /// The render time of the frame that made the pin: earlier conversations' ages count from it.
+    pub now_ms: Option<i64>,
 }
 
 impl<'a> Ask<'a> {
@@ -121,6 +141,7 @@ impl<'a> Ask<'a> {
             probe: true,
             hidden: &[],
             now_ms: Some(now_ms),
+            pin: None,
         }
     }
 }
@@ -148,6 +169,10 @@ pub struct Recall {
     /// a user may hold tens of thousands of warm rows (the inspector's "why" reads it).
     #[serde(skip)]
     pub offered: Vec<Pick>,
+    /// What the next turn of this working session keeps of the frame (none for a chat, and
+    /// in probe mode).
+    #[serde(skip)]
+    pub pin: Option<Pin>,
 }
 
 /// One row of the retrieved set.
@@ -183,6 +208,11 @@ pub fn recall(
         (config.recent_tokens, config.session_tokens),
         &excluded,
     )?;
+    // The kept part of the session's last frame, where the stretch could keep its first row.
+    let kept: &[RowId] = match ask.pin {
+        Some(pin) if stretch.anchored => &pin.rest,
+        _ => &[],
+    };
     let started = std::time::Instant::now();
     let query = question_query(
         &memory.dictionary,
@@ -229,7 +259,12 @@ pub fn recall(
         clock,
         config.warm_floor,
         hits,
-        &stretch.rows,
+        &stretch
+            .rows
+            .iter()
+            .copied()
+            .chain(kept.iter().filter_map(|&row| Some((row, arena.slot(row)?))))
+            .collect::<Vec<_>>(),
     )?;
     states.retain(|(row, _)| !excluded.contains(row));
     let ranked: Vec<RowId> = hits.iter().map(|h| h.row).collect();
@@ -240,11 +275,13 @@ pub fn recall(
         .map(|h| h.row)
         .collect();
     updates.retain(|(_, row, _, _)| !foreign.contains(row));
+    // A working session's kept part is held like the mandatory set, and nothing else joins it.
     let mut mandatory: Vec<RowId> = hits
         .iter()
         .take(config.mandatory_hits)
         .map(|h| h.row)
         .chain(stretch.ids())
+        .chain(kept.iter().copied())
         .collect();
     mandatory.sort_unstable();
     // A working session's recent tool messages are quoted whole.
@@ -259,7 +296,7 @@ pub fn recall(
         .filter_map(|&(row, ref state)| {
             let warmth = heat::warmth(state, clock);
             let is_mandatory = mandatory.binary_search(&row).is_ok();
-            if warmth < config.warm_floor && !is_mandatory {
+            if (warmth < config.warm_floor || stretch.anchored) && !is_mandatory {
                 return None;
             }
             let tokens = arena.token_len(row)?;
@@ -295,7 +332,7 @@ pub fn recall(
                 ask,
                 config,
                 &picks,
-                (budget + stretch.beyond_tokens, &quoted_whole),
+                (budget + stretch.beyond_tokens, &quoted_whole, &stretch),
             )
         },
     );
@@ -320,6 +357,24 @@ pub fn recall(
             }
         })
         .collect();
+    let pin = (stretch.session && !ask.probe)
+        .then(|| {
+            let in_stretch: HashSet<RowId> = stretch.ids().collect();
+            let mut rest: Vec<RowId> = frame
+                .rows
+                .iter()
+                .copied()
+                .filter(|row| !in_stretch.contains(row))
+                .collect();
+            rest.sort_unstable();
+            rest.dedup();
+            Some(Pin {
+                anchor: stretch.rows.last()?.0,
+                rest,
+                now_ms: kept_now_ms(ask, &stretch).or(ask.now_ms),
+            })
+        })
+        .flatten();
     Ok(Recall {
         retrieved,
         budget,
@@ -330,7 +385,16 @@ pub fn recall(
         scan_us,
         frame,
         offered: picks,
+        pin,
     })
+}
+
+/// The render time a kept part's earlier conversations count their ages from: its own, while
+/// the stretch keeps it.
+fn kept_now_ms(ask: &Ask<'_>, stretch: &Stretch) -> Option<i64> {
+    ask.pin
+        .filter(|_| stretch.anchored)
+        .and_then(|pin| pin.now_ms)
 }
 
 /// The current conversation's stretch the frame holds whatever is found, newest first
@@ -347,6 +411,12 @@ pub struct Stretch {
     /// Tokens of its rows past the chat's stretch, as shown: a working session's room on top
     /// of the budget.
     pub beyond_tokens: usize,
+    /// How many of the newest rows are the live turn's (a run of user rows).
+    pub own: usize,
+    /// Whether it holds tool rows: the conversation is a working session.
+    pub session: bool,
+    /// Whether it was walked back to a kept part's first row ([`Ask::pin`]).
+    pub anchored: bool,
 }
 
 impl Stretch {
@@ -368,21 +438,45 @@ impl Stretch {
 /// overrun the stretch) is shown by its preview, so only its first chunk is in the stretch,
 /// counted at the preview's size ([`frame::TOOL_PREVIEW_TOKENS`]), and its other chunks are
 /// left to the search like any other row. The prompts, replies and calls around them are quoted
-/// whole: the session's own course stays in view at a fraction of its tool traffic.
+/// whole: the session's own course stays in view at a fraction of its tool traffic. Given a
+/// kept part ([`Ask::pin`]), the stretch goes back to its first row instead, as long as that
+/// takes at most half as much again as `session_tokens`.
 pub fn stretch(
+    store: &Store,
+    arena: &Arena,
+    ask: &Ask<'_>,
+    tokens: (usize, usize),
+    excluded: &HashSet<RowId>,
+) -> Result<Stretch, StoreError> {
+    if let Some(pin) = ask.pin
+        && let Some(kept) = walk(store, arena, ask, tokens, excluded, Some(pin.anchor))?
+    {
+        return Ok(kept);
+    }
+    Ok(walk(store, arena, ask, tokens, excluded, None)?.unwrap_or_default())
+}
+
+/// The walk of [`stretch`], back to `anchor` when given (a kept part's first row, [`Pin`]), the
+/// stretch then allowed half as much again; `None` when it overran before reaching it.
+fn walk(
     store: &Store,
     arena: &Arena,
     ask: &Ask<'_>,
     (recent_tokens, session_tokens): (usize, usize),
     excluded: &HashSet<RowId>,
-) -> Result<Stretch, StoreError> {
+    anchor: Option<RowId>,
+) -> Result<Option<Stretch>, StoreError> {
     let mut stretch = Stretch::default();
     let Some(conversation) = ask.conversation else {
-        return Ok(stretch);
+        return Ok(Some(stretch));
+    };
+    let limit = match anchor {
+        Some(_) => session_tokens + session_tokens / 2,
+        None => session_tokens,
     };
     // Tokens of the stretch, of it past the live turn, and of that as shown.
     let (mut tokens, mut work, mut cost) = (0, 0, 0usize);
-    let (mut own, mut tools) = (true, false);
+    let (mut own, mut overran) = (true, false);
     let mut recent = None;
     // A tool message to show by its preview, as far as its first chunk is known: the chunks of
     // one message share their birth clock, and only the first is kept (the preview is cut
@@ -390,6 +484,9 @@ pub fn stretch(
     let mut pending: Option<(RowId, Slot, usize, u64)> = None;
     for id in store.conversation_rows_newest_first(ask.user, conversation) {
         let id = id?;
+        if anchor.is_some_and(|anchor| id < anchor) {
+            break;
+        }
         let Some(slot) = arena.slot(id).filter(|_| !excluded.contains(&id)) else {
             continue;
         };
@@ -398,7 +495,7 @@ pub fn stretch(
         let len = page.token_lens[slot.index as usize] as usize;
         let birth = page.birth_clocks[slot.index as usize];
         let tool = role == Some(Role::Tool);
-        if let Some((first, first_slot, first_len, first_birth)) = pending {
+        if let Some((first, first_slot, first_len, first_birth)) = pending.take() {
             if tool && birth == first_birth {
                 pending = Some((id, slot, len, birth));
                 tokens += len;
@@ -406,35 +503,35 @@ pub fn stretch(
                 continue;
             }
             let shown = first_len.min(frame::TOOL_PREVIEW_TOKENS);
-            if cost + shown > session_tokens {
-                pending = None;
+            if cost + shown > limit {
+                overran = true;
                 break;
             }
             cost += shown;
             stretch.beyond_tokens += shown;
             stretch.rows.push((first, first_slot));
             stretch.previewed.insert(first);
-            pending = None;
         }
         own &= role == Some(Role::User);
         if !own && recent.is_none() && tokens >= recent_tokens {
             recent = Some(stretch.rows.len());
         }
         let beyond = recent.is_some();
-        tools |= tool;
+        stretch.session |= tool;
         tokens += len;
         if own {
+            stretch.own += 1;
             stretch.rows.push((id, slot));
             continue;
         }
         work += len;
-        let whole =
-            !tool || ((!beyond || work - len < session_tokens / 2) && cost + len <= session_tokens);
+        let whole = !tool || ((!beyond || work - len < session_tokens / 2) && cost + len <= limit);
         if !whole {
             pending = Some((id, slot, len, birth));
             continue;
         }
-        if beyond && cost + len > session_tokens {
+        if beyond && cost + len > limit {
+            overran = true;
             break;
         }
         cost += len;
@@ -445,18 +542,24 @@ pub fn stretch(
     }
     if let Some((first, first_slot, first_len, _)) = pending {
         let shown = first_len.min(frame::TOOL_PREVIEW_TOKENS);
-        if cost + shown <= session_tokens {
+        if cost + shown <= limit {
             stretch.beyond_tokens += shown;
             stretch.rows.push((first, first_slot));
             stretch.previewed.insert(first);
+        } else {
+            overran = true;
         }
     }
+    if overran && anchor.is_some() {
+        return Ok(None);
+    }
+    stretch.anchored = anchor.is_some();
     stretch.recent = recent.unwrap_or(stretch.rows.len());
-    if !tools {
+    if !stretch.session {
         stretch.rows.truncate(stretch.recent);
         stretch.beyond_tokens = 0;
     }
-    Ok(stretch)
+    Ok(Some(stretch))
 }
 
 /// The question of `ask` as the search reads it: in its conversation, beside the rows of the
@@ -488,12 +591,18 @@ fn frame_of(
     ask: &Ask<'_>,
     config: &RecallConfig,
     picks: &[Pick],
-    (cap, quoted_whole): (usize, &HashSet<RowId>),
+    (cap, quoted_whole, stretch): (usize, &HashSet<RowId>, &Stretch),
 ) -> Result<Frame, StoreError> {
     let layout = Layout {
         now_ms: ask.now_ms,
         current: ask.conversation,
         probe_question: ask.probe.then_some(ask.question),
+        question: stretch
+            .own
+            .checked_sub(1)
+            .filter(|_| !ask.probe)
+            .map(|oldest| stretch.rows[oldest].0),
+        kept_now_ms: kept_now_ms(ask, stretch),
         tools: config.tools,
     };
     let kept = frame::select(picks, cap);

@@ -110,6 +110,7 @@ fn ask<'a>(conversation: &'a str, question: &'a str, probe: bool) -> Ask<'a> {
         probe,
         hidden: &[],
         now_ms: Some(MARCH_1 + 60 * HOUR),
+        pin: None,
     }
 }
 
@@ -768,4 +769,76 @@ fn a_working_session_keeps_its_course_whole_and_its_older_reads_in_preview() {
         "{} tokens framed, over {bound}",
         recall.frame.tokens
     );
+}
+
+#[test]
+fn a_working_sessions_next_turn_keeps_its_frame_as_the_start_of_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = common::memory(dir.path());
+    seeded(&memory);
+    let capturer = Capturer::new(&memory.dictionary);
+    let mut session = working_session(8);
+    let first = "Now make the ferry parser accept the Orkney timetable.";
+    session.push(turn("alice", "session", Role::User, "Alice", 90, first));
+    capturer.capture(&memory.store, &session).unwrap();
+    let config = RecallConfig::default();
+    let before = run(&memory, &config, &ask("session", first, false));
+    let pin = before
+        .pin
+        .clone()
+        .expect("a working session keeps a part of its frame");
+
+    // The turn goes on: a read, a reply, then the next prompt.
+    let second = "Does the timetable parser handle the ferry's winter sailings?";
+    let next = [
+        turn(
+            "alice",
+            "session",
+            Role::Tool,
+            "tool",
+            91,
+            "called Read {\"file_path\":\"src/timetable.rs\"}",
+        ),
+        turn(
+            "alice",
+            "session",
+            Role::Tool,
+            "tool",
+            91,
+            "Read returned: fn winter_sailings() -> Vec<Sailing> { todo!() }",
+        ),
+        turn(
+            "alice",
+            "session",
+            Role::Assistant,
+            "Guide",
+            91,
+            "The timetable parser now reads the Orkney ferry.",
+        ),
+        turn("alice", "session", Role::User, "Alice", 92, second),
+    ];
+    capturer.capture(&memory.store, &next).unwrap();
+    let kept = Ask {
+        pin: Some(&pin),
+        ..ask("session", second, false)
+    };
+    let after = run(&memory, &config, &kept);
+    assert_eq!(after.pin.as_ref().map(|p| p.anchor), Some(pin.anchor));
+    let (was, is) = (text(&before), text(&after));
+    let question_at = was.find(first).unwrap();
+    let stable = was[..question_at]
+        .find("more remembered turn")
+        .map_or(&was[..question_at], |at| &was[..at]);
+    let stable = &stable[..stable.rfind("\n\n").unwrap_or(0)];
+    assert!(
+        stable.len() * 2 > was.len(),
+        "the part a next turn can keep is short: {} of {} bytes",
+        stable.len(),
+        was.len()
+    );
+    assert!(
+        is.starts_with(stable),
+        "the next turn's frame does not start with the last one's"
+    );
+    assert!(is.contains(second) && is.contains("fn winter_sailings()"));
 }

@@ -167,6 +167,7 @@ async fn no_user_ever_sees_another_users_canary_and_identical_texts_stay_apart()
                 probe: true,
                 hidden: &[],
                 now_ms: None,
+                pin: None,
             },
         )
         .unwrap();

@@ -74,6 +74,7 @@ fn reopen_or_one_search_recovers_evidence_the_frame_left_out() {
             probe: true,
             hidden: &[],
             now_ms,
+            pin: None,
         };
         let recalled = recall(&memory, &arena, &kernels, &config, &ask).unwrap();
         let turns = |rows: &[RowId]| -> HashSet<String> {

@@ -170,6 +170,7 @@ impl Probe<'_> {
             probe: true,
             hidden: &[],
             now_ms: self.corpus.latest.get(&user).copied(),
+            pin: None,
         };
         // Read as the recall reads it: beside its conversation's stretch, which both systems
         // pass over (the frame holds it whatever is found).

@@ -89,6 +89,7 @@ fn groups_by_conversation_with_the_current_one_last_and_merges_sides() {
         current: Some("s2"),
         probe_question: Some("What did Caroline paint?"),
         tools: false,
+        ..Layout::default()
     };
     let messages = render(&refs, &layout, Omitted::default());
     let shape: Vec<(Side, Vec<u64>)> = messages
@@ -111,7 +112,7 @@ fn groups_by_conversation_with_the_current_one_last_and_merges_sides() {
     assert_eq!(
         messages[2].content,
         "[Caroline, 14:01] It was great.\n\n\
-         [This conversation from 2023-05-08 13:59, 7 minutes before now]\n\n\
+         [This conversation from 2023-05-08 13:59]\n\n\
          [Caroline] Painting today.\n\n\
          [Caroline, 14:00] A sunset.\n\n\
          What did Caroline paint?"

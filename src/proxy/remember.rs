@@ -245,16 +245,24 @@ fn recall_for(
         tools: switches.tools(&state.config),
         ..state.config.recall
     };
+    let user = UserId::from_key(&identity.user_key);
+    let pin = state.turns.pin(user, &identity.conversation);
     let ask = Ask {
-        user: UserId::from_key(&identity.user_key),
+        user,
         scope: &identity.scope,
         conversation: Some(&identity.conversation),
         question,
         probe: !stored || !switches.writes(),
         hidden,
         now_ms: Some(now_ms()),
+        pin: pin.as_deref(),
     };
-    let recall = generation.recall(&state.engine.kernels, &config, &ask)?;
+    let mut recall = generation.recall(&state.engine.kernels, &config, &ask)?;
+    if let Some(pin) = recall.pin.take() {
+        state
+            .turns
+            .keep_pin(user, &identity.conversation, &identity.scope, pin);
+    }
     Ok(Some(Recalled {
         scanned: Some((recall.scanned_rows, recall.scan_us)),
         turn: Arc::new(TurnFrame {

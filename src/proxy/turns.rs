@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::recall::Pin;
 use crate::types::{RowId, UserId};
 
 use super::wire::Request;
@@ -61,6 +62,10 @@ struct Table {
     /// When each turn's question was captured, whose it is, oldest first (at most
     /// [`TURNS_KEPT`]).
     captured: VecDeque<(Instant, TurnKey, UserId)>,
+    /// The kept part of each working session's last frame, by user and conversation, with the
+    /// scope whose rows it shows; the oldest is forgotten first beyond [`TURNS_KEPT`].
+    pins: HashMap<(UserId, String), (Vec<UserId>, Arc<Pin>)>,
+    pinned: VecDeque<(UserId, String)>,
 }
 
 impl Turns {
@@ -120,17 +125,47 @@ impl Turns {
             .any(|(_, captured, _)| captured == key)
     }
 
-    /// Forget every frame that may show `user`'s rows (its own turns' and its group scope
-    /// teammates'), and its captures (its memory was purged).
+    /// The kept part of `user`'s last frame in the working session `conversation`.
+    pub fn pin(&self, user: UserId, conversation: &str) -> Option<Arc<Pin>> {
+        let table = self.inner.lock();
+        let key = (user, conversation.to_owned());
+        table.pins.get(&key).map(|(_, pin)| Arc::clone(pin))
+    }
+
+    /// Keep `pin` as the kept part of `user`'s frame in `conversation`, showing rows of
+    /// `scope`.
+    pub fn keep_pin(&self, user: UserId, conversation: &str, scope: &[UserId], pin: Pin) {
+        let mut table = self.inner.lock();
+        let key = (user, conversation.to_owned());
+        if table
+            .pins
+            .insert(key.clone(), (scope.to_vec(), Arc::new(pin)))
+            .is_none()
+        {
+            table.pinned.push_back(key);
+        }
+        while table.pinned.len() > TURNS_KEPT {
+            if let Some(old) = table.pinned.pop_front() {
+                table.pins.remove(&old);
+            }
+        }
+    }
+
+    /// Forget every frame and kept part that may show `user`'s rows (its own turns' and its
+    /// group scope teammates'), and its captures (its memory was purged).
     pub fn forget(&self, user: UserId) {
         let mut table = self.inner.lock();
         table.frames.retain(|_, frame| !frame.scope.contains(&user));
+        table.pins.retain(|_, (scope, _)| !scope.contains(&user));
         let Table {
             frames,
             order,
             captured,
+            pins,
+            pinned,
         } = &mut *table;
         order.retain(|key| frames.contains_key(key));
+        pinned.retain(|key| pins.contains_key(key));
         captured.retain(|(_, _, whose)| *whose != user);
     }
 }
