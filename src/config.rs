@@ -161,6 +161,7 @@ pub struct RecallFile {
     pub mandatory_hits: Option<usize>,
     pub recent_tokens: Option<usize>,
     pub session_tokens: Option<usize>,
+    pub session_share: Option<f32>,
     pub warm_floor: Option<f32>,
 }
 
@@ -211,6 +212,7 @@ impl FileConfig {
         for (name, share) in [
             ("recall.warm_floor", self.recall.warm_floor),
             ("recall.model_weight", self.recall.model_weight),
+            ("recall.session_share", self.recall.session_share),
         ] {
             if let Some(share) = share
                 && !(0.0..=1.0).contains(&share)

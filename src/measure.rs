@@ -519,8 +519,9 @@ fn simulated_scaling(
     }
 }
 
-/// The median of `values` (NaN when there are none).
-fn median(mut values: Vec<f64>) -> f64 {
+/// The median of `values` (the upper of the middle two when their number is even; NaN when
+/// there are none).
+pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }

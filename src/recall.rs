@@ -57,6 +57,10 @@ pub struct RecallConfig {
     /// shown: its newest half quoted whole, older tool messages by their preview ([`stretch`]).
     /// The part beyond `recent_tokens` is framed on top of the budget.
     pub session_tokens: usize,
+    /// The share of the history a harness sent ([`Ask::sent_tokens`]) that a working
+    /// session's stretch takes at most, below `session_tokens`: the frame stands in for that
+    /// history, in a fraction of its size.
+    pub session_share: f32,
     /// Warmth below which a row is no longer offered to the frame.
     pub warm_floor: f32,
     /// Whether the memory tools ride along (the omission line names one only then).
@@ -76,6 +80,7 @@ impl Default for RecallConfig {
             mandatory_hits: 3,
             recent_tokens: 1_000,
             session_tokens: 24_000,
+            session_share: 0.3,
             warm_floor: 0.05,
             tools: false,
         }
@@ -104,6 +109,10 @@ pub struct Ask<'a> {
     pub now_ms: Option<i64>,
     /// The kept part of this working session's last frame, if any ([`Pin`]).
     pub pin: Option<&'a Pin>,
+    /// Tokens of the history the harness sent before the live turn (estimated from its bytes),
+    /// when a harness sent one: a working session's stretch takes at most `session_share` of
+    /// it.
+    pub sent_tokens: Option<usize>,
 }
 
 /// The part of a working session's frame that later turns keep, so the forwarded request's
@@ -142,6 +151,7 @@ impl<'a> Ask<'a> {
             hidden: &[],
             now_ms: Some(now_ms),
             pin: None,
+            sent_tokens: None,
         }
     }
 }
@@ -205,7 +215,7 @@ pub fn recall(
         store,
         arena,
         ask,
-        (config.recent_tokens, config.session_tokens),
+        (config.recent_tokens, session_room(config, ask)),
         &excluded,
     )?;
     // The kept part of the session's last frame, where the stretch could keep its first row.
@@ -386,6 +396,16 @@ pub fn recall(
         frame,
         offered: picks,
         pin,
+    })
+}
+
+/// The room of a working session's stretch for `ask`: `session_tokens`, or less where the
+/// harness sent a short history ([`RecallConfig::session_share`] of it).
+pub fn session_room(config: &RecallConfig, ask: &Ask<'_>) -> usize {
+    ask.sent_tokens.map_or(config.session_tokens, |sent| {
+        config
+            .session_tokens
+            .min((sent as f64 * f64::from(config.session_share)) as usize)
     })
 }
 

@@ -111,6 +111,7 @@ fn ask<'a>(conversation: &'a str, question: &'a str, probe: bool) -> Ask<'a> {
         hidden: &[],
         now_ms: Some(MARCH_1 + 60 * HOUR),
         pin: None,
+        sent_tokens: None,
     }
 }
 

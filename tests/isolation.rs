@@ -168,6 +168,7 @@ async fn no_user_ever_sees_another_users_canary_and_identical_texts_stay_apart()
                 hidden: &[],
                 now_ms: None,
                 pin: None,
+                sent_tokens: None,
             },
         )
         .unwrap();

@@ -75,6 +75,7 @@ fn reopen_or_one_search_recovers_evidence_the_frame_left_out() {
             hidden: &[],
             now_ms,
             pin: None,
+            sent_tokens: None,
         };
         let recalled = recall(&memory, &arena, &kernels, &config, &ask).unwrap();
         let turns = |rows: &[RowId]| -> HashSet<String> {

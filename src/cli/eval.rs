@@ -1,16 +1,47 @@
-//! `perpetuity eval`: retrieval quality on a benchmark file.
+//! `perpetuity eval`: retrieval quality on a benchmark file, or recorded agent sessions replayed
+//! through the proxy.
+
+use std::sync::Arc;
 
 use anyhow::Context as _;
 
+use perpetuity::eval::replay::{self, Harness};
+use perpetuity::scan::kernels::Kernels;
+
 use super::*;
+
+/// What `--format` names: a benchmark file's format, or the harness whose recorded sessions
+/// are replayed.
+#[derive(Debug, Clone, Copy)]
+pub enum EvalFormat {
+    Dataset(Format),
+    Replay(Harness),
+}
+
+/// `--format`'s parser: one of the dataset formats' or the harnesses' names.
+fn eval_format_parser() -> impl clap::builder::TypedValueParser<Value = EvalFormat> {
+    let names: Vec<&'static str> = Format::ALL
+        .map(Format::name)
+        .into_iter()
+        .chain(Harness::ALL.map(Harness::name))
+        .collect();
+    clap::builder::PossibleValuesParser::new(names).map(|name| {
+        Format::named(&name)
+            .map(EvalFormat::Dataset)
+            .or_else(|| Harness::named(&name).map(EvalFormat::Replay))
+            .expect("a listed format")
+    })
+}
 
 #[derive(clap::Args)]
 pub struct EvalArgs {
-    /// The file's format.
-    #[arg(long, value_parser = format_parser())]
-    pub format: Format,
-    /// The benchmark file.
-    pub file: PathBuf,
+    /// The file's format, or the harness that recorded the sessions to replay (docs/eval.md,
+    /// "Replayed agent sessions").
+    #[arg(long, value_parser = eval_format_parser())]
+    pub format: EvalFormat,
+    /// The benchmark file; for a replay, transcript files or folders of them.
+    #[arg(value_name = "PATH", required = true)]
+    pub paths: Vec<PathBuf>,
     /// Data directory of the pooled memory: reused as it is when it already holds rows, else
     /// the file is ingested into it [default: a fresh temp folder, removed afterwards].
     #[arg(long)]
@@ -40,11 +71,35 @@ pub struct EvalArgs {
     /// holds the first shard and must be empty (docs/eval.md, "Shards").
     #[arg(long, default_value_t = 1)]
     pub shards: usize,
+    /// A replay's settings of the recall's `session_share` (the share of the history a harness
+    /// sent that a working session's stretch takes at most), one replay each [default: the
+    /// shipped default, 0.1, 0.2, 0.5].
+    #[arg(long, value_delimiter = ',')]
+    pub session_share: Vec<f32>,
+    /// A replay also draws support against forwarded size into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub dictionary: DictionaryArgs,
 }
 
 pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
+    match args.format {
+        EvalFormat::Dataset(format) => dataset(format, args),
+        EvalFormat::Replay(harness) => replay(harness, &args),
+    }
+}
+
+/// A benchmark file through the pooled memory.
+fn dataset(format: Format, args: EvalArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.session_share.is_empty() && args.plot.is_none(),
+        "--session-share and --plot are a replay's (--format {})",
+        Harness::ALL.map(Harness::name).join("|")
+    );
+    let [file] = &args.paths[..] else {
+        anyhow::bail!("--format {} takes one file", format.name());
+    };
     let dictionary = &args.dictionary;
     let scratch;
     let dir = match &args.data {
@@ -61,8 +116,8 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
     })?;
     let report = perpetuity::eval::run_sharded(
         &memory,
-        args.format,
-        &args.file,
+        format,
+        file,
         &args.ks,
         args.agent_session,
         args.shards,
@@ -80,6 +135,48 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", report.render(args.by_category));
+    }
+    Ok(())
+}
+
+/// Recorded sessions replayed through the proxy, once per `session_share` setting.
+fn replay(harness: Harness, args: &EvalArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.data.is_none()
+            && args.per_question.is_none()
+            && !args.by_category
+            && !args.agent_session
+            && args.shards == 1,
+        "a replay makes a fresh memory for each setting and asks no questions: \
+         --data, --per-question, --by-category, --agent-session and --shards are not taken"
+    );
+    let dictionary = Arc::new(args.dictionary.load()?);
+    let (sessions, counts) = replay::read(harness, &args.paths)?;
+    eprintln!(
+        "eval: {} sessions with {} calls in {} files ({} lines not JSON, skipped)",
+        sessions.len(),
+        sessions.iter().map(|s| s.calls.len()).sum::<usize>(),
+        counts.files,
+        counts.not_json
+    );
+    let setup = replay::Setup {
+        session_share: if args.session_share.is_empty() {
+            replay::default_settings()
+        } else {
+            args.session_share.clone()
+        },
+        dictionary,
+        kernels: Kernels::detect(false),
+    };
+    let report = replay::run(&sessions, counts, &setup, |p| eprintln!("eval: {p}"))?;
+    if let Some(path) = &args.plot {
+        std::fs::write(path, replay::plot(&report))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.render());
     }
     Ok(())
 }

@@ -50,6 +50,7 @@ use crate::types::{Role, RowId, UserId};
 
 mod metrics;
 mod probe;
+pub mod replay;
 mod report;
 mod shards;
 #[cfg(test)]

@@ -171,6 +171,7 @@ impl Probe<'_> {
             hidden: &[],
             now_ms: self.corpus.latest.get(&user).copied(),
             pin: None,
+            sent_tokens: None,
         };
         // Read as the recall reads it: beside its conversation's stretch, which both systems
         // pass over (the frame holds it whatever is found).

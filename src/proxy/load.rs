@@ -3,9 +3,13 @@
 //! byte (a model's, which the proxy's own work may overlap); the same requests go to it
 //! directly, through the proxy with memory, and through the proxy with recall off, at a given
 //! concurrency. Time to first byte (the first body frame) and total time are recorded with
-//! hdrhistogram, and the proxy's figures are reported beside the direct ones.
+//! hdrhistogram, and the proxy's figures are reported beside the direct ones. The local
+//! upstreams here also serve the other measurements through the proxy: one answering every
+//! request alike (`bench prefix`), one answering each with the next of a script (`eval`'s
+//! replay of recorded sessions).
 
 use parking_lot::Mutex;
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -94,15 +98,48 @@ pub async fn answering_upstream(
     record: Option<Arc<Mutex<Vec<Vec<u8>>>>>,
     first_byte: Duration,
 ) -> std::io::Result<SocketAddr> {
+    upstream(
+        move || Some(Bytes::from_static(stream.as_bytes())),
+        record,
+        first_byte,
+    )
+    .await
+}
+
+/// Start a local upstream that answers each request with the next stream of `script` (a
+/// replayed session's recorded answers, queued one per request as the requests go out one at
+/// a time), keeping each request's body in `record`; returns its address. A request that finds
+/// the script empty is answered 500.
+pub async fn scripted_upstream(
+    script: Arc<Mutex<VecDeque<Bytes>>>,
+    record: Arc<Mutex<Vec<Vec<u8>>>>,
+) -> std::io::Result<SocketAddr> {
+    upstream(
+        move || script.lock().pop_front(),
+        Some(record),
+        Duration::ZERO,
+    )
+    .await
+}
+
+/// Start a local upstream that answers every request with the event stream `answer` gives
+/// (500 when it gives none), `first_byte` after reading the request, keeping each request's
+/// body in `record` when given; returns its address.
+async fn upstream(
+    answer: impl Fn() -> Option<Bytes> + Send + Sync + 'static,
+    record: Option<Arc<Mutex<Vec<Vec<u8>>>>>,
+    first_byte: Duration,
+) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
+    let answer = Arc::new(answer);
     tokio::spawn(async move {
         while let Ok((connection, _)) = listener.accept().await {
             let _ = connection.set_nodelay(true);
-            let record = record.clone();
+            let (record, answer) = (record.clone(), Arc::clone(&answer));
             tokio::spawn(async move {
                 let service = service_fn(move |req: Request<Incoming>| {
-                    let record = record.clone();
+                    let (record, answer) = (record.clone(), Arc::clone(&answer));
                     async move {
                         let body = req.into_body().collect().await;
                         if let (Some(record), Ok(body)) = (record, body) {
@@ -117,12 +154,18 @@ pub async fn answering_upstream(
                             })
                             .await;
                         }
-                        Ok::<_, Infallible>(
-                            Response::builder()
+                        let response = match answer() {
+                            Some(stream) => Response::builder()
                                 .header("content-type", "text/event-stream")
-                                .body(Full::new(Bytes::from_static(stream.as_bytes())))
-                                .expect("a valid response"),
-                        )
+                                .body(Full::new(stream)),
+                            None => Response::builder()
+                                .status(500)
+                                .header("content-type", "application/json")
+                                .body(Full::new(Bytes::from_static(
+                                    b"{\"error\":{\"type\":\"api_error\",\"message\":\"no answer scripted\"}}",
+                                ))),
+                        };
+                        Ok::<_, Infallible>(response.expect("a valid response"))
                     }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()

@@ -208,6 +208,7 @@ impl ProxyConfig {
         set(&mut config.recall.mandatory_hits, recall.mandatory_hits);
         set(&mut config.recall.recent_tokens, recall.recent_tokens);
         set(&mut config.recall.session_tokens, recall.session_tokens);
+        set(&mut config.recall.session_share, recall.session_share);
         set(&mut config.recall.warm_floor, recall.warm_floor);
         set(&mut config.recent.per_user, file.inspector.recent_requests);
         set(&mut config.recent.bytes, file.inspector.recent_bytes);

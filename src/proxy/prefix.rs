@@ -163,23 +163,32 @@ fn source(turn: usize, step: usize) -> String {
         .join("\n")
 }
 
-/// A request's input in the provider's prompt order: tools, system, messages.
-fn input_of(body: &Value) -> Vec<u8> {
+/// A request's input in the provider's prompt order: tools, system (Messages) or instructions
+/// (Responses), then the conversation (`messages` or `input`); fields the body lacks are left
+/// out.
+pub fn input_of(body: &Value) -> Vec<u8> {
     let mut out = Vec::new();
-    for key in ["tools", "system", "messages"] {
-        serde_json::to_writer(&mut out, &body[key]).expect("a JSON value serialises");
+    for key in ["tools", "system", "instructions", "messages", "input"] {
+        if let Some(value) = body.get(key) {
+            serde_json::to_writer(&mut out, value).expect("a JSON value serialises");
+        }
     }
     out
 }
 
-/// The share of `later` that is a common prefix with `earlier`.
-fn prefix_share(earlier: &[u8], later: &[u8]) -> f64 {
-    let common = earlier
+/// Bytes at the start of `later` that `earlier` starts with too: what a prefix cache filled by
+/// `earlier` serves of `later`.
+pub fn common_prefix(earlier: &[u8], later: &[u8]) -> usize {
+    earlier
         .iter()
         .zip(later)
         .take_while(|(a, b)| a == b)
-        .count();
-    common as f64 / later.len().max(1) as f64
+        .count()
+}
+
+/// The share of `later` that is a common prefix with `earlier`.
+fn prefix_share(earlier: &[u8], later: &[u8]) -> f64 {
+    common_prefix(earlier, later) as f64 / later.len().max(1) as f64
 }
 
 /// The shares of a run's requests (`sent`, in order) over a session of `steps` steps a turn.

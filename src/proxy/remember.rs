@@ -256,6 +256,7 @@ fn recall_for(
         hidden,
         now_ms: Some(now_ms()),
         pin: pin.as_deref(),
+        sent_tokens: Some(request.history_bytes() / 4),
     };
     let mut recall = generation.recall(&state.engine.kernels, &config, &ask)?;
     if let Some(pin) = recall.pin.take() {

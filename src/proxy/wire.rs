@@ -57,6 +57,20 @@ impl Request {
         })
     }
 
+    /// Bytes of the conversation before the live turn as the client wrote it (its turns, the
+    /// agent's messages and calls, tool results; not instructions or context): what the
+    /// harness would have the model read of its history.
+    pub fn history_bytes(&self) -> usize {
+        let at = self.question_at.unwrap_or(self.messages.len());
+        (0..at)
+            .filter(|&i| matches!(self.kinds[i], Kind::Turn | Kind::Agent | Kind::Result))
+            .map(|i| match self.raw_items.get(i) {
+                Some(raw) => raw.get().len(),
+                None => serde_json::to_vec(&self.messages[i]).map_or(0, |bytes| bytes.len()),
+            })
+            .sum()
+    }
+
     /// The items of the ongoing tool round: everything after the live turn that the agent did
     /// or got back (its calls, their results), with their indices.
     pub fn round(&self) -> impl Iterator<Item = (usize, &Value)> {
