@@ -85,12 +85,105 @@ pub struct Layout<'a> {
     /// The live question's first row, when it is a stored turn of the current conversation:
     /// the omission line goes right before it.
     pub question: Option<RowId>,
-    /// The render time a working session's kept part was first rendered at
-    /// (`recall::Pin`): earlier conversations' ages are counted from it, so that part reads the
-    /// same, byte for byte, from turn to turn.
-    pub kept_now_ms: Option<i64>,
+    /// The layers a working session's frame kept from its earlier turns (`recall::Pin`),
+    /// oldest first; rows in none of them make the last, open layer. Empty: one layer.
+    pub layers: &'a [Layer],
     /// Whether the memory tools ride along (the omission line names one only then).
     pub tools: bool,
+}
+
+/// What one turn of a working session added to its frame, kept so that later turns render it
+/// again byte for byte: the current conversation's rows up to `through`, and the rows of other
+/// conversations (or of this one, from before its stretch) first shown with them. A later
+/// turn's frame renders its layers in order, each its earlier conversations then the current
+/// one's part, and what is new after them; so what a turn saw stays the start of what the next
+/// one sees, and a provider's prefix cache serves it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layer {
+    pub through: RowId,
+    /// In row id order.
+    pub rest: Vec<RowId>,
+    /// The render time of the turn that added it: its earlier conversations' ages count from
+    /// it.
+    pub now_ms: Option<i64>,
+}
+
+/// A run of turns rendered under one header (or none: the current conversation going on
+/// where its last part ended).
+struct Segment<'t> {
+    current: bool,
+    header: Option<String>,
+    /// The render time labels count ages from.
+    now_ms: Option<i64>,
+    turns: Vec<&'t Turn>,
+}
+
+/// `turns` as the segments [`render`] writes, in order: layer by layer ([`Layout::layers`]),
+/// each layer's turns grouped by conversation, groups ordered by their most recent row with
+/// the current conversation last.
+fn segments<'t>(turns: &[&'t Turn], layout: &Layout<'_>) -> Vec<Segment<'t>> {
+    let layers = layout.layers;
+    let is_current = |turn: &Turn| Some(turn.conversation.as_str()) == layout.current;
+    let mut by_layer: Vec<Vec<&Turn>> = vec![Vec::new(); layers.len() + 1];
+    for &turn in turns {
+        let at = if is_current(turn) {
+            layers.iter().position(|l| turn.row <= l.through)
+        } else {
+            layers
+                .iter()
+                .position(|l| l.rest.binary_search(&turn.row).is_ok())
+        };
+        by_layer[at.unwrap_or(layers.len())].push(turn);
+    }
+    let mut out = Vec::new();
+    let mut opened = false;
+    for (i, layer) in by_layer.into_iter().enumerate() {
+        let now = layers.get(i).map_or(layout.now_ms, |l| l.now_ms);
+        let mut groups: HashMap<&str, Vec<&Turn>> = HashMap::new();
+        for turn in layer {
+            groups.entry(&turn.conversation).or_default().push(turn);
+        }
+        let mut groups: Vec<(&str, Vec<&Turn>)> = groups.into_iter().collect();
+        for (_, group) in &mut groups {
+            group.sort_by_key(|t| t.row);
+        }
+        groups.sort_by_key(|(conversation, group)| {
+            (
+                Some(*conversation) == layout.current,
+                group.last().map(|t| t.row),
+            )
+        });
+        let mut interrupted = false;
+        for (conversation, group) in groups {
+            let current = Some(conversation) == layout.current;
+            // The current conversation's header carries no age (it would change every
+            // minute); an earlier one's counts from the render time of its layer.
+            let when = |now| {
+                group
+                    .first()
+                    .and_then(|t| when_label(t.timestamp_ms, now))
+                    .map_or(String::new(), |when| format!(" from {when}"))
+            };
+            let header = if !current {
+                interrupted = true;
+                Some(format!("[Earlier conversation{}]", when(now)))
+            } else if !opened {
+                Some(format!("[This conversation{}]", when(None)))
+            } else if interrupted {
+                Some("[This conversation, continued]".to_owned())
+            } else {
+                None
+            };
+            opened |= current;
+            out.push(Segment {
+                current,
+                header,
+                now_ms: if current { layout.now_ms } else { now },
+                turns: group,
+            });
+        }
+    }
+    out
 }
 
 /// Which side of the conversation a message is on.
@@ -387,21 +480,6 @@ fn excerpt_note(first: u16, last: &Turn, tools: bool) -> Option<String> {
 /// question last. The frame's stable part comes first and what changes every turn last, so a
 /// provider's prefix cache serves the one from turn to turn. Token counts are left at zero.
 pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Message> {
-    let mut groups: HashMap<&str, Vec<&Turn>> = HashMap::new();
-    for &turn in turns {
-        groups.entry(&turn.conversation).or_default().push(turn);
-    }
-    let mut groups: Vec<(&str, Vec<&Turn>)> = groups.into_iter().collect();
-    for (_, group) in &mut groups {
-        group.sort_by_key(|t| t.row);
-    }
-    groups.sort_by_key(|(conversation, group)| {
-        (
-            Some(*conversation) == layout.current,
-            group.last().map(|t| t.row),
-        )
-    });
-
     let whole_messages: HashSet<RowId> = turns
         .iter()
         .filter(|t| t.quoted_whole)
@@ -409,28 +487,18 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
         .collect();
     let mut messages = Messages::default();
     let mut omission = (omitted.turns > 0).then(|| omission_line(omitted, layout.tools));
-    for (conversation, group) in &groups {
-        let current = Some(*conversation) == layout.current;
-        let which = if current { "This" } else { "Earlier" };
-        // The current conversation's header carries no age (it would change every minute),
-        // an earlier one's counts from when the kept part was made.
-        let now = if current {
-            None
-        } else {
-            layout.kept_now_ms.or(layout.now_ms)
-        };
-        let opened = group.first().and_then(|t| when_label(t.timestamp_ms, now));
-        let header = match &opened {
-            Some(when) => format!("[{which} conversation from {when}]"),
-            None => format!("[{which} conversation]"),
-        };
-        messages.push(Side::User, &header, None);
-        let mut shown = group.first().and_then(|t| t.timestamp_ms);
-        let mut previous: Option<&Turn> = None;
-        let mut preview = Preview::default();
-        let mut first = 0;
-        for (n, &turn) in group.iter().enumerate() {
-            if current && Some(turn.row) == layout.question {
+    let mut shown = None;
+    let mut previous: Option<&Turn> = None;
+    let mut preview = Preview::default();
+    let mut first = 0;
+    for segment in segments(turns, layout) {
+        if let Some(header) = &segment.header {
+            messages.push(Side::User, header, None);
+            shown = segment.turns.first().and_then(|t| t.timestamp_ms);
+            previous = None;
+        }
+        for (n, &turn) in segment.turns.iter().enumerate() {
+            if segment.current && Some(turn.row) == layout.question {
                 // What did not fit is said last, just before the question.
                 if let Some(line) = omission.take() {
                     messages.push(Side::User, &line, None);
@@ -456,7 +524,10 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
                 };
                 text = Cow::Owned(format!("…{gap}{text}"));
             }
-            let ends = group.get(n + 1).is_none_or(|next| !continues(turn, next));
+            let ends = segment
+                .turns
+                .get(n + 1)
+                .is_none_or(|next| !continues(turn, next));
             if ends
                 && !preview.cut
                 && let Some(note) = excerpt_note(first, turn, layout.tools)
@@ -468,12 +539,7 @@ pub fn render(turns: &[&Turn], layout: &Layout<'_>, omitted: Omitted) -> Vec<Mes
             if joined {
                 messages.extend(&text, turn.row, whole);
             } else {
-                let now = if current {
-                    layout.now_ms
-                } else {
-                    layout.kept_now_ms.or(layout.now_ms)
-                };
-                let line = format!("{} {text}", label(turn, now, shown));
+                let line = format!("{} {text}", label(turn, segment.now_ms, shown));
                 messages.push(Side::of(turn.role), &line, Some((turn.row, whole)));
                 shown = turn.timestamp_ms.or(shown);
             }

@@ -115,22 +115,42 @@ pub struct Ask<'a> {
     pub sent_tokens: Option<usize>,
 }
 
-/// The part of a working session's frame that later turns keep, so the forwarded request's
-/// start stays the same from turn to turn and the provider's prefix cache serves it (a new turn
-/// otherwise rebuilds the frame from its first byte). Made by a recall whose stretch holds tool
-/// rows; a later recall in the same conversation given it ([`Ask::pin`]) walks the stretch back
-/// to the same first row and shows the same rows outside it, with the new question's top hits,
-/// and nothing else, until the stretch outgrows `session_tokens` by half: then the frame is
-/// made afresh and so is its pin.
+/// What a working session's frame keeps from turn to turn, so that each turn's frame starts
+/// with the last one's and the provider's prefix cache serves it (a new turn otherwise rebuilds
+/// the frame from its first byte). Made by a recall whose stretch holds tool rows; a later
+/// recall in the same conversation given it ([`Ask::pin`]) walks the stretch back to the same
+/// first row, shows the rows it kept as it showed them (whole or by their preview), renders the
+/// layers of the turns before in order ([`frame::Layer`]), and adds a layer: the new question's
+/// top hits and what the session did since, and nothing else. Once the stretch would outgrow
+/// twice its room, the frame is made afresh and so is its pin.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pin {
     /// The stretch's oldest row.
     pub anchor: RowId,
-    /// The frame's rows outside the stretch (earlier conversations', and this one's from before
-    /// the stretch), in row id order.
-    pub rest: Vec<RowId>,
-    /// The render time of the frame that made the pin: earlier conversations' ages count from it.
-    pub now_ms: Option<i64>,
+    /// The stretch's rows, in row id order, each with whether it is shown by its preview.
+    pub kept: Vec<(RowId, bool)>,
+    /// The frame's layers, oldest first.
+    pub layers: Vec<frame::Layer>,
+}
+
+impl Pin {
+    /// The newest row of the stretch it kept.
+    fn through(&self) -> RowId {
+        self.layers
+            .last()
+            .map_or(self.anchor, |layer| layer.through)
+    }
+
+    /// Every row it shows outside the stretch, in row id order.
+    fn rest(&self) -> Vec<RowId> {
+        let mut rest: Vec<RowId> = self
+            .layers
+            .iter()
+            .flat_map(|layer| layer.rest.iter().copied())
+            .collect();
+        rest.sort_unstable();
+        rest
+    }
 }
 
 impl<'a> Ask<'a> {
@@ -218,11 +238,10 @@ pub fn recall(
         (config.recent_tokens, session_room(config, ask)),
         &excluded,
     )?;
-    // The kept part of the session's last frame, where the stretch could keep its first row.
-    let kept: &[RowId] = match ask.pin {
-        Some(pin) if stretch.anchored => &pin.rest,
-        _ => &[],
-    };
+    // What the session's last frame showed outside its stretch, where the stretch could keep
+    // its first row.
+    let pinned = ask.pin.filter(|_| stretch.anchored);
+    let kept: Vec<RowId> = pinned.map_or_else(Vec::new, Pin::rest);
     let started = std::time::Instant::now();
     let query = question_query(
         &memory.dictionary,
@@ -368,22 +387,7 @@ pub fn recall(
         })
         .collect();
     let pin = (stretch.session && !ask.probe)
-        .then(|| {
-            let in_stretch: HashSet<RowId> = stretch.ids().collect();
-            let mut rest: Vec<RowId> = frame
-                .rows
-                .iter()
-                .copied()
-                .filter(|row| !in_stretch.contains(row))
-                .collect();
-            rest.sort_unstable();
-            rest.dedup();
-            Some(Pin {
-                anchor: stretch.rows.last()?.0,
-                rest,
-                now_ms: kept_now_ms(ask, &stretch).or(ask.now_ms),
-            })
-        })
+        .then(|| next_pin(pinned, &stretch, &frame, ask.now_ms))
         .flatten();
     Ok(Recall {
         retrieved,
@@ -409,12 +413,51 @@ pub fn session_room(config: &RecallConfig, ask: &Ask<'_>) -> usize {
     })
 }
 
-/// The render time a kept part's earlier conversations count their ages from: its own, while
-/// the stretch keeps it.
-fn kept_now_ms(ask: &Ask<'_>, stretch: &Stretch) -> Option<i64> {
-    ask.pin
-        .filter(|_| stretch.anchored)
-        .and_then(|pin| pin.now_ms)
+/// The pin of a working session's frame for its next turn: `pinned`'s layers (none when the
+/// frame was made afresh) and a layer for this turn, the rows it shows outside the stretch that
+/// no earlier layer holds; the stretch's rows as shown.
+fn next_pin(
+    pinned: Option<&Pin>,
+    stretch: &Stretch,
+    frame: &Frame,
+    now_ms: Option<i64>,
+) -> Option<Pin> {
+    let through = stretch.rows.first()?.0;
+    let anchor = match pinned {
+        Some(pin) => pin.anchor,
+        None => stretch.rows.last()?.0,
+    };
+    let in_stretch: HashSet<RowId> = stretch.ids().collect();
+    let earlier: HashSet<RowId> = pinned.map_or_else(HashSet::new, |pin| {
+        pin.layers
+            .iter()
+            .flat_map(|layer| layer.rest.iter().copied())
+            .collect()
+    });
+    let mut rest: Vec<RowId> = frame
+        .rows
+        .iter()
+        .copied()
+        .filter(|row| !in_stretch.contains(row) && !earlier.contains(row))
+        .collect();
+    rest.sort_unstable();
+    rest.dedup();
+    let mut layers = pinned.map_or_else(Vec::new, |pin| pin.layers.clone());
+    layers.push(frame::Layer {
+        through,
+        rest,
+        now_ms,
+    });
+    let mut kept: Vec<(RowId, bool)> = stretch
+        .ids()
+        .map(|row| (row, stretch.previewed.contains(&row)))
+        .collect();
+    kept.sort_unstable_by_key(|&(row, _)| row);
+    Some(Pin {
+        anchor,
+        kept,
+        layers,
+    })
 }
 
 /// The current conversation's stretch the frame holds whatever is found, newest first
@@ -459,8 +502,8 @@ impl Stretch {
 /// counted at the preview's size ([`frame::TOOL_PREVIEW_TOKENS`]), and its other chunks are
 /// left to the search like any other row. The prompts, replies and calls around them are quoted
 /// whole: the session's own course stays in view at a fraction of its tool traffic. Given a
-/// kept part ([`Ask::pin`]), the stretch goes back to its first row instead, as long as that
-/// takes at most half as much again as `session_tokens`.
+/// pin ([`Ask::pin`]), the stretch goes back to its first row instead, the rows it kept shown
+/// as they were, as long as that takes at most twice the room.
 pub fn stretch(
     store: &Store,
     arena: &Arena,
@@ -469,29 +512,32 @@ pub fn stretch(
     excluded: &HashSet<RowId>,
 ) -> Result<Stretch, StoreError> {
     if let Some(pin) = ask.pin
-        && let Some(kept) = walk(store, arena, ask, tokens, excluded, Some(pin.anchor))?
+        && let Some(kept) = walk(store, arena, ask, tokens, excluded, Some(pin))?
     {
         return Ok(kept);
     }
     Ok(walk(store, arena, ask, tokens, excluded, None)?.unwrap_or_default())
 }
 
-/// The walk of [`stretch`], back to `anchor` when given (a kept part's first row, [`Pin`]), the
-/// stretch then allowed half as much again; `None` when it overran before reaching it.
+/// The walk of [`stretch`], back to a pin's first row when given ([`Pin`]), the rows it kept
+/// shown as it kept them and the stretch then allowed twice its room; `None` when it overran
+/// before reaching it.
 fn walk(
     store: &Store,
     arena: &Arena,
     ask: &Ask<'_>,
     (recent_tokens, session_tokens): (usize, usize),
     excluded: &HashSet<RowId>,
-    anchor: Option<RowId>,
+    pin: Option<&Pin>,
 ) -> Result<Option<Stretch>, StoreError> {
+    let anchor = pin.map(|pin| pin.anchor);
+    let through = pin.map(Pin::through);
     let mut stretch = Stretch::default();
     let Some(conversation) = ask.conversation else {
         return Ok(Some(stretch));
     };
     let limit = match anchor {
-        Some(_) => session_tokens + session_tokens / 2,
+        Some(_) => 2 * session_tokens,
         None => session_tokens,
     };
     // Tokens of the stretch, of it past the live turn, and of that as shown.
@@ -538,6 +584,33 @@ fn walk(
         }
         let beyond = recent.is_some();
         stretch.session |= tool;
+        if let Some(pin) = pin.filter(|_| through.is_some_and(|through| id <= through)) {
+            // A row the pin kept is shown as it was; one it did not keep stays out.
+            let Ok(at) = pin.kept.binary_search_by_key(&id, |&(row, _)| row) else {
+                continue;
+            };
+            let previewed = pin.kept[at].1;
+            let shown = if previewed {
+                len.min(frame::TOOL_PREVIEW_TOKENS)
+            } else {
+                len
+            };
+            if cost + shown > limit {
+                overran = true;
+                break;
+            }
+            tokens += len;
+            work += len;
+            cost += shown;
+            if beyond {
+                stretch.beyond_tokens += shown;
+            }
+            stretch.rows.push((id, slot));
+            if previewed {
+                stretch.previewed.insert(id);
+            }
+            continue;
+        }
         tokens += len;
         if own {
             stretch.own += 1;
@@ -622,7 +695,10 @@ fn frame_of(
             .checked_sub(1)
             .filter(|_| !ask.probe)
             .map(|oldest| stretch.rows[oldest].0),
-        kept_now_ms: kept_now_ms(ask, stretch),
+        layers: ask
+            .pin
+            .filter(|_| stretch.anchored)
+            .map_or(&[], |pin| pin.layers.as_slice()),
         tools: config.tools,
     };
     let kept = frame::select(picks, cap);

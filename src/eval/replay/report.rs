@@ -580,14 +580,14 @@ mod tests {
             sessions: 1,
             calls: 1,
             read: ReadCounts::default(),
-            settings: [1_000, 8_000]
+            settings: [0.3, 0.5]
                 .into_iter()
-                .map(|r| setting(r, r == 1_000, &calls, (0, None), 0.0))
+                .map(|r| setting(r, r == 0.3, &calls, (0, None), 0.0))
                 .collect(),
         };
         let svg = plot(&report);
         assert_eq!(svg.matches("<circle").count(), 6);
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
-        assert!(report.render().contains("1000 (shipped)"));
+        assert!(report.render().contains("0.3 (shipped)"));
     }
 }
