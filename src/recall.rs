@@ -53,13 +53,14 @@ pub struct RecallConfig {
     /// always, however long): in the mandatory set, read beside the question and passed over
     /// by the search ([`question_query`]).
     pub recent_tokens: usize,
-    /// Tokens of a working session's stretch (a conversation whose stretch holds tool rows), as
-    /// shown: its newest half quoted whole, older tool messages by their preview ([`stretch`]).
-    /// The part beyond `recent_tokens` is framed on top of the budget.
+    /// Tokens of a working session's (a conversation whose stretch holds tool rows) tool
+    /// messages its stretch quotes whole while they are warm ([`stretch`]). The stretch's part
+    /// beyond `recent_tokens` is framed on top of the budget.
     pub session_tokens: usize,
-    /// The share of the history a harness sent ([`Ask::sent_tokens`]) that a working
-    /// session's stretch takes at most, below `session_tokens`: the frame stands in for that
-    /// history, in a fraction of its size.
+    /// The share of the history a harness sent ([`Ask::sent_tokens`]) that the rest of a
+    /// working session's stretch takes at most (its prompts, the assistant's words and calls,
+    /// older tool messages by their preview): the frame stands in for that history, in a
+    /// fraction of its size.
     pub session_share: f32,
     /// Warmth below which a row is no longer offered to the frame.
     pub warm_floor: f32,
@@ -231,13 +232,7 @@ pub fn recall(
     excluded.extend(ask.hidden.iter().copied());
     // The current conversation's most recent stretch joins the mandatory set. The question is
     // read beside it, and the search passes over it: the frame holds it whatever is found.
-    let stretch = stretch(
-        store,
-        arena,
-        ask,
-        (config.recent_tokens, session_room(config, ask)),
-        &excluded,
-    )?;
+    let stretch = stretch(store, arena, ask, config, &excluded)?;
     // What the session's last frame showed outside its stretch, where the stretch could keep
     // its first row.
     let pinned = ask.pin.filter(|_| stretch.anchored);
@@ -403,13 +398,12 @@ pub fn recall(
     })
 }
 
-/// The room of a working session's stretch for `ask`: `session_tokens`, or less where the
-/// harness sent a short history ([`RecallConfig::session_share`] of it).
+/// The room of a working session's stretch for `ask` besides its tool messages quoted whole:
+/// [`RecallConfig::session_share`] of the history the harness sent, or `session_tokens`
+/// without one.
 pub fn session_room(config: &RecallConfig, ask: &Ask<'_>) -> usize {
     ask.sent_tokens.map_or(config.session_tokens, |sent| {
-        config
-            .session_tokens
-            .min((sent as f64 * f64::from(config.session_share)) as usize)
+        (sent as f64 * f64::from(config.session_share)) as usize
     })
 }
 
@@ -494,23 +488,32 @@ impl Stretch {
 ///
 /// A chat's stretch is its rows back to `recent_tokens` tokens, and always the whole of its
 /// newest turn: the newest run of user rows (the live question's chunks, however long). A
-/// working session, whose stretch holds tool rows, goes on to `session_tokens` as shown: a
-/// coding agent spends a turn's tokens on files it read and commands it ran, so a chat's
-/// stretch would hold less than one of its turns. Past the live turn, its rows within
-/// `session_tokens / 2` tokens are quoted whole; an older tool message (or one that would
-/// overrun the stretch) is shown by its preview, so only its first chunk is in the stretch,
-/// counted at the preview's size ([`frame::TOOL_PREVIEW_TOKENS`]), and its other chunks are
-/// left to the search like any other row. The prompts, replies and calls around them are quoted
-/// whole: the session's own course stays in view at a fraction of its tool traffic. Given a
-/// pin ([`Ask::pin`]), the stretch goes back to its first row instead, the rows it kept shown
-/// as they were, as long as that takes at most twice the room.
+/// working session, whose stretch holds a tool row among its newest [`SESSION_PROBE_ROWS`]
+/// rows or its chat part, goes on: a coding agent spends a turn's tokens on files it read and
+/// commands it ran, so a chat's stretch would hold less than one of its turns. Past the live
+/// turn, a tool message is quoted whole while it is warm ([`WHOLE_WARMTH`] from its birth), up
+/// to `session_tokens` of them; an older one (or one past that) is shown by its preview, so
+/// only its first chunk is in the stretch, counted at the preview's size
+/// ([`frame::TOOL_PREVIEW_TOKENS`]), and its other chunks are left to the search like any other
+/// row. The prompts, the assistant's words and the calls around them are quoted whole. These
+/// and the previews take at most the room ([`session_room`]): the session's own course stays in
+/// view at a fraction of its tool traffic. Given a pin ([`Ask::pin`]), the stretch goes back to
+/// its first row instead, the rows it kept shown as they were, as long as that takes at most
+/// twice the room and the ceiling.
 pub fn stretch(
     store: &Store,
     arena: &Arena,
     ask: &Ask<'_>,
-    tokens: (usize, usize),
+    config: &RecallConfig,
     excluded: &HashSet<RowId>,
 ) -> Result<Stretch, StoreError> {
+    let clock = store.clock(ask.user)?;
+    let tokens = (
+        config.recent_tokens,
+        session_room(config, ask),
+        config.session_tokens,
+        clock,
+    );
     if let Some(pin) = ask.pin
         && let Some(kept) = walk(store, arena, ask, tokens, excluded, Some(pin))?
     {
@@ -519,6 +522,13 @@ pub fn stretch(
     Ok(walk(store, arena, ask, tokens, excluded, None)?.unwrap_or_default())
 }
 
+/// Warmth above which a working session's tool message is quoted whole in its stretch (from
+/// its birth: about one half-life of the agent's work since).
+pub const WHOLE_WARMTH: f32 = 0.9;
+
+/// Rows a stretch is walked for a tool row before its conversation is taken for a chat.
+const SESSION_PROBE_ROWS: usize = 64;
+
 /// The walk of [`stretch`], back to a pin's first row when given ([`Pin`]), the rows it kept
 /// shown as it kept them and the stretch then allowed twice its room; `None` when it overran
 /// before reaching it.
@@ -526,7 +536,7 @@ fn walk(
     store: &Store,
     arena: &Arena,
     ask: &Ask<'_>,
-    (recent_tokens, session_tokens): (usize, usize),
+    (recent_tokens, room, ceiling, clock): (usize, usize, usize, u64),
     excluded: &HashSet<RowId>,
     pin: Option<&Pin>,
 ) -> Result<Option<Stretch>, StoreError> {
@@ -536,12 +546,12 @@ fn walk(
     let Some(conversation) = ask.conversation else {
         return Ok(Some(stretch));
     };
-    let limit = match anchor {
-        Some(_) => 2 * session_tokens,
-        None => session_tokens,
-    };
-    // Tokens of the stretch, of it past the live turn, and of that as shown.
-    let (mut tokens, mut work, mut cost) = (0, 0, 0usize);
+    // A pin's stretch may take twice the room before the frame is made afresh.
+    let stretched = if anchor.is_some() { 2 } else { 1 };
+    let (room, ceiling) = (stretched * room, stretched * ceiling);
+    // Tokens of the stretch; as shown, of its tool messages quoted whole while warm, and of
+    // the rest past the live turn.
+    let (mut tokens, mut warm_cost, mut cost) = (0, 0, 0usize);
     let (mut own, mut overran) = (true, false);
     let mut recent = None;
     // A tool message to show by its preview, as far as its first chunk is known: the chunks of
@@ -557,19 +567,19 @@ fn walk(
             continue;
         };
         let page = arena.page(slot.page);
-        let role = Role::from_code(page.roles[slot.index as usize]);
-        let len = page.token_lens[slot.index as usize] as usize;
-        let birth = page.birth_clocks[slot.index as usize];
+        let i = slot.index as usize;
+        let role = Role::from_code(page.roles[i]);
+        let len = page.token_lens[i] as usize;
+        let birth = page.birth_clocks[i];
         let tool = role == Some(Role::Tool);
         if let Some((first, first_slot, first_len, first_birth)) = pending.take() {
             if tool && birth == first_birth {
                 pending = Some((id, slot, len, birth));
                 tokens += len;
-                work += len;
                 continue;
             }
             let shown = first_len.min(frame::TOOL_PREVIEW_TOKENS);
-            if cost + shown > limit {
+            if cost + shown > room {
                 overran = true;
                 break;
             }
@@ -584,50 +594,62 @@ fn walk(
         }
         let beyond = recent.is_some();
         stretch.session |= tool;
-        if let Some(pin) = pin.filter(|_| through.is_some_and(|through| id <= through)) {
-            // A row the pin kept is shown as it was; one it did not keep stays out.
-            let Ok(at) = pin.kept.binary_search_by_key(&id, |&(row, _)| row) else {
-                continue;
-            };
-            let previewed = pin.kept[at].1;
-            let shown = if previewed {
-                len.min(frame::TOOL_PREVIEW_TOKENS)
-            } else {
-                len
-            };
-            if cost + shown > limit {
-                overran = true;
-                break;
-            }
-            tokens += len;
-            work += len;
-            cost += shown;
-            if beyond {
-                stretch.beyond_tokens += shown;
-            }
-            stretch.rows.push((id, slot));
-            if previewed {
-                stretch.previewed.insert(id);
-            }
-            continue;
+        if beyond && !stretch.session && stretch.rows.len() >= SESSION_PROBE_ROWS {
+            // No tool row near the question: a chat, whose stretch ends at `recent_tokens`.
+            break;
         }
+        let kept = match pin.filter(|_| through.is_some_and(|through| id <= through)) {
+            // A row the pin kept is shown as it was; one it did not keep stays out.
+            Some(pin) => match pin.kept.binary_search_by_key(&id, |&(row, _)| row) {
+                Ok(at) => Some(pin.kept[at].1),
+                Err(_) => continue,
+            },
+            None => None,
+        };
         tokens += len;
         if own {
             stretch.own += 1;
             stretch.rows.push((id, slot));
             continue;
         }
-        work += len;
-        let whole = !tool || ((!beyond || work - len < session_tokens / 2) && cost + len <= limit);
-        if !whole {
-            pending = Some((id, slot, len, birth));
+        // A tool message is quoted whole while warm (its birth's warmth at the clock now),
+        // within the ceiling; in the chat's stretch, within the room; else by its preview.
+        let warm = tool
+            && heat::warmth(&heat::born(birth, page.decays[i]), clock) >= WHOLE_WARMTH
+            && warm_cost + len <= ceiling;
+        let previewed = match kept {
+            Some(previewed) => previewed,
+            None => tool && !warm && (beyond || cost + len > room),
+        };
+        if previewed {
+            if kept.is_some() {
+                let shown = len.min(frame::TOOL_PREVIEW_TOKENS);
+                if cost + shown > room {
+                    overran = true;
+                    break;
+                }
+                cost += shown;
+                stretch.beyond_tokens += shown;
+                stretch.rows.push((id, slot));
+                stretch.previewed.insert(id);
+            } else {
+                pending = Some((id, slot, len, birth));
+            }
             continue;
         }
-        if beyond && cost + len > limit {
-            overran = true;
-            break;
+        if tool && (warm || kept.is_some()) {
+            if warm_cost + len > ceiling {
+                overran = true;
+                break;
+            }
+            warm_cost += len;
+        } else {
+            if beyond && cost + len > room {
+                overran = true;
+                break;
+            }
+            cost += len;
         }
-        cost += len;
         if beyond {
             stretch.beyond_tokens += len;
         }
@@ -635,7 +657,7 @@ fn walk(
     }
     if let Some((first, first_slot, first_len, _)) = pending {
         let shown = first_len.min(frame::TOOL_PREVIEW_TOKENS);
-        if cost + shown <= limit {
+        if cost + shown <= room {
             stretch.beyond_tokens += shown;
             stretch.rows.push((first, first_slot));
             stretch.previewed.insert(first);

@@ -656,14 +656,9 @@ fn a_question_is_read_in_its_conversation_and_the_search_passes_over_its_stretch
         .unwrap();
     let arena = arena(&memory);
     let live = ask("plans", question, false);
-    let stretch = perpetuity::recall::stretch(
-        &memory.store,
-        &arena,
-        &live,
-        (config.recent_tokens, config.session_tokens),
-        &Default::default(),
-    )
-    .unwrap();
+    let stretch =
+        perpetuity::recall::stretch(&memory.store, &arena, &live, &config, &Default::default())
+            .unwrap();
     let stretch = &stretch.rows[..stretch.recent];
     let read = |ask: &Ask<'_>, stretch| {
         let query = question_query(&memory.dictionary, &arena, ask, stretch);

@@ -18,6 +18,9 @@
 //! - the image reaches the upstream;
 //! - a tool schema whose keys are not in alphabetical order reaches the upstream byte for byte.
 //!
+//! Claude Code also keeps a working session of five turns (`claude -p`, then `--continue`):
+//! the fifth turn's request still holds a line deep inside the long file its first turn read.
+//!
 //! A client that is not installed is a SKIP. What each client sends, recorded against a plain
 //! stub, is in `tests/harness/recorded/`.
 
@@ -27,12 +30,14 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde_json::{Value, json};
 
 use common::upstream::{Answer, Harness, Received};
+use common::wire::{self, Reply, Wire, wire_of};
 use perpetuity::proxy::harness::COMPACTION_REQUEST;
 use perpetuity::types::Role;
 
@@ -52,6 +57,23 @@ const HARNESS_TOOLS: [(&str, &str); 3] = [
     ),
     ("exec_command", r#"{"cmd":"echo harness-tool-ran"}"#),
     ("get_weather", r#"{"zone":"CET","city":"Paris"}"#),
+];
+/// The file Claude Code reads in the first turn of its working session ([`ledger`]): its
+/// lines, the line deep inside it that says `LEDGER_CODE`, which nothing else in the session
+/// says.
+const LEDGER: &str = "ledger.txt";
+const LEDGER_LINES: usize = 1_000;
+const LEDGER_CODE_LINE: usize = 700;
+const LEDGER_CODE: &str = "vault code QUILLON-58213-TARN";
+/// The prompts of Claude Code's working session: the file read, three other things, the file.
+/// None names a word of the ledger's lines (the last does not say which line it means), so the
+/// search alone cannot bring line `LEDGER_CODE_LINE` back: the session must keep it.
+const WORKING_SESSION: [&str; 5] = [
+    "Read ledger.txt in this folder and tell me what it records.",
+    "Something else: suggest a name for a grey cat.",
+    "How many minutes are there in a day?",
+    "Give me a title for a talk about caching.",
+    "Back to ledger.txt, which you read at the start of this session: is anything in it out of place?",
 ];
 /// One client run's limit.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -78,22 +100,6 @@ const AGENTS_RULE: &str = "Harness rule from AGENTS.md: keep answers short.";
 /// The text the upstream answers the request `index` with, when it answers with text.
 fn reply_text(index: usize) -> String {
     format!("Reply {index} from the upstream: naïve café, “quoted”, ✓ — done.")
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Wire {
-    Messages,
-    Responses,
-    Chat,
-}
-
-fn wire_of(path: &str) -> Option<Wire> {
-    match path.split('?').next().unwrap_or_default() {
-        "/v1/messages" => Some(Wire::Messages),
-        "/v1/responses" => Some(Wire::Responses),
-        "/v1/chat/completions" => Some(Wire::Chat),
-        _ => None,
-    }
 }
 
 /// The names of a request's tools, in any of the three formats.
@@ -136,172 +142,14 @@ fn harness_call(wire: Wire, body: &Value) -> Option<(&'static str, &'static str)
         .find(|(name, _)| offered.contains(name))
 }
 
-/// The upstream's answer to request `index`: the harness tool's call, else text, in the
-/// request's wire format, streamed when it asks for a stream.
+/// The upstream's answer to request `index`: the harness tool's call, else text.
 fn answer(index: usize, request: &Received) -> Answer {
-    if request.path.starts_with("/v1/messages/count_tokens") {
-        return Answer::Whole(200, "application/json", br#"{"input_tokens":42}"#.to_vec());
-    }
-    let Some(wire) = wire_of(&request.path) else {
-        let error = json!({"error": {"type": "not_found_error", "message": "not scripted"}});
-        return Answer::Whole(404, "application/json", error.to_string().into_bytes());
-    };
-    let body = request.json();
-    let model = body["model"].as_str().unwrap_or("model").to_owned();
-    let call = harness_call(wire, &body);
-    let (whole, events) = match wire {
-        Wire::Messages => messages_answer(index, &model, call),
-        Wire::Responses => responses_answer(index, &model, call),
-        Wire::Chat => chat_answer(index, &model, call),
-    };
-    if body["stream"] == true {
-        Answer::Whole(200, "text/event-stream", events.into_bytes())
-    } else {
-        Answer::Whole(200, "application/json", whole.to_string().into_bytes())
-    }
-}
-
-/// An event stream of `events`, each named by its `type` when `named` (Messages, Responses),
-/// else a bare `data:` line (Chat).
-fn sse(events: &[Value], named: bool) -> String {
-    events
-        .iter()
-        .map(|data| match data["type"].as_str().filter(|_| named) {
-            Some(name) => format!("event: {name}\ndata: {data}\n\n"),
-            None => format!("data: {data}\n\n"),
-        })
-        .collect()
-}
-
-/// A Messages reply: the whole body and its stream.
-fn messages_answer(index: usize, model: &str, call: Option<(&str, &str)>) -> (Value, String) {
-    let usage = json!({"input_tokens": 10, "output_tokens": 5});
-    let (block, empty, delta, stop) = match call {
-        Some((name, input)) => {
-            let id = format!("toolu_harness_{index}");
-            (
-                json!({"type": "tool_use", "id": id, "name": name, "input": serde_json::from_str::<Value>(input).unwrap()}),
-                json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
-                json!({"type": "input_json_delta", "partial_json": input}),
-                "tool_use",
-            )
+    wire::answer(index, request, |wire, body| {
+        match harness_call(wire, body) {
+            Some((name, arguments)) => Reply::Call(name.into(), arguments.into()),
+            None => Reply::Text(reply_text(index)),
         }
-        None => {
-            let text = reply_text(index);
-            (
-                json!({"type": "text", "text": text}),
-                json!({"type": "text", "text": ""}),
-                json!({"type": "text_delta", "text": text}),
-                "end_turn",
-            )
-        }
-    };
-    let id = format!("msg_harness_{index}");
-    let message = |content: Value, stop: Value| json!({"id": id, "type": "message", "role": "assistant", "model": model, "content": content, "stop_reason": stop, "stop_sequence": null, "usage": usage});
-    let whole = message(json!([block]), json!(stop));
-    let events = [
-        json!({"type": "message_start", "message": message(json!([]), Value::Null)}),
-        json!({"type": "content_block_start", "index": 0, "content_block": empty}),
-        json!({"type": "content_block_delta", "index": 0, "delta": delta}),
-        json!({"type": "content_block_stop", "index": 0}),
-        json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 5}}),
-        json!({"type": "message_stop"}),
-    ];
-    (whole, sse(&events, true))
-}
-
-/// A Responses reply: the whole body and its stream.
-fn responses_answer(index: usize, model: &str, call: Option<(&str, &str)>) -> (Value, String) {
-    let response = |status: &str, output: Value| json!({"id": format!("resp_harness_{index}"), "object": "response", "created_at": 1_800_000_000, "status": status, "model": model, "output": output, "usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 15}});
-    let mut events = vec![
-        json!({"type": "response.created", "response": response("in_progress", json!([]))}),
-        json!({"type": "response.in_progress", "response": response("in_progress", json!([]))}),
-    ];
-    let item = match call {
-        Some((name, arguments)) => {
-            let id = format!("fc_harness_{index}");
-            let item = json!({"type": "function_call", "id": id, "call_id": format!("call_harness_{index}"), "name": name, "arguments": arguments, "status": "completed"});
-            let mut added = item.clone();
-            added["arguments"] = json!("");
-            added["status"] = json!("in_progress");
-            events.extend([
-                json!({"type": "response.output_item.added", "output_index": 0, "item": added}),
-                json!({"type": "response.function_call_arguments.delta", "item_id": id, "output_index": 0, "delta": arguments}),
-                json!({"type": "response.function_call_arguments.done", "item_id": id, "output_index": 0, "arguments": arguments}),
-            ]);
-            item
-        }
-        None => {
-            let id = format!("msg_harness_{index}");
-            let text = reply_text(index);
-            let part = json!({"type": "output_text", "text": text, "annotations": []});
-            let item = json!({"type": "message", "id": id, "status": "completed", "role": "assistant", "content": [part]});
-            let at = json!({"item_id": id, "output_index": 0, "content_index": 0});
-            let with = |extra: Value| {
-                let mut event = at.clone();
-                event
-                    .as_object_mut()
-                    .unwrap()
-                    .extend(extra.as_object().unwrap().clone());
-                event
-            };
-            events.extend([
-                json!({"type": "response.output_item.added", "output_index": 0, "item": {"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []}}),
-                with(json!({"type": "response.content_part.added", "part": {"type": "output_text", "text": "", "annotations": []}})),
-                with(json!({"type": "response.output_text.delta", "delta": text})),
-                with(json!({"type": "response.output_text.done", "text": text})),
-                with(json!({"type": "response.content_part.done", "part": part})),
-            ]);
-            item
-        }
-    };
-    let whole = response("completed", json!([item]));
-    events.push(json!({"type": "response.output_item.done", "output_index": 0, "item": item}));
-    events.push(json!({"type": "response.completed", "response": whole}));
-    for (n, event) in events.iter_mut().enumerate() {
-        event["sequence_number"] = json!(n);
-    }
-    (whole, sse(&events, true))
-}
-
-/// A Chat Completions reply: the whole body and its stream.
-fn chat_answer(index: usize, model: &str, call: Option<(&str, &str)>) -> (Value, String) {
-    let id = format!("chatcmpl-harness-{index}");
-    let chunk = |choices: Value| json!({"id": id, "object": "chat.completion.chunk", "created": 1, "model": model, "choices": choices});
-    let usage = json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15});
-    let (message, delta, finish) = match call {
-        Some((name, arguments)) => {
-            let call = json!({"id": format!("call_harness_{index}"), "type": "function", "function": {"name": name, "arguments": arguments}});
-            let mut indexed = call.clone();
-            indexed["index"] = json!(0);
-            (
-                json!({"role": "assistant", "content": null, "tool_calls": [call]}),
-                json!({"role": "assistant", "content": null, "tool_calls": [indexed]}),
-                "tool_calls",
-            )
-        }
-        None => {
-            let text = reply_text(index);
-            (
-                json!({"role": "assistant", "content": text}),
-                json!({"role": "assistant", "content": text}),
-                "stop",
-            )
-        }
-    };
-    let whole = json!({"id": id, "object": "chat.completion", "created": 1, "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage});
-    let mut last = chunk(json!([]));
-    last["usage"] = usage;
-    let mut events = sse(
-        &[
-            chunk(json!([{"index": 0, "delta": delta, "finish_reason": null}])),
-            chunk(json!([{"index": 0, "delta": {}, "finish_reason": finish}])),
-            last,
-        ],
-        false,
-    );
-    events.push_str("data: [DONE]\n\n");
-    (whole, events)
+    })
 }
 
 /// How a client is run.
@@ -448,8 +296,20 @@ fn clean(program: impl AsRef<std::ffi::OsStr>) -> Command {
     command
 }
 
-/// The command that runs `runner` once against the proxy at `base` with `prompt` (and the
-/// image), and the stdin it reads.
+/// How a client's run sends its prompt.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// As text, in a new session.
+    New,
+    /// With the image, in a new session.
+    Image,
+    /// As text, the next turn of the working directory's last session (`claude -p
+    /// --continue`; Claude Code only).
+    Continued,
+}
+
+/// The command that runs `runner` once against the proxy at `base` with `prompt` as `turn`
+/// says, and the stdin it reads.
 fn command(
     runner: Runner,
     installed: &Installed,
@@ -457,8 +317,13 @@ fn command(
     base: &str,
     key: &str,
     prompt: &str,
-    image: bool,
+    turn: Turn,
 ) -> (Command, Vec<u8>) {
+    assert!(
+        turn != Turn::Continued || matches!(runner, Runner::ClaudeCode),
+        "only Claude Code's runs continue a session here"
+    );
+    let image = turn == Turn::Image;
     let bin = installed.npm.join("node_modules/.bin");
     let harness_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness");
     let mut stdin = Vec::new();
@@ -473,6 +338,9 @@ fn command(
                 .env("DISABLE_TELEMETRY", "1")
                 .env("DISABLE_ERROR_REPORTING", "1")
                 .args(["--allowedTools", "Bash(echo:*)", "-p"]);
+            if turn == Turn::Continued {
+                command.arg("--continue");
+            }
             if image {
                 command.args([
                     "--input-format",
@@ -593,7 +461,7 @@ async fn session(
     installed: &Installed,
     dirs: &Dirs,
     prompt: &str,
-    image: bool,
+    turn: Turn,
 ) -> Session {
     let before = h.received().len();
     let base = format!("http://{}", h.proxy);
@@ -604,7 +472,7 @@ async fn session(
         &base,
         client.key,
         prompt,
-        image,
+        turn,
     );
     let (ok, out, err) =
         tokio::task::spawn_blocking(move || run_bounded(command, stdin, CLIENT_TIMEOUT))
@@ -616,7 +484,7 @@ async fn session(
         tail(&err)
     );
     let reply = match client.runner {
-        Runner::ClaudeCode if image => out
+        Runner::ClaudeCode if turn == Turn::Image => out
             .lines()
             .rev()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -777,8 +645,8 @@ async fn exercise(name: &str, client: Client) {
     let h = Harness::start(|_| {}).await;
     h.respond_with(Arc::new(answer));
     let dirs = dirs();
-    let told = session(&client, &h, &installed, &dirs, TOLD, false).await;
-    let asked = session(&client, &h, &installed, &dirs, ASKED, true).await;
+    let told = session(&client, &h, &installed, &dirs, TOLD, Turn::New).await;
+    let asked = session(&client, &h, &installed, &dirs, ASKED, Turn::Image).await;
     let mut checks = Checks::default();
 
     for (label, session) in [("first", &told), ("second", &asked)] {
@@ -951,17 +819,136 @@ fn library(runner: Runner, key: &'static str, schema: &'static str) -> Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_keeps_its_context_its_tool_loop_and_its_memory_through_the_proxy() {
-    let client = Client {
+    exercise("claude-code", claude_code("ak-harness-claude-code")).await;
+}
+
+/// Claude Code under the credential `key`: its context and its Bash tool's schema.
+fn claude_code(key: &'static str) -> Client {
+    Client {
         runner: Runner::ClaudeCode,
-        key: "ak-harness-claude-code",
+        key,
         context: vec![
             "<system-reminder>".into(),
             CLAUDE_RULE.into(),
             "You have been invoked in the following environment".into(),
         ],
         schema: r#""properties":{"command":{"description":"The command to execute","type":"string"},"timeout":{"#,
-    };
-    exercise("claude-code", client).await;
+    }
+}
+
+/// Claude Code's working session, five `claude -p` runs in one working directory (the first
+/// a new session, the rest `--continue`): the first has the upstream call its `Read` tool on a
+/// long file, the next three ask of other things, the fifth of the file. The fifth turn's
+/// request still holds what the first turn read, every line of the file (the line deep inside
+/// it that says `LEDGER_CODE` checked on its own), and its prompt whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_keeps_its_working_session_and_what_it_read_through_the_proxy() {
+    let installed = installed();
+    if ready(Runner::ClaudeCode, &installed).is_none() {
+        return;
+    }
+    let h = Harness::start(|_| {}).await;
+    let dirs = dirs();
+    let ledger = ledger();
+    std::fs::write(dirs.work.join(LEDGER), &ledger).unwrap();
+    // `Read` is called once, in answer to the session's first request; everything else is
+    // answered with text.
+    let read = json!({"file_path": dirs.work.join(LEDGER)}).to_string();
+    let called = AtomicBool::new(false);
+    h.respond_with(Arc::new(move |index, request| {
+        wire::answer(index, request, |wire, body| {
+            let first = wire == Wire::Messages
+                && tool_names(body).contains(&"Read")
+                && !has_result(wire, body)
+                && !called.swap(true, Ordering::SeqCst);
+            if first {
+                Reply::Call("Read".into(), read.clone())
+            } else {
+                Reply::Text(reply_text(index))
+            }
+        })
+    }));
+    let client = claude_code("ak-harness-claude-session");
+    let mut turns = Vec::new();
+    for (at, prompt) in WORKING_SESSION.into_iter().enumerate() {
+        let turn = if at == 0 { Turn::New } else { Turn::Continued };
+        turns.push(session(&client, &h, &installed, &dirs, prompt, turn).await);
+    }
+
+    let read_round = &turns[0].requests;
+    assert!(
+        read_round.len() >= 2 && read_round.last().unwrap().1.text().contains(LEDGER_CODE),
+        "the first turn's tool round did not bring the ledger's line {LEDGER_CODE_LINE} to the \
+         upstream ({} requests): Claude Code did not read the file as scripted",
+        read_round.len()
+    );
+    let (index, fifth) = turns[4]
+        .requests
+        .first()
+        .expect("the fifth turn reached the upstream");
+    let text = fifth.text();
+    let mut checks = Checks::default();
+    checks.check(text.contains(LEDGER_CODE), || {
+        let held: Vec<usize> = (2..=5)
+            .filter(|&turn| {
+                turns[turn - 1]
+                    .requests
+                    .iter()
+                    .any(|(_, r)| r.text().contains(LEDGER_CODE))
+            })
+            .collect();
+        format!(
+            "request {index}, the fifth turn's, lacks line {LEDGER_CODE_LINE} of the file the \
+             first turn read ({LEDGER_CODE:?}); the turns whose requests hold it: {held:?}"
+        )
+    });
+    // Every line the first turn read, not just the one asked for (the file's lines appear
+    // verbatim in Claude Code's `Read` result, after their line numbers).
+    let missing = common::runs(
+        ledger
+            .lines()
+            .zip(1..)
+            .filter(|(line, _)| !text.contains(line))
+            .map(|(_, number)| number),
+    );
+    checks.check(missing.is_empty(), || {
+        format!(
+            "request {index}, the fifth turn's, lacks the lines {missing:?} of the \
+             {LEDGER_LINES}-line file the first turn read"
+        )
+    });
+    let prompt = WORKING_SESSION[4];
+    checks.check(
+        wire::message_texts(&fifth.json())
+            .iter()
+            .any(|(_, text)| text.contains(prompt)),
+        || format!("request {index}, the fifth turn's, lacks its prompt whole ({prompt:?})"),
+    );
+    checks.finish("claude-code working session");
+}
+
+/// The file of the working session: `LEDGER_LINES` distinct numbered lines, line
+/// `LEDGER_CODE_LINE` the one that holds `LEDGER_CODE`.
+fn ledger() -> String {
+    const GOODS: [&str; 7] = [
+        "copper", "walnuts", "linen", "cobalt", "saffron", "glass", "tin",
+    ];
+    const PORTS: [&str; 5] = ["Lisbon", "Gdansk", "Valletta", "Bergen", "Izmir"];
+    (1..=LEDGER_LINES)
+        .map(|n| {
+            if n == LEDGER_CODE_LINE {
+                format!("{n:04} {LEDGER_CODE}\n")
+            } else {
+                format!(
+                    "{n:04} crate {:05} of {} to {}, bay {}\n",
+                    n * 37 % 100_000,
+                    GOODS[n % GOODS.len()],
+                    PORTS[n / GOODS.len() % PORTS.len()],
+                    n % 13
+                )
+            }
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,12 +32,12 @@ fn sessions() -> (Vec<replay::Session>, replay::ReadCounts) {
     (sessions, counts)
 }
 
-fn run(session_share: &[f32]) -> ReplayReport {
+fn run(session_tokens: &[f32]) -> ReplayReport {
     let (sessions, counts) = sessions();
     let dictionary =
         Dictionary::load_version(&default_dictionaries_root(), DEFAULT_VERSION).unwrap();
     let setup = Setup {
-        session_share: session_share.to_vec(),
+        session_tokens: session_tokens.to_vec(),
         dictionary: Arc::new(dictionary),
         kernels: Kernels::detect(false),
     };
@@ -96,13 +96,13 @@ fn transcripts_are_read_into_their_model_calls() {
 
 #[test]
 fn replayed_sessions_are_measured_through_the_proxy() {
-    let report = run(&[0.05, 1.0]);
+    let report = run(&[0, 24_000]);
     assert_eq!(report.harnesses, ["claude-code", "codex"]);
     assert_eq!((report.sessions, report.calls), (2, 10));
     assert_eq!(report.settings.len(), 2);
-    let shipped = RecallConfig::default().session_share;
+    let shipped = RecallConfig::default().session_tokens;
     for setting in &report.settings {
-        assert_eq!(setting.shipped, setting.session_share == shipped);
+        assert_eq!(setting.shipped, setting.session_tokens == shipped);
     }
     for setting in &report.settings {
         assert_eq!(setting.failed_calls, 0, "{:?}", setting.first_failure);
@@ -151,8 +151,8 @@ fn the_command_line_prints_json_and_draws_the_plot() {
         "--format",
         "claude-code",
         data("claude-code").to_str().unwrap(),
-        "--session-share",
-        "0.5",
+        "--session-tokens",
+        "2000",
         "--json",
         "--plot",
         svg.to_str().unwrap(),
@@ -166,7 +166,7 @@ fn the_command_line_prints_json_and_draws_the_plot() {
     assert_eq!(report["harnesses"], serde_json::json!(["claude-code"]));
     assert_eq!(report["calls"], 6);
     assert_eq!(report["read"]["not_json"], 1);
-    assert_eq!(report["settings"][0]["session_share"], 0.5);
+    assert_eq!(report["settings"][0]["session_tokens"], 2000);
     assert_eq!(report["settings"][0]["shipped"], false);
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert_eq!(plot.matches("<circle").count(), 3);
@@ -175,8 +175,8 @@ fn the_command_line_prints_json_and_draws_the_plot() {
         "--format",
         "codex",
         data("codex").to_str().unwrap(),
-        "--session-share",
-        "0.5",
+        "--session-tokens",
+        "2000",
     ]);
     assert!(
         text.status.success(),

@@ -71,11 +71,11 @@ pub struct EvalArgs {
     /// holds the first shard and must be empty (docs/eval.md, "Shards").
     #[arg(long, default_value_t = 1)]
     pub shards: usize,
-    /// A replay's settings of the recall's `session_share` (the share of the history a harness
-    /// sent that a working session's stretch takes at most), one replay each [default: the
-    /// shipped default, 0.1, 0.2, 0.5].
+    /// A replay's settings of the recall's `session_tokens` (the most a working session's
+    /// stretch quotes whole of its warm tool messages), one replay each [default: 2000, 4000,
+    /// 8000 and the shipped default].
     #[arg(long, value_delimiter = ',')]
-    pub session_share: Vec<f32>,
+    pub session_tokens: Vec<usize>,
     /// A replay also draws support against forwarded size into this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
@@ -93,8 +93,8 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
 /// A benchmark file through the pooled memory.
 fn dataset(format: Format, args: EvalArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.session_share.is_empty() && args.plot.is_none(),
-        "--session-share and --plot are a replay's (--format {})",
+        args.session_tokens.is_empty() && args.plot.is_none(),
+        "--session-tokens and --plot are a replay's (--format {})",
         Harness::ALL.map(Harness::name).join("|")
     );
     let [file] = &args.paths[..] else {
@@ -139,7 +139,7 @@ fn dataset(format: Format, args: EvalArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Recorded sessions replayed through the proxy, once per `session_share` setting.
+/// Recorded sessions replayed through the proxy, once per `session_tokens` setting.
 fn replay(harness: Harness, args: &EvalArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.data.is_none()
@@ -160,10 +160,10 @@ fn replay(harness: Harness, args: &EvalArgs) -> anyhow::Result<()> {
         counts.not_json
     );
     let setup = replay::Setup {
-        session_share: if args.session_share.is_empty() {
+        session_tokens: if args.session_tokens.is_empty() {
             replay::default_settings()
         } else {
-            args.session_share.clone()
+            args.session_tokens.clone()
         },
         dictionary,
         kernels: Kernels::detect(false),

@@ -402,10 +402,7 @@ fn replay(
         }
         let probe = Probe {
             store,
-            stretch_tokens: {
-                let config = frame.map_or(RecallConfig::default(), |(_, config)| *config);
-                (config.recent_tokens, config.session_tokens)
-            },
+            recall: frame.map_or(RecallConfig::default(), |(_, config)| *config),
             dictionary,
             arena: &arena,
             kernels,

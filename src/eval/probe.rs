@@ -148,9 +148,9 @@ impl Corpus {
 /// `frame`, each question's frame is rendered too (probe mode: nothing written).
 pub(super) struct Probe<'a> {
     pub(super) store: &'a Store,
-    /// The recall's `recent_tokens` and `session_tokens`: how much of a question's
-    /// conversation it is read beside, and passes over.
-    pub(super) stretch_tokens: (usize, usize),
+    /// The recall's settings: how much of a question's conversation it is read beside, and
+    /// passes over.
+    pub(super) recall: RecallConfig,
     pub(super) dictionary: &'a Dictionary,
     pub(super) arena: &'a Arena,
     pub(super) kernels: &'a Kernels,
@@ -175,13 +175,7 @@ impl Probe<'_> {
         };
         // Read as the recall reads it: beside its conversation's stretch, which both systems
         // pass over (the frame holds it whatever is found).
-        let stretch = stretch(
-            self.store,
-            self.arena,
-            &ask,
-            self.stretch_tokens,
-            &HashSet::new(),
-        )?;
+        let stretch = stretch(self.store, self.arena, &ask, &self.recall, &HashSet::new())?;
         let passed_over: HashSet<RowId> = stretch.ids().collect();
         let started = Instant::now();
         let query = question_query(

@@ -4,6 +4,7 @@
 
 pub mod server;
 pub mod upstream;
+pub mod wire;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -164,6 +165,18 @@ pub fn test_seed() -> u64 {
         });
     println!("PERPETUITY_SEED={seed}");
     seed
+}
+
+/// `numbers` (ascending) as runs of consecutive numbers: 1, 2, 3, 7, 8 as `[1..=3, 7..=8]`.
+pub fn runs(numbers: impl IntoIterator<Item = usize>) -> Vec<std::ops::RangeInclusive<usize>> {
+    let mut runs: Vec<std::ops::RangeInclusive<usize>> = Vec::new();
+    for number in numbers {
+        match runs.last_mut() {
+            Some(run) if *run.end() + 1 == number => *run = *run.start()..=number,
+            _ => runs.push(number..=number),
+        }
+    }
+    runs
 }
 
 /// The files under `dir` (recursively) whose bytes contain `needle`.

@@ -73,17 +73,17 @@ pub struct Replayed {
     pub first_failure: Option<String>,
 }
 
-/// Replay every call of `plans` through a proxy whose recall keeps `session_share` of the
+/// Replay every call of `plans` through a proxy whose recall keeps `session_tokens` of the
 /// current conversation, over a fresh memory in a scratch folder.
 pub fn replay(
     sessions: &[Session],
     plans: &[Plan],
     setup: &Setup,
-    session_share: f32,
+    session_tokens: usize,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Replayed, ReplayError> {
     // Declared before the memory, so the store is closed before its folder is removed.
-    let scratch = ScratchDir::new(&format!("replay-{session_share}"))?;
+    let scratch = ScratchDir::new(&format!("replay-{session_tokens}"))?;
     let store = Store::open(scratch.path(), &StoreOptions::default())?;
     store.bind_dictionary(setup.dictionary.version())?;
     let memory = Memory {
@@ -103,7 +103,7 @@ pub fn replay(
             openai: format!("http://{upstream}"),
             ..ProxyConfig::default()
         };
-        config.recall.session_share = session_share;
+        config.recall.session_tokens = session_tokens;
         let state = Arc::new(State::new(engine, secret, config));
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let address = listener.local_addr()?;
@@ -186,7 +186,7 @@ pub fn replay(
                 out.measured.push(measured);
                 if throttle.due(at == plans.len()) {
                     progress(Progress::Calls {
-                        session_share,
+                        session_tokens,
                         sessions: (s + 1, sessions.len()),
                         calls: (at, plans.len()),
                     });

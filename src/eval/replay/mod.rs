@@ -11,7 +11,7 @@
 //! terms of no earlier part of the session that an earlier session held ([`plan`]). The share
 //! of them the forwarded conversation still holds is its support, beside two baselines cut to
 //! the same size ([`baselines`]): the harness's own newest messages, and its history with old
-//! tool results cleared. The replay runs once per `session_share` setting, giving support
+//! tool results cleared. The replay runs once per `session_tokens` setting, giving support
 //! against forwarded size; the forwarded bytes, what a prefix cache serves of them and whether
 //! each live prompt arrived whole are reported too ([`report`]).
 
@@ -38,9 +38,10 @@ pub use report::{
 };
 pub use transcript::{Call, Harness, ReadCounts, Session, read};
 
-/// The `session_share` settings replayed besides the shipped default when none are given: a
-/// working session's stretch from a tenth of the history its harness sent to half of it.
-pub const DEFAULT_SESSION_SHARES: [f32; 3] = [0.1, 0.2, 0.5];
+/// The `session_tokens` settings replayed besides the shipped default when none are given: a
+/// working session's tool messages quoted whole while warm from a few to a few dozen thousand
+/// tokens.
+pub const DEFAULT_SESSION_TOKENS: [usize; 3] = [2_000, 4_000, 8_000];
 
 /// A replay could not run.
 #[derive(Debug, thiserror::Error)]
@@ -54,8 +55,8 @@ pub enum ReplayError {
     /// Class: client. The paths hold no model call to replay.
     #[error("no model call found in the given paths ({files} transcript files read)")]
     Empty { files: usize },
-    /// Class: client. No `session_share` setting to replay at.
-    #[error("--session-share needs one or more settings")]
+    /// Class: client. No `session_tokens` setting to replay at.
+    #[error("--session-tokens needs one or more settings")]
     NoSettings,
     /// Class: internal. The scratch memory could not be made.
     #[error(transparent)]
@@ -77,8 +78,8 @@ pub enum ReplayError {
 /// What every replay of a run shares.
 #[derive(Debug, Clone)]
 pub struct Setup {
-    /// The `session_share` settings, one replay each, in order.
-    pub session_share: Vec<f32>,
+    /// The `session_tokens` settings, one replay each, in order.
+    pub session_tokens: Vec<usize>,
     /// The dictionary each scratch memory serves.
     pub dictionary: Arc<Dictionary>,
     pub kernels: Kernels,
@@ -92,7 +93,7 @@ pub enum Progress {
     /// A replay at one setting has sent `calls.0` of `calls.1` calls, in session `sessions.0`
     /// of `sessions.1`.
     Calls {
-        session_share: f32,
+        session_tokens: usize,
         sessions: (usize, usize),
         calls: (usize, usize),
     },
@@ -108,12 +109,12 @@ impl std::fmt::Display for Progress {
                 )
             }
             Self::Calls {
-                session_share,
+                session_tokens,
                 sessions,
                 calls,
             } => write!(
                 f,
-                "session_share {session_share}: session {}/{}, calls {}/{}",
+                "session_tokens {session_tokens}: session {}/{}, calls {}/{}",
                 sessions.0, sessions.1, calls.0, calls.1
             ),
         }
@@ -127,7 +128,7 @@ pub fn run(
     setup: &Setup,
     mut progress: impl FnMut(Progress),
 ) -> Result<ReplayReport, ReplayError> {
-    if setup.session_share.is_empty() {
+    if setup.session_tokens.is_empty() {
         return Err(ReplayError::NoSettings);
     }
     let calls: usize = sessions.iter().map(|s| s.calls.len()).sum();
@@ -141,14 +142,14 @@ pub fn run(
         calls,
     });
     let plans = plan::plans(sessions);
-    let shipped = RecallConfig::default().session_share;
-    let mut settings = Vec::with_capacity(setup.session_share.len());
-    for &session_share in &setup.session_share {
+    let shipped = RecallConfig::default().session_tokens;
+    let mut settings = Vec::with_capacity(setup.session_tokens.len());
+    for &session_tokens in &setup.session_tokens {
         let started = Instant::now();
-        let replayed = drive::replay(sessions, &plans, setup, session_share, &mut progress)?;
+        let replayed = drive::replay(sessions, &plans, setup, session_tokens, &mut progress)?;
         settings.push(report::setting(
-            session_share,
-            session_share == shipped,
+            session_tokens,
+            session_tokens == shipped,
             &replayed.measured,
             (replayed.failed, replayed.first_failure),
             started.elapsed().as_secs_f64(),
@@ -167,11 +168,11 @@ pub fn run(
 }
 
 /// The settings replayed when none are given: the shipped default and
-/// [`DEFAULT_SESSION_SHARES`], smallest first.
-pub fn default_settings() -> Vec<f32> {
-    let mut settings = vec![RecallConfig::default().session_share];
-    settings.extend(DEFAULT_SESSION_SHARES);
-    settings.sort_by(f32::total_cmp);
+/// [`DEFAULT_SESSION_TOKENS`], smallest first.
+pub fn default_settings() -> Vec<usize> {
+    let mut settings = vec![RecallConfig::default().session_tokens];
+    settings.extend(DEFAULT_SESSION_TOKENS);
+    settings.sort_unstable();
     settings.dedup();
     settings
 }

@@ -98,7 +98,7 @@ pub struct Summary {
 /// One replay: its setting and figures.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SettingReport {
-    pub session_share: f32,
+    pub session_tokens: usize,
     /// Whether this is the shipped default.
     pub shipped: bool,
     /// Calls the proxy did not forward or did not answer 200 (not measured), and the first.
@@ -233,7 +233,7 @@ pub fn summarise(calls: &[&Measured]) -> Summary {
 
 /// The figures of one replay: overall and for each harness among the calls.
 pub fn setting(
-    session_share: f32,
+    session_tokens: usize,
     shipped: bool,
     measured: &[Measured],
     (failed_calls, first_failure): (usize, Option<String>),
@@ -248,7 +248,7 @@ pub fn setting(
         })
         .collect();
     SettingReport {
-        session_share,
+        session_tokens,
         shipped,
         failed_calls,
         first_failure,
@@ -298,13 +298,13 @@ impl ReplayReport {
         let _ = writeln!(
             out,
             "\ncurve: earlier-turn support (pooled) at the forwarded size\n  {:<22} {:>11} {:>7} {:>11} {:>9} {:>14}",
-            "session_share", "fwd/direct", "proxy", "truncation", "clearing", "cross (proxy)"
+            "session_tokens", "fwd/direct", "proxy", "truncation", "clearing", "cross (proxy)"
         );
         for s in &self.settings {
             let o = &s.overall;
             let name = format!(
                 "{}{}",
-                s.session_share,
+                s.session_tokens,
                 if s.shipped { " (shipped)" } else { "" }
             );
             let _ = writeln!(
@@ -320,8 +320,8 @@ impl ReplayReport {
         for s in &self.settings {
             let _ = writeln!(
                 out,
-                "\nsession_share {}{}: {:.1} s{}",
-                s.session_share,
+                "\nsession_tokens {}{}: {:.1} s{}",
+                s.session_tokens,
                 if s.shipped { " (shipped default)" } else { "" },
                 s.seconds,
                 if s.failed_calls > 0 {
@@ -406,14 +406,14 @@ const PLOT_MARGIN: f64 = 56.0;
 /// An SVG plot of earlier-turn support (pooled) against the median forwarded size over the
 /// harness's own, one point per setting for the proxy and for each baseline at its size.
 pub fn plot(report: &ReplayReport) -> String {
-    let points = |way: fn(&Support) -> Option<f64>| -> Vec<(f64, f64, f32)> {
+    let points = |way: fn(&Support) -> Option<f64>| -> Vec<(f64, f64, usize)> {
         report
             .settings
             .iter()
             .filter_map(|s| {
                 let x = s.overall.bytes.median_ratio;
                 let y = way(&s.overall.earlier_turns)?;
-                x.is_finite().then_some((x, y, s.session_share))
+                x.is_finite().then_some((x, y, s.session_tokens))
             })
             .collect()
     };
@@ -470,7 +470,7 @@ pub fn plot(report: &ReplayReport) -> String {
         for &(x, y, recent) in points {
             let _ = writeln!(
                 svg,
-                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{colour}\"><title>{name}, session_share {recent}: {y:.3}</title></circle>",
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{colour}\"><title>{name}, session_tokens {recent}: {y:.3}</title></circle>",
                 px(x),
                 py(y)
             );
@@ -580,14 +580,14 @@ mod tests {
             sessions: 1,
             calls: 1,
             read: ReadCounts::default(),
-            settings: [0.3, 0.5]
+            settings: [8_000, 24_000]
                 .into_iter()
-                .map(|r| setting(r, r == 0.3, &calls, (0, None), 0.0))
+                .map(|r| setting(r, r == 24_000, &calls, (0, None), 0.0))
                 .collect(),
         };
         let svg = plot(&report);
         assert_eq!(svg.matches("<circle").count(), 6);
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
-        assert!(report.render().contains("0.3 (shipped)"));
+        assert!(report.render().contains("24000 (shipped)"));
     }
 }
