@@ -32,7 +32,7 @@ fn sessions() -> (Vec<replay::Session>, replay::ReadCounts) {
     (sessions, counts)
 }
 
-fn run(session_tokens: &[f32]) -> ReplayReport {
+fn run(session_tokens: &[usize]) -> ReplayReport {
     let (sessions, counts) = sessions();
     let dictionary =
         Dictionary::load_version(&default_dictionaries_root(), DEFAULT_VERSION).unwrap();
@@ -135,8 +135,8 @@ fn replayed_sessions_are_measured_through_the_proxy() {
             "a harness's tool step extends its request: {direct}"
         );
     }
-    // With the whole history the harness sent as the session's stretch, the frame shows the
-    // first turn's tool results verbatim: the terms the last answer took from them are there.
+    // With its warm tool results quoted whole, the frame shows the first turn's tool results
+    // verbatim: the terms the last answer took from them are there.
     let wide = &report.settings[1].by_harness["claude-code"];
     assert_eq!(wide.earlier_turns.proxy.pooled, Some(1.0));
     assert_eq!(wide.current_turn.proxy.pooled, Some(1.0));
