@@ -481,6 +481,25 @@ impl Stretch {
     pub fn ids(&self) -> impl Iterator<Item = RowId> + '_ {
         self.rows.iter().map(|&(id, _)| id)
     }
+
+    /// Take the tool message's first chunk `id` (`len` tokens) to be shown by its preview, if
+    /// the preview's tokens keep `cost` within `room`; whether it did.
+    fn preview(
+        &mut self,
+        (id, slot, len): (RowId, Slot, usize),
+        cost: &mut usize,
+        room: usize,
+    ) -> bool {
+        let shown = len.min(frame::TOOL_PREVIEW_TOKENS);
+        if *cost + shown > room {
+            return false;
+        }
+        *cost += shown;
+        self.beyond_tokens += shown;
+        self.rows.push((id, slot));
+        self.previewed.insert(id);
+        true
+    }
 }
 
 /// The most recent stretch of the conversation `ask` continues, newest first, leaving out
@@ -578,15 +597,10 @@ fn walk(
                 tokens += len;
                 continue;
             }
-            let shown = first_len.min(frame::TOOL_PREVIEW_TOKENS);
-            if cost + shown > room {
+            if !stretch.preview((first, first_slot, first_len), &mut cost, room) {
                 overran = true;
                 break;
             }
-            cost += shown;
-            stretch.beyond_tokens += shown;
-            stretch.rows.push((first, first_slot));
-            stretch.previewed.insert(first);
         }
         own &= role == Some(Role::User);
         if !own && recent.is_none() && tokens >= recent_tokens {
@@ -622,18 +636,11 @@ fn walk(
             None => tool && !warm && (beyond || cost + len > room),
         };
         if previewed {
-            if kept.is_some() {
-                let shown = len.min(frame::TOOL_PREVIEW_TOKENS);
-                if cost + shown > room {
-                    overran = true;
-                    break;
-                }
-                cost += shown;
-                stretch.beyond_tokens += shown;
-                stretch.rows.push((id, slot));
-                stretch.previewed.insert(id);
-            } else {
+            if kept.is_none() {
                 pending = Some((id, slot, len, birth));
+            } else if !stretch.preview((id, slot, len), &mut cost, room) {
+                overran = true;
+                break;
             }
             continue;
         }
@@ -656,14 +663,7 @@ fn walk(
         stretch.rows.push((id, slot));
     }
     if let Some((first, first_slot, first_len, _)) = pending {
-        let shown = first_len.min(frame::TOOL_PREVIEW_TOKENS);
-        if cost + shown <= room {
-            stretch.beyond_tokens += shown;
-            stretch.rows.push((first, first_slot));
-            stretch.previewed.insert(first);
-        } else {
-            overran = true;
-        }
+        overran |= !stretch.preview((first, first_slot, first_len), &mut cost, room);
     }
     if overran && anchor.is_some() {
         return Ok(None);
