@@ -288,6 +288,8 @@ mod tests {
             model_weight = 0.9
             mandatory_hits = 2
             recent_tokens = 500
+            session_tokens = 12000
+            session_share = 0.4
             warm_floor = 0.1
 
             [groups]
@@ -319,6 +321,8 @@ mod tests {
         assert_eq!(proxy.recall.model_weight, 0.9);
         assert_eq!(proxy.recall.mandatory_hits, 2);
         assert_eq!(proxy.recall.recent_tokens, 500);
+        assert_eq!(proxy.recall.session_tokens, 12_000);
+        assert_eq!(proxy.recall.session_share, 0.4);
         assert_eq!(proxy.recall.warm_floor, 0.1);
         let secret = crate::proxy::identity::Secret::from_bytes([1; 32]);
         let key = |name| secret.user_key("sk", name);
@@ -382,6 +386,7 @@ mod tests {
         assert!(refused("[recall]\nspeaker_lift = -0.1").contains("speaker_lift"));
         assert!(refused("[recall]\nmodel_weight = 1.5").contains("model_weight"));
         assert!(refused("[recall]\nmodel_weight = nan").contains("model_weight"));
+        assert!(refused("[recall]\nsession_share = 1.5").contains("session_share"));
         assert!(refused("[recall]\nconversation_lift = nan").contains("conversation_lift"));
         assert!(refused("[recall]\nreach = 0").contains("recall.reach"));
         assert!(
