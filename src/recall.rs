@@ -275,7 +275,7 @@ pub fn recall(
     )?;
     let hits = &ordered[..ordered.len().min(config.depth)];
     let scanned_rows = arena.scope_rows(ask.scope);
-    let clock = store.clock(ask.user)?;
+    let clock = stretch.clock;
     let mut states = warm_states(
         store,
         arena,
@@ -356,7 +356,12 @@ pub fn recall(
                 ask,
                 config,
                 &picks,
-                (budget + stretch.beyond_tokens, &quoted_whole, &stretch),
+                (
+                    budget + stretch.beyond_tokens,
+                    &quoted_whole,
+                    &stretch,
+                    pinned,
+                ),
             )
         },
     );
@@ -382,7 +387,7 @@ pub fn recall(
         })
         .collect();
     let pin = (stretch.session && !ask.probe)
-        .then(|| next_pin(pinned, &stretch, &frame, ask.now_ms))
+        .then(|| next_pin((pinned, &kept), &stretch, &frame, ask.now_ms))
         .flatten();
     Ok(Recall {
         retrieved,
@@ -409,9 +414,9 @@ pub fn session_room(config: &RecallConfig, ask: &Ask<'_>) -> usize {
 
 /// The pin of a working session's frame for its next turn: `pinned`'s layers (none when the
 /// frame was made afresh) and a layer for this turn, the rows it shows outside the stretch that
-/// no earlier layer holds; the stretch's rows as shown.
+/// no earlier layer holds (`kept`, in row id order); the stretch's rows as shown.
 fn next_pin(
-    pinned: Option<&Pin>,
+    (pinned, kept): (Option<&Pin>, &[RowId]),
     stretch: &Stretch,
     frame: &Frame,
     now_ms: Option<i64>,
@@ -422,17 +427,11 @@ fn next_pin(
         None => stretch.rows.last()?.0,
     };
     let in_stretch: HashSet<RowId> = stretch.ids().collect();
-    let earlier: HashSet<RowId> = pinned.map_or_else(HashSet::new, |pin| {
-        pin.layers
-            .iter()
-            .flat_map(|layer| layer.rest.iter().copied())
-            .collect()
-    });
     let mut rest: Vec<RowId> = frame
         .rows
         .iter()
         .copied()
-        .filter(|row| !in_stretch.contains(row) && !earlier.contains(row))
+        .filter(|row| !in_stretch.contains(row) && kept.binary_search(row).is_err())
         .collect();
     rest.sort_unstable();
     rest.dedup();
@@ -474,6 +473,8 @@ pub struct Stretch {
     pub session: bool,
     /// Whether it was walked back to a kept part's first row ([`Ask::pin`]).
     pub anchored: bool,
+    /// The asker's token clock it was read at (its tool messages' warmth).
+    pub clock: u64,
 }
 
 impl Stretch {
@@ -533,12 +534,15 @@ pub fn stretch(
         config.session_tokens,
         clock,
     );
-    if let Some(pin) = ask.pin
-        && let Some(kept) = walk(store, arena, ask, tokens, excluded, Some(pin))?
-    {
-        return Ok(kept);
-    }
-    Ok(walk(store, arena, ask, tokens, excluded, None)?.unwrap_or_default())
+    let walked = match ask.pin {
+        Some(pin) => walk(store, arena, ask, tokens, excluded, Some(pin))?,
+        None => None,
+    };
+    let walked = match walked {
+        Some(kept) => kept,
+        None => walk(store, arena, ask, tokens, excluded, None)?.unwrap_or_default(),
+    };
+    Ok(Stretch { clock, ..walked })
 }
 
 /// Warmth above which a working session's tool message is quoted whole in its stretch (from
@@ -698,15 +702,15 @@ pub fn question_query(
 }
 
 /// The frame of `picks` within `cap` tokens: the turns it selects read from the store (the tool
-/// messages of `quoted_whole` to be quoted whole), rendered and fitted; what the cap left out
-/// counted in its omission line.
+/// messages of `quoted_whole` to be quoted whole), rendered and fitted (after the layers of
+/// the pin the stretch kept, if any); what the cap left out counted in its omission line.
 fn frame_of(
     memory: &Memory,
     arena: &Arena,
     ask: &Ask<'_>,
     config: &RecallConfig,
     picks: &[Pick],
-    (cap, quoted_whole, stretch): (usize, &HashSet<RowId>, &Stretch),
+    (cap, quoted_whole, stretch, pinned): (usize, &HashSet<RowId>, &Stretch, Option<&Pin>),
 ) -> Result<Frame, StoreError> {
     let layout = Layout {
         now_ms: ask.now_ms,
@@ -717,10 +721,7 @@ fn frame_of(
             .checked_sub(1)
             .filter(|_| !ask.probe)
             .map(|oldest| stretch.rows[oldest].0),
-        layers: ask
-            .pin
-            .filter(|_| stretch.anchored)
-            .map_or(&[], |pin| pin.layers.as_slice()),
+        layers: pinned.map_or(&[], |pin| pin.layers.as_slice()),
         tools: config.tools,
     };
     let kept = frame::select(picks, cap);

@@ -478,20 +478,22 @@ mod tests {
         assert_eq!(session.started_ms, Some(1_767_323_045_000));
         assert_eq!(session.tools, ["Read"]);
         assert_eq!(session.items.len(), 4);
-        assert_eq!(
-            session
-                .calls
-                .iter()
-                .map(|c| (c.from, c.at, c.end))
-                .collect::<Vec<_>>(),
-            [(0, 1, 2), (0, 3, 4)]
-        );
+        assert_eq!(spans(&session), [(0, 1, 2), (0, 3, 4)]);
         assert_eq!(session.items[1]["content"][0]["type"], "tool_use");
         assert_eq!(session.items[1]["content"].as_array().unwrap().len(), 1);
         let merged = session.items[2]["content"].as_array().unwrap();
         assert_eq!(merged[0]["type"], "tool_result");
         assert_eq!(merged[1], json!({"type": "text", "text": "and add tests"}));
         assert_eq!(session.calls[0].session_id, "s");
+    }
+
+    /// Each call's history start, place and end, as item indices.
+    fn spans(session: &Session) -> Vec<(usize, usize, usize)> {
+        session
+            .calls
+            .iter()
+            .map(|c| (c.from, c.at, c.end))
+            .collect()
     }
 
     #[test]
@@ -526,14 +528,7 @@ mod tests {
         assert_eq!(session.instructions.as_deref(), Some("Be brief."));
         assert_eq!(session.tools, ["shell"]);
         assert_eq!(session.items.len(), 4);
-        assert_eq!(
-            session
-                .calls
-                .iter()
-                .map(|c| (c.from, c.at, c.end))
-                .collect::<Vec<_>>(),
-            [(0, 1, 2), (0, 3, 4)]
-        );
+        assert_eq!(spans(&session), [(0, 1, 2), (0, 3, 4)]);
         assert_eq!(session.calls[0].session_id, "th-1");
         assert_eq!(session.calls[0].model, "gpt-9");
     }
