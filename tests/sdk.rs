@@ -352,11 +352,12 @@ async fn a_reply_read_to_its_end_is_in_the_next_turns_frame() {
 /// question is captured, the answer's headers say so, and the next turn's frame holds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_with_recall_off_is_forwarded_as_sent_and_its_question_remembered() {
-    let Some(python) = sdk_python() else {
+    let (Some(python), Some(stream)) = (sdk_python(), fixture("openai-chat/oai-py_text_usage.sse"))
+    else {
         return;
     };
     let h = Harness::start(|_| {}).await;
-    h.answer(recorded_sse("openai-chat/oai-py_text_usage.sse"));
+    h.answer(sse(stream));
     h.answer(common::upstream::chat_reply("Noted."));
     common::run_sdk_script(
         python,
