@@ -83,10 +83,15 @@ async fn an_openai_stream_passes_through_the_frame_replaces_history_and_the_repl
         messages[0],
         json!({"role": "system", "content": "You are terse."})
     );
-    assert!(
-        !sent.text().contains("OLD-HISTORY-MARKER"),
-        "the harness's history is replaced"
+    assert_eq!(
+        messages[1..3],
+        [
+            json!({"role": "user", "content": "an old question"}),
+            json!({"role": "assistant", "content": "OLD-HISTORY-MARKER resent by the harness"})
+        ],
+        "history the memory never captured arrives as sent, where it stood"
     );
+    assert_eq!(sent.text().matches("OLD-HISTORY-MARKER").count(), 1);
     assert_eq!(sent.text().matches("my locker code is 4172").count(), 1);
     let last = messages.last().unwrap();
     assert_eq!(last["role"], "user");
@@ -112,6 +117,41 @@ async fn an_openai_stream_passes_through_the_frame_replaces_history_and_the_repl
     assert_eq!(rows[1].name.as_deref(), Some("gpt-4o"));
     assert!(rows[1].text.starts_with("I'm"), "{}", rows[1].text);
     assert!(!rows[1].text.contains("truncated"));
+
+    // The next turn resends the first as history: the memory holds that turn, so the frame
+    // stands in for it; what it never held still arrives as sent.
+    h.answer(Answer::Whole(200, "text/event-stream", stream.clone()));
+    let next = chat_body(
+        &[
+            ("user", "an old question"),
+            ("assistant", "OLD-HISTORY-MARKER resent by the harness"),
+            ("user", "Remember that my locker code is 4172."),
+            ("assistant", &rows[1].text),
+        ],
+        "And what is the bike lock's?",
+    );
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[OPENAI[0], OPENAI[1], ("x-perpetuity-conversation", "first")],
+            &next,
+        )
+        .await;
+    body_of(response).await;
+    let sent = h.received().pop().unwrap();
+    assert_eq!(sent.text().matches("OLD-HISTORY-MARKER").count(), 1);
+    assert_eq!(
+        sent.text().matches("my locker code is 4172").count(),
+        1,
+        "the held turn is replaced, not sent twice: {}",
+        sent.text()
+    );
+    assert_eq!(
+        sent.json()["messages"][1],
+        json!({"role": "user", "content": "an old question"})
+    );
+    h.rows_of("sk-alice", 4);
 
     // A second conversation of the same credential sees the first; another credential never.
     h.answer(Answer::Whole(200, "text/event-stream", stream.clone()));
@@ -600,7 +640,12 @@ async fn a_responses_stream_passes_through_and_a_chained_response_keeps_its_inpu
     assert_eq!(sent.path, "/v1/responses");
     let upstream = sent.json();
     assert_eq!(upstream["instructions"], "Be brief.");
-    assert!(!sent.text().contains("RESENT-HISTORY"));
+    assert_eq!(
+        upstream["input"][0],
+        json!({"role": "user", "content": "RESENT-HISTORY"}),
+        "history the memory never captured arrives as sent"
+    );
+    assert_eq!(sent.text().matches("RESENT-HISTORY").count(), 1);
     let last = upstream["input"]
         .as_array()
         .unwrap()
@@ -692,7 +737,12 @@ async fn a_gemini_stream_passes_through_and_its_text_is_captured() {
     assert_eq!(sent.headers["x-goog-api-key"], "g-carol");
     let upstream = sent.json();
     assert_eq!(upstream["systemInstruction"], body["systemInstruction"]);
-    assert!(!sent.text().contains("RESENT-HISTORY"));
+    assert_eq!(
+        upstream["contents"].as_array().unwrap()[..2],
+        body["contents"].as_array().unwrap()[..2],
+        "history the memory never captured arrives as sent"
+    );
+    assert_eq!(sent.text().matches("RESENT-HISTORY").count(), 1);
     let last = upstream["contents"]
         .as_array()
         .unwrap()

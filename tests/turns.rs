@@ -556,7 +556,7 @@ async fn a_quota_probe_passes_through_unremembered() {
 fn recorded(name: &str) -> (wire::Request, Option<String>) {
     let (request, headers, session) = recorded_with_headers(name);
     assert!(
-        !harness::is_side_call(&request.body, &request.messages, &headers),
+        !harness::is_side_call(&request.body, &request.messages, &headers, false),
         "{name}"
     );
     (request, session)
@@ -565,7 +565,7 @@ fn recorded(name: &str) -> (wire::Request, Option<String>) {
 /// Whether the recorded request `name` is a side call.
 fn recorded_side_call(name: &str) -> bool {
     let (request, headers, _) = recorded_with_headers(name);
-    harness::is_side_call(&request.body, &request.messages, &headers)
+    harness::is_side_call(&request.body, &request.messages, &headers, false)
 }
 
 /// A recorded request, parsed, with its headers and the session they and its body name.

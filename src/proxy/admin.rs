@@ -196,6 +196,7 @@ pub fn purge(
     state.engine.purge(user, sub_users, |purged| {
         for &user in purged {
             state.turns.forget(user);
+            state.held.forget(user);
         }
         state.recent.forget_users(purged);
     })

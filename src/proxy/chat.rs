@@ -149,16 +149,34 @@ pub(super) async fn chat(
     // size.
     let invalid = |reason: String| Refusal::new(provider, Failure::InvalidRequest, &reason);
     let request = Arc::new(wire::parse(format, &bytes, path_model.as_deref()).map_err(invalid)?);
-    let switches = Switches::from(&parts.headers);
-    let switches = if harness::is_side_call(&request.body, &request.messages, &parts.headers) {
-        switches.side_call()
-    } else {
-        switches
-    };
     let narrow = utf8_header(&parts.headers, USER_HEADER).map_err(invalid)?;
     let conversation = utf8_header(&parts.headers, CONVERSATION_HEADER).map_err(invalid)?;
-    let identity = Identity {
-        user_key: state.secret.user_key(&credential, narrow),
+    let session = harness::session(format, &request.body, &parts.headers);
+    let named = conversation.map(str::to_owned).or_else(|| session.clone());
+    let user_key = state.secret.user_key(&credential, narrow);
+    let user = UserId::from_key(&user_key);
+    let session_offers_tools = session
+        .as_deref()
+        .is_some_and(|session| state.held.offers_tools(user, session));
+    let switches = Switches::from(&parts.headers);
+    let switches = if harness::is_side_call(
+        &request.body,
+        &request.messages,
+        &parts.headers,
+        session_offers_tools,
+    ) {
+        switches.side_call()
+    } else {
+        if let Some(session) = session
+            .as_deref()
+            .filter(|_| harness::offers_tools(&request.body))
+        {
+            state.held.note_tools(user, session);
+        }
+        switches
+    };
+    let mut identity = Identity {
+        user_key,
         scope: state
             .config
             .groups
@@ -167,9 +185,8 @@ pub(super) async fn chat(
             .map(|key| UserId::from_key(key))
             .collect(),
         owner: narrow.map(|_| UserId::from_key(&state.secret.user_key(&credential, None))),
-        conversation: conversation
-            .map(str::to_owned)
-            .or_else(|| harness::session(format, &request.body, &parts.headers))
+        conversation: named
+            .clone()
             .unwrap_or_else(|| identity::conversation_key(request.first.as_deref().unwrap_or(""))),
         since: state.engine.generation().memory.store.purge_epoch(),
     };
@@ -205,7 +222,7 @@ pub(super) async fn chat(
     let remembering = state.health.ready().then(|| {
         let (state, request, identity) =
             (Arc::clone(&state), Arc::clone(&request), identity.clone());
-        tokio::task::spawn_blocking(move || remember(&state, &request, &identity, switches))
+        tokio::task::spawn_blocking(move || remember(&state, &request, &identity, named, switches))
     });
     let remembered = async {
         match remembering {
@@ -230,6 +247,13 @@ pub(super) async fn chat(
         let generation = state.engine.generation();
         generation.memory.dictionary.version().to_owned()
     };
+    let mut context = Vec::new();
+    if let Some(Ok((remembered, _))) = &remembered {
+        identity
+            .conversation
+            .clone_from(&remembered.history.conversation);
+        context.clone_from(&remembered.history.context);
+    }
     let (mut remembered, dictionary) = match remembered {
         Some(Ok((remembered, dictionary))) => (Some(Ok(remembered)), dictionary),
         Some(Err(err)) => (Some(Err(err)), serving()),
@@ -249,7 +273,8 @@ pub(super) async fn chat(
             if let Some((rows, us)) = recalled.scanned {
                 state.metrics.scanned(rows, Duration::from_micros(us));
             }
-            let wire::Framed { mut body, verbatim } = wire::framed(&request, &recalled.turn.items);
+            let wire::Framed { mut body, verbatim } =
+                wire::framed(&request, &recalled.turn.items, &context);
             if tools {
                 rounds::offer(format, &mut body);
             }

@@ -106,9 +106,15 @@ pub fn without_reminders(text: &str) -> Cow<'_, str> {
     Cow::Owned(out.trim().to_owned())
 }
 
-/// Headers naming the harness's session: Claude Code's `X-Claude-Code-Session-Id`, Codex's
-/// `session-id` (its thread id, also its `prompt_cache_key`), and the underscore spelling.
-const SESSION_HEADERS: [&str; 3] = ["x-claude-code-session-id", "session-id", "session_id"];
+/// Headers naming the harness's session: Claude Code's `X-Claude-Code-Session-Id`, OpenCode's
+/// `x-session-id`, Codex's `session-id` (its thread id, also its `prompt_cache_key`), and the
+/// underscore spelling (pi on Responses).
+const SESSION_HEADERS: [&str; 4] = [
+    "x-claude-code-session-id",
+    "x-session-id",
+    "session-id",
+    "session_id",
+];
 
 /// The harness's own id of the conversation, where it sends one: a session header
 /// ([`SESSION_HEADERS`]), else Claude Code's `metadata.user_id`: a JSON object with
@@ -140,35 +146,124 @@ const CLAUDE_CODE_APP: (&str, &str) = ("x-app", "cli");
 pub const COMPACTION_REQUEST: &str =
     "Your task is to create a detailed summary of the conversation so far";
 
-/// Whether a request (its `body` without the conversation, and the conversation's `messages`)
-/// is a harness's side call, passed through unremembered: a quota probe
-/// (`max_tokens` 1: Claude Code's, and no real turn asks for one token); a Claude Code request
-/// that offers no tools (its session titles: every turn of its conversation offers its tools)
-/// or whose last message asks for the conversation's summary (its compaction); or a Codex
-/// request whose metadata names a kind other than `turn`.
+/// Whether a request offers the model tools (`tools`, in every format).
+pub fn offers_tools(body: &serde_json::Map<String, Value>) -> bool {
+    body.get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|tools| !tools.is_empty())
+}
+
+/// Whether a request asks for structured output (JSON mode or a schema): Chat's
+/// `response_format`, Responses' `text.format`, Gemini's `responseMimeType` /
+/// `responseSchema` / `responseJsonSchema`, Anthropic's `output_format` / `output_config`.
+pub fn asks_structured_output(body: &serde_json::Map<String, Value>) -> bool {
+    let json_type = |format: Option<&Value>| {
+        format
+            .and_then(|f| f.get("type"))
+            .and_then(Value::as_str)
+            .is_some_and(|t| t.starts_with("json"))
+    };
+    let gemini = body.get("generationConfig").is_some_and(|config| {
+        config
+            .get("responseMimeType")
+            .and_then(Value::as_str)
+            .is_some_and(|m| m.starts_with("application/json"))
+            || config.get("responseSchema").is_some()
+            || config.get("responseJsonSchema").is_some()
+    });
+    json_type(body.get("response_format"))
+        || json_type(body.get("text").and_then(|t| t.get("format")))
+        || gemini
+        || body.get("output_format").is_some()
+        || body
+            .get("output_config")
+            .is_some_and(|c| c.get("format").is_some())
+}
+
+/// The instructions a request gives, wherever its format puts them (Anthropic `system`,
+/// Responses `instructions`, Gemini `systemInstruction`, `system` / `developer` messages),
+/// joined.
+fn instructions_text(body: &serde_json::Map<String, Value>, messages: &[Value]) -> String {
+    let mut texts: Vec<String> = ["system", "instructions", "systemInstruction"]
+        .iter()
+        .filter_map(|key| body.get(*key))
+        .filter_map(|value| match value {
+            Value::String(text) => Some(text.clone()),
+            Value::Array(_) => wire::text_of(value),
+            Value::Object(_) => value.get("parts").and_then(wire::text_of),
+            _ => None,
+        })
+        .collect();
+    texts.extend(
+        messages
+            .iter()
+            .filter(|m| wire::kind_by_role(m) == Kind::Instructions)
+            .filter_map(|m| m.get("content").and_then(wire::text_of)),
+    );
+    texts.join("\n")
+}
+
+/// Whether a request without tools asks for a title: its instructions or its first user
+/// message speak of a title to generate for the conversation or thread (OpenCode's "You are
+/// a title generator", Claude Code's session titles).
+fn asks_title(body: &serde_json::Map<String, Value>, messages: &[Value]) -> bool {
+    let first_user = messages
+        .iter()
+        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        .and_then(|m| m.get("content").or_else(|| m.get("parts")))
+        .and_then(wire::text_of)
+        .unwrap_or_default();
+    let text = format!("{}\n{first_user}", instructions_text(body, messages)).to_lowercase();
+    text.contains("title")
+        && ["generat", "this conversation", "the conversation", "thread"]
+            .iter()
+            .any(|w| text.contains(w))
+}
+
+/// Whether a request is a one-shot helper call that a harness makes beside its turns, passed
+/// through untouched (nothing stored, no frame, no memory tools), recognised by what it is:
+/// - a quota probe (`max_tokens` 1: no real turn asks for one token);
+/// - a request for structured output ([`asks_structured_output`]: Gemini CLI's routing
+///   classifier), whose format leaves no room for the memory tools either;
+/// - a request without tools that asks for a title (OpenCode's, Claude Code's);
+/// - a request without tools, holding nothing the agent did, in a harness session whose turns
+///   offer tools (`session_offers_tools`: an agent's turns always do; its helpers often do
+///   not);
+/// - Claude Code's compaction (the last message asks for the conversation's summary), and
+///   any Claude Code request without tools;
+/// - a Codex request whose metadata names a kind other than `turn`.
 pub fn is_side_call(
     body: &serde_json::Map<String, Value>,
     messages: &[Value],
     headers: &HeaderMap,
+    session_offers_tools: bool,
 ) -> bool {
-    if body.get("max_tokens").and_then(Value::as_u64) == Some(1) {
+    if body.get("max_tokens").and_then(Value::as_u64) == Some(1) || asks_structured_output(body) {
         return true;
+    }
+    let tools = offers_tools(body);
+    if !tools {
+        let agent_did_nothing = messages.iter().all(|m| {
+            matches!(
+                wire::kind_by_role(m),
+                Kind::Instructions | Kind::Context | Kind::Turn
+            )
+        });
+        if asks_title(body, messages) || (session_offers_tools && agent_did_nothing) {
+            return true;
+        }
     }
     let (name, value) = CLAUDE_CODE_APP;
     if headers
         .get(name)
         .is_some_and(|v| v.as_bytes() == value.as_bytes())
     {
-        let offers_tools = body
-            .get("tools")
-            .and_then(Value::as_array)
-            .is_some_and(|tools| !tools.is_empty());
         let compacts = messages
             .last()
             .and_then(|last| last.get("content"))
             .and_then(wire::text_of)
             .is_some_and(|text| text.contains(COMPACTION_REQUEST));
-        if !offers_tools || compacts {
+        if !tools || compacts {
             return true;
         }
     }
@@ -177,6 +272,46 @@ pub fn is_side_call(
         .and_then(|v| serde_json::from_slice::<Value>(v.as_bytes()).ok())
         .and_then(|meta| meta.get("request_kind")?.as_str().map(str::to_owned))
         .is_some_and(|kind| kind != "turn")
+}
+
+/// The shortest run of text two of a user's questions must share, at their start or their
+/// end, to be taken for a harness's template around the user's words (mini-swe-agent's task
+/// wrapper, Aider's edit-format rules: each about 3 KB).
+pub const TEMPLATE_BYTES: usize = 1024;
+
+/// `words` without the text it shares with the user's `previous` question at its start or its
+/// end, when that shared run is at least [`TEMPLATE_BYTES`] long: a harness's template around
+/// the user's words, stored once (with the question that brought it first), not with every
+/// question. Cut at line boundaries; `words` itself when nothing is shared or nothing would
+/// be left.
+pub fn without_template<'a>(words: &'a str, previous: &str) -> Cow<'a, str> {
+    let (a, b) = (words.as_bytes(), previous.as_bytes());
+    let mut head = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    head = words[..head].rfind('\n').map_or(0, |i| i + 1);
+    let mut tail = a
+        .iter()
+        .rev()
+        .zip(b.iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count()
+        .min(a.len() - head);
+    let from = a.len() - tail;
+    tail = match words
+        .is_char_boundary(from)
+        .then(|| words[from..].find('\n'))
+        .flatten()
+    {
+        Some(i) => tail - i,
+        None => 0,
+    };
+    let head = if head >= TEMPLATE_BYTES { head } else { 0 };
+    let tail = if tail >= TEMPLATE_BYTES { tail } else { 0 };
+    let kept = words[head..words.len() - tail].trim();
+    if (head == 0 && tail == 0) || kept.is_empty() {
+        Cow::Borrowed(words)
+    } else {
+        Cow::Owned(kept.to_owned())
+    }
 }
 
 /// Whether `text` is one markup tag alone, opening or closing, that a harness wraps around an
@@ -270,24 +405,26 @@ mod tests {
         assert!(is_side_call(
             &body(serde_json::json!({"max_tokens": 1})),
             &[],
-            &none
+            &none,
+            false
         ));
         assert!(!is_side_call(
             &body(serde_json::json!({"max_tokens": 32000})),
             &[],
-            &none
+            &none,
+            false
         ));
         let mut headers = HeaderMap::new();
         headers.insert(
             CODEX_TURN_METADATA,
             r#"{"session_id":"s","request_kind":"compact"}"#.parse().unwrap(),
         );
-        assert!(is_side_call(&serde_json::Map::new(), &[], &headers));
+        assert!(is_side_call(&serde_json::Map::new(), &[], &headers, false));
         headers.insert(
             CODEX_TURN_METADATA,
             r#"{"session_id":"s","request_kind":"turn"}"#.parse().unwrap(),
         );
-        assert!(!is_side_call(&serde_json::Map::new(), &[], &headers));
+        assert!(!is_side_call(&serde_json::Map::new(), &[], &headers, false));
     }
 
     #[test]
@@ -300,18 +437,21 @@ mod tests {
         let no_tools = serde_json::json!({"tools": []});
         let no_tools = no_tools.as_object().unwrap();
         let asked = [serde_json::json!({"role": "user", "content": "Fix the parser."})];
-        assert!(!is_side_call(with_tools, &asked, &claude_code));
-        assert!(is_side_call(no_tools, &asked, &claude_code), "a title");
+        assert!(!is_side_call(with_tools, &asked, &claude_code, false));
         assert!(
-            !is_side_call(no_tools, &asked, &HeaderMap::new()),
+            is_side_call(no_tools, &asked, &claude_code, false),
+            "a title"
+        );
+        assert!(
+            !is_side_call(no_tools, &asked, &HeaderMap::new(), false),
             "a library's request without tools is a turn"
         );
         let compact = format!("CRITICAL: Respond with TEXT ONLY.\n\n{COMPACTION_REQUEST}.");
         let as_string = [serde_json::json!({"role": "user", "content": compact})];
-        assert!(is_side_call(with_tools, &as_string, &claude_code));
+        assert!(is_side_call(with_tools, &as_string, &claude_code, false));
         let as_block =
             [serde_json::json!({"role": "user", "content": [{"type": "text", "text": compact}]})];
-        assert!(is_side_call(with_tools, &as_block, &claude_code));
+        assert!(is_side_call(with_tools, &as_block, &claude_code, false));
     }
 
     #[test]
@@ -328,6 +468,36 @@ mod tests {
         assert!(!is_context(
             "Was this session continued from a previous conversation?"
         ));
+    }
+
+    #[test]
+    fn a_template_shared_with_the_last_question_is_taken_off_and_words_are_kept() {
+        let rules = format!(
+            "# Rules:\n{}",
+            "Every block must use this format.\n".repeat(40)
+        );
+        let ask = |words: &str| format!("{words}\n\n{rules}");
+        assert_eq!(
+            without_template(&ask("Add a docstring to add."), &ask("Rename main.")),
+            "Add a docstring to add."
+        );
+        let wrap = |task: &str| format!("Please solve this issue: {task}\n\n{rules}");
+        assert_eq!(
+            without_template(&wrap("fix the parser"), &wrap("add tests")),
+            "Please solve this issue: fix the parser"
+        );
+        let short = "Thanks.\nAnd one more thing: the parser.";
+        assert_eq!(without_template(short, "Thanks.\nfine"), short);
+        assert_eq!(
+            without_template(&ask("same"), &ask("same")),
+            ask("same"),
+            "a question asked again is kept whole"
+        );
+        let log = format!("{rules}the stack trace ends here");
+        assert_eq!(
+            without_template(&log, &format!("{rules}another ending")),
+            "the stack trace ends here"
+        );
     }
 
     #[test]

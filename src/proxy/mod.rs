@@ -13,6 +13,7 @@ mod deadline;
 mod format;
 pub mod harness;
 pub mod health;
+pub mod held;
 pub mod identity;
 pub mod inspector;
 pub mod load;
@@ -248,6 +249,8 @@ pub struct State {
     continued: rounds::Continued,
     /// The frames of recent turns, reused by their tool-round continuations.
     turns: Turns,
+    /// The questions each conversation holds: what of a request's history the frame replaces.
+    held: held::Held,
     /// The inspector's log of each user's last requests.
     recent: recent::Recent,
 }
@@ -286,6 +289,7 @@ impl State {
             client,
             continued: rounds::Continued::default(),
             turns: Turns::default(),
+            held: held::Held::default(),
             recent,
         }
     }

@@ -2,10 +2,14 @@
 //! the reply), the tool round's items as tool rows, and the frame recalled or reused.
 
 use super::*;
+use held::History;
 
 /// What [`remember`] did: whether the question was committed, and the turn's frame (`Ok(None)`
 /// when recall is off or there is no question to recall for).
 pub(super) struct Remembered {
+    /// The conversation the request continues and what of its history the memory does not
+    /// hold.
+    pub(super) history: History,
     pub(super) question_stored: bool,
     pub(super) recall: Result<Option<Recalled>, Error>,
     /// What waits for the provider to accept the credential.
@@ -19,8 +23,9 @@ pub(super) struct Remembered {
 pub(super) struct Deferred {
     /// Role and text of each message, in order.
     pub(super) messages: Vec<(Role, String)>,
-    /// The first message is the turn's question.
-    pub(super) question: bool,
+    /// The first message is the turn's question, whose words as the harness sent them are
+    /// these.
+    pub(super) question: Option<String>,
     /// The turn's key, noted as captured once the question is.
     pub(super) key: Option<TurnKey>,
 }
@@ -41,16 +46,47 @@ pub(super) struct Recalled {
     pub(super) scanned: Option<(usize, u64)>,
 }
 
-/// Capture the new user turn and recall for the live question, as the switches allow, under
-/// one serving generation; returns what it did with that generation's dictionary version.
+/// Read which conversation the request continues and what of its history the memory holds
+/// ([`super::held`]; `named`: the conversation a header or the harness named), then capture
+/// the new user turn and recall for the live question, as the switches allow, under one
+/// serving generation; returns what it did with that generation's dictionary version.
 pub(super) fn remember(
     state: &State,
     request: &wire::Request,
     identity: &Identity,
+    named: Option<String>,
     switches: Switches,
 ) -> (Remembered, String) {
     let generation = state.engine.writing();
-    let remembered = remember_in(state, &generation, request, identity, switches);
+    let user = UserId::from_key(&identity.user_key);
+    if let (true, true, Some(words)) = (
+        switches.writes(),
+        request.question_is_new(),
+        request.question.as_deref(),
+    ) {
+        state.held.learn_template(user, words);
+    }
+    let remembered = match state
+        .held
+        .read(&generation.memory.store, user, request, named)
+    {
+        Ok(history) => {
+            let identity = Identity {
+                conversation: history.conversation.clone(),
+                ..identity.clone()
+            };
+            remember_in(state, &generation, request, &identity, switches, history)
+        }
+        Err(err) => Remembered {
+            history: History {
+                conversation: identity.conversation.clone(),
+                context: Vec::new(),
+            },
+            question_stored: false,
+            recall: Err(err.into()),
+            deferred: Deferred::default(),
+        },
+    };
     (
         remembered,
         generation.memory.dictionary.version().to_owned(),
@@ -68,6 +104,7 @@ fn remember_in(
     request: &wire::Request,
     identity: &Identity,
     switches: Switches,
+    history: History,
 ) -> Remembered {
     let memory = &generation.memory;
     let user = UserId::from_key(&identity.user_key);
@@ -75,6 +112,7 @@ fn remember_in(
     let new = request.question_is_new();
     let retry = new && key.is_some_and(|key| state.turns.captured_within(&key, RETRY_WINDOW));
     let failed = |question_stored, err| Remembered {
+        history: history.clone(),
         question_stored,
         recall: Err(err),
         deferred: Deferred::default(),
@@ -93,11 +131,17 @@ fn remember_in(
     };
     let mut stored = retry;
     if switches.writes() && new && !retry {
-        let text = request.question.clone().unwrap_or_default();
+        let words = request.question.clone().unwrap_or_default();
+        let text = state.held.untemplated(user, &identity.conversation, &words);
         if owned {
-            match generation.capture(&identity.author(), Role::User, None, text) {
+            match generation.capture(&identity.author(), Role::User, None, text.clone()) {
                 Ok(ids) => {
                     stored = ids.first().is_some_and(|ids| !ids.is_empty());
+                    if stored {
+                        state
+                            .held
+                            .note(user, &identity.conversation, &[&words, &text]);
+                    }
                     if let (true, Some(key)) = (stored, key) {
                         state.turns.note_captured(key, user);
                     }
@@ -106,7 +150,7 @@ fn remember_in(
             }
         } else {
             deferred.messages.push((Role::User, text));
-            deferred.question = true;
+            deferred.question = Some(words);
         }
     }
     let known = key.filter(|_| !new).and_then(|key| state.turns.get(&key));
@@ -154,6 +198,7 @@ fn remember_in(
         }
     }
     Remembered {
+        history,
         question_stored: stored,
         recall: recalled,
         deferred,
@@ -207,15 +252,19 @@ pub(super) fn capture_deferred(
     deferred: Deferred,
 ) -> Result<bool, Error> {
     let generation = state.engine.writing();
-    let mut question = deferred.question;
+    let user = UserId::from_key(&identity.user_key);
+    let mut question = false;
     for (i, (role, text)) in deferred.messages.into_iter().enumerate() {
-        let ids = generation.capture(&identity.author(), role, None, text)?;
-        if i == 0 && question {
+        let ids = generation.capture(&identity.author(), role, None, text.clone())?;
+        if let (0, Some(words)) = (i, &deferred.question) {
             question = ids.first().is_some_and(|ids| !ids.is_empty());
-            if let (true, Some(key)) = (question, deferred.key) {
+            if question {
                 state
-                    .turns
-                    .note_captured(key, UserId::from_key(&identity.user_key));
+                    .held
+                    .note(user, &identity.conversation, &[words, &text]);
+            }
+            if let (true, Some(key)) = (question, deferred.key) {
+                state.turns.note_captured(key, user);
             }
         }
     }

@@ -258,8 +258,8 @@ fn placeholder(block: &Value) -> String {
     )
 }
 
-/// The live turn as stored: its words, then a placeholder line per attachment.
-fn stored_turn(message: &Value) -> Option<String> {
+/// A user's turn as stored: its words, then a placeholder line per attachment.
+pub fn turn_text(message: &Value) -> Option<String> {
     let content = content_of(message)?;
     let lines: Vec<String> = words_of(content)
         .into_iter()
@@ -304,11 +304,11 @@ pub fn parse(format: Format, bytes: &[u8], path_model: Option<&str>) -> Result<R
         .unwrap_or_default();
     let kinds: Vec<Kind> = messages.iter().map(|m| wire.kind_of(m)).collect();
     let question_at = kinds.iter().rposition(|k| *k == Kind::Turn);
-    let question = question_at.and_then(|i| stored_turn(&messages[i]));
+    let question = question_at.and_then(|i| turn_text(&messages[i]));
     let first = kinds
         .iter()
         .position(|k| *k == Kind::Turn)
-        .and_then(|i| stored_turn(&messages[i]));
+        .and_then(|i| turn_text(&messages[i]));
     let server_history = wire.server_history(&body);
     Ok(Request {
         format,
@@ -335,13 +335,15 @@ pub fn frame_items(format: Format, frame: &Frame) -> Vec<Value> {
         .collect()
 }
 
-/// The request body with the frame's items ([`frame_items`]) in place of the conversation: the harness's instructions and context that came before the live turn, in
+/// The request body with the frame's items ([`frame_items`]) in place of the conversation:
+/// the harness's instructions and context that came before the live turn, and the items of
+/// its history the memory does not hold (`context`, indices in order: [`super::held`]), in
 /// their order; the frame, whose last message (ending with the live question) takes the live
 /// turn's place with the turn's other blocks (attachments, context, cache markers) kept where
 /// they were; then everything after the live turn (the tool round, trailing instructions),
 /// verbatim. Where the client marked its history for the prompt cache (Anthropic), the frame's
 /// end carries the last such marker, within the provider's limit of four.
-pub fn framed(request: &Request, frame: &[Value]) -> Framed {
+pub fn framed(request: &Request, frame: &[Value], context: &[usize]) -> Framed {
     let at = request.question_at.unwrap_or(request.messages.len());
     let mut out: Vec<Value> = Vec::new();
     let mut verbatim: Vec<Option<usize>> = Vec::new();
@@ -350,7 +352,7 @@ pub fn framed(request: &Request, frame: &[Value]) -> Framed {
         .zip(&request.kinds)
         .enumerate()
     {
-        if matches!(kind, Kind::Instructions | Kind::Context) {
+        if matches!(kind, Kind::Instructions | Kind::Context) || context.binary_search(&i).is_ok() {
             out.push(message.clone());
             verbatim.push(Some(i));
         }

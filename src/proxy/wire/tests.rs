@@ -5,7 +5,7 @@ use crate::types::RowId;
 
 /// The body sent for `request` with `frame` in it.
 fn with_frame(request: &Request, frame: &Frame) -> Vec<u8> {
-    let framed = framed(request, &frame_items(request.format, frame));
+    let framed = framed(request, &frame_items(request.format, frame), &[]);
     encode(
         request,
         &framed.body,
