@@ -60,7 +60,7 @@ impl<'a> Conversation<'a> {
     fn new(h: &'a Harness, wire: Wire, key: &'static str) -> Self {
         let messages = match wire {
             Wire::Chat => vec![json!({"role": "system", "content": "You are a careful engineer."})],
-            Wire::Messages | Wire::Responses => Vec::new(),
+            Wire::Messages | Wire::Responses | Wire::Gemini => Vec::new(),
         };
         Self {
             h,
@@ -91,7 +91,9 @@ impl<'a> Conversation<'a> {
                 vec![("authorization", "Bearer sk-session")],
                 json!({"model": "gpt-4o", "stream": true, "messages": self.messages}),
             ),
-            Wire::Responses => unreachable!("the conversations here speak Messages or Chat"),
+            Wire::Responses | Wire::Gemini => {
+                unreachable!("the conversations here speak Messages or Chat")
+            }
         };
         headers.extend([
             ("content-type", "application/json"),

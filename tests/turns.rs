@@ -464,6 +464,10 @@ async fn forwarded_json_keeps_the_clients_bytes_outside_the_conversation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_frame_ends_with_a_cache_breakpoint_where_the_client_cached_its_history() {
     let h = Harness::start(|config| config.tools = false).await;
+    // The earlier turn went through the proxy: the memory holds it, so the frame replaces it.
+    h.answer(sse(messages_stream("Earlier answer.")));
+    let earlier = claude_code("ccc-3", &[], "Earlier question.");
+    post(&h, "/v1/messages", &CLAUDE_CODE, &earlier).await;
     let marker = json!({"type": "ephemeral", "ttl": "1h"});
     let history = [
         json!({"role": "user", "content": [{"type": "text", "text": "Earlier question.",
@@ -477,13 +481,22 @@ async fn the_frame_ends_with_a_cache_breakpoint_where_the_client_cached_its_hist
         .remove("cache_control");
     h.answer(sse(messages_stream("Fine.")));
     post(&h, "/v1/messages", &CLAUDE_CODE, &body).await;
-    let sent = h.received()[0].json();
-    let live = &sent["messages"].as_array().unwrap()[0];
+    let sent = h.received()[1].json();
+    let live = sent["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| {
+            m["content"][1]["text"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("Next question."))
+        })
+        .expect("the live turn, the frame's end in it");
     assert_eq!(live["content"][1]["cache_control"], marker, "{sent}");
     assert!(live["content"][0].get("cache_control").is_none());
     assert_eq!(sent["system"], body["system"], "the client's markers stay");
     assert_eq!(
-        h.received()[0].text().matches("cache_control").count(),
+        h.received()[1].text().matches("cache_control").count(),
         3,
         "the system prompt's, the trailing system message's, the frame's end"
     );
@@ -498,7 +511,7 @@ async fn the_frame_ends_with_a_cache_breakpoint_where_the_client_cached_its_hist
     ]);
     h.answer(sse(messages_stream("Fine.")));
     post(&h, "/v1/messages", &CLAUDE_CODE, &body).await;
-    assert_eq!(h.received()[1].text().matches("cache_control").count(), 4);
+    assert_eq!(h.received()[2].text().matches("cache_control").count(), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

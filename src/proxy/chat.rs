@@ -118,19 +118,56 @@ impl From<Refusal> for Response<Body> {
     }
 }
 
-/// A chat request through the pipeline.
+/// A chat request through the pipeline (`docs/proxy.md`, "The pipeline"), stage by stage:
+/// admitted, read as the harness sent it and its asker identified, remembered (its turn
+/// captured, its history read against the memory, its frame recalled), framed, forwarded, and
+/// answered (the reply relayed and captured).
 pub(super) async fn chat(
     req: Request<Incoming>,
     state: Arc<State>,
     format: wire::Format,
 ) -> Result<Response<Body>, Refusal> {
-    let provider = format.provider();
-    let permit = admit(&state, provider)?;
+    let permit = admit(&state, format.provider())?;
     let started = std::time::Instant::now();
     let (parts, body) = req.into_parts();
+    let asked = read(&state, format, &parts, body).await?;
+    let mut remembered = remember_asked(&state, &parts, asked).await;
+    state.metrics.memory_time(started.elapsed());
+    let framed = frame(&state, &mut remembered)?;
+    let forwarded = forward_framed(&state, &parts, &mut remembered, &framed).await;
+    answer_asked(
+        &state, parts, remembered, framed, forwarded, started, permit,
+    )
+    .await
+}
+
+/// A chat request as its harness sent it, with who asks and what the proxy may do with it.
+struct Asked {
+    format: wire::Format,
+    /// The body as it is forwarded when the proxy changes nothing of it.
+    bytes: Bytes,
+    /// Shared with the blocking memory task, not copied: a body's parsed tree is many times
+    /// its size.
+    request: Arc<wire::Request>,
+    switches: Switches,
+    identity: Identity,
+    /// The conversation a header or the harness named, if any.
+    named: Option<String>,
+}
+
+/// Read the request as its harness sent it and identify who asks: the credential, the body
+/// parsed ([`wire::parse`]), the harness's session and side calls ([`harness`]), the user,
+/// its scope and the conversation as named.
+async fn read(
+    state: &State,
+    format: wire::Format,
+    parts: &hyper::http::request::Parts,
+    body: Incoming,
+) -> Result<Asked, Refusal> {
+    let provider = format.provider();
     let credential = credential_of(
         provider,
-        &parts,
+        parts,
         "no API key: send the provider's credential (Authorization: Bearer; x-api-key for Anthropic; x-goog-api-key or ?key= for Gemini)",
     )?;
     if provider == Provider::Anthropic && !parts.headers.contains_key("anthropic-version") {
@@ -145,8 +182,6 @@ pub(super) async fn chat(
         .wire()
         .path_model(parts.uri.path())
         .map(str::to_owned);
-    // Shared with the blocking memory task, not copied: a body's parsed tree is many times its
-    // size.
     let invalid = |reason: String| Refusal::new(provider, Failure::InvalidRequest, &reason);
     let request = Arc::new(wire::parse(format, &bytes, path_model.as_deref()).map_err(invalid)?);
     let narrow = utf8_header(&parts.headers, USER_HEADER).map_err(invalid)?;
@@ -158,7 +193,11 @@ pub(super) async fn chat(
     let session_offers_tools = session
         .as_deref()
         .is_some_and(|session| state.held.offers_tools(user, session));
-    let switches = Switches::from(&parts.headers);
+    let mut switches = Switches::from(&parts.headers);
+    // Gemini does not call functions in JSON mode: the memory tools stay out of such a turn.
+    if provider == Provider::Gemini && harness::asks_structured_output(&request.body) {
+        switches.tools = false;
+    }
     let switches = if harness::is_side_call(
         &request.body,
         &request.messages,
@@ -175,7 +214,7 @@ pub(super) async fn chat(
         }
         switches
     };
-    let mut identity = Identity {
+    let identity = Identity {
         user_key,
         scope: state
             .config
@@ -196,11 +235,8 @@ pub(super) async fn chat(
         .get("previous_response_id")
         .filter(|_| request.server_history)
         .and_then(serde_json::Value::as_str)
-        .and_then(|id| {
-            state
-                .continued
-                .resolve(UserId::from_key(&identity.user_key), id)
-        }) {
+        .and_then(|id| state.continued.resolve(user, id))
+    {
         Some(latest) => {
             let mut body = request.body.clone();
             body.insert(
@@ -216,12 +252,50 @@ pub(super) async fn chat(
         }
         None => bytes,
     };
+    Ok(Asked {
+        format,
+        bytes,
+        request,
+        switches,
+        identity,
+        named,
+    })
+}
 
-    // Not ready: the storage failed and its probe has not yet written again. Nothing is
-    // captured; the request goes through untouched.
+/// What the memory made of a request: the request (its identity now naming the conversation
+/// it continues), what remembering did (`None` when the memory was not ready), the serving
+/// dictionary's version, and the upstream's answer when the request was forwarded while it
+/// was remembered.
+struct Remembering {
+    asked: Asked,
+    remembered: Option<Result<Remembered, tokio::task::JoinError>>,
+    dictionary: String,
+    forwarded: Option<Forwarded>,
+}
+
+/// The upstream's answer, or why there is none.
+type Forwarded = Result<Response<Incoming>, (Failure, String)>;
+
+/// Remember the request in the blocking pool ([`remember`]): its history read against the
+/// memory, its new turn captured, its frame recalled. Not ready (the storage failed and its
+/// probe has not yet written again): nothing is captured and the request goes through
+/// untouched. A new turn without recall is forwarded as it came meanwhile, so its question is
+/// captured while it is on its way; only a question that may be too long to store (each of
+/// its chunks holds a byte at least) is captured first, to be refused before anything is
+/// forwarded.
+async fn remember_asked(
+    state: &Arc<State>,
+    parts: &hyper::http::request::Parts,
+    mut asked: Asked,
+) -> Remembering {
     let remembering = state.health.ready().then(|| {
-        let (state, request, identity) =
-            (Arc::clone(&state), Arc::clone(&request), identity.clone());
+        let (state, request, identity, named, switches) = (
+            Arc::clone(state),
+            Arc::clone(&asked.request),
+            asked.identity.clone(),
+            asked.named.clone(),
+            asked.switches,
+        );
         tokio::task::spawn_blocking(move || remember(&state, &request, &identity, named, switches))
     });
     let remembered = async {
@@ -230,15 +304,16 @@ pub(super) async fn chat(
             None => None,
         }
     };
-    // A new turn without recall is forwarded as it came, so its question is captured while
-    // it is on its way; only a question that may be too long to store (each of its chunks
-    // holds a byte at least) is captured first, to be refused before anything is forwarded.
-    let (remembered, forwarded) = if !switches.recall
+    let request = &asked.request;
+    let (remembered, forwarded) = if !asked.switches.recall
         && request.question_is_new()
         && request.question.as_ref().map_or(0, String::len) <= MAX_CHUNKS
     {
-        let (remembered, forwarded) =
-            tokio::join!(remembered, forward(&state, provider, &parts, bytes.clone()));
+        let provider = asked.format.provider();
+        let (remembered, forwarded) = tokio::join!(
+            remembered,
+            forward(state, provider, parts, asked.bytes.clone())
+        );
         (remembered, Some(forwarded))
     } else {
         (remembered.await, None)
@@ -247,112 +322,200 @@ pub(super) async fn chat(
         let generation = state.engine.generation();
         generation.memory.dictionary.version().to_owned()
     };
-    let mut context = Vec::new();
-    if let Some(Ok((remembered, _))) = &remembered {
-        identity
-            .conversation
-            .clone_from(&remembered.history.conversation);
-        context.clone_from(&remembered.history.context);
-    }
-    let (mut remembered, dictionary) = match remembered {
-        Some(Ok((remembered, dictionary))) => (Some(Ok(remembered)), dictionary),
+    let (remembered, dictionary) = match remembered {
+        Some(Ok((remembered, dictionary))) => {
+            asked
+                .identity
+                .conversation
+                .clone_from(&remembered.history.conversation);
+            (Some(Ok(remembered)), dictionary)
+        }
         Some(Err(err)) => (Some(Err(err)), serving()),
         None => (None, serving()),
     };
-    state.metrics.memory_time(started.elapsed());
-    let mut question_stored = matches!(&remembered, Some(Ok(r)) if r.question_stored);
-    let deferred = match &mut remembered {
-        Some(Ok(remembered)) => std::mem::take(&mut remembered.deferred),
-        _ => Deferred::default(),
+    Remembering {
+        asked,
+        remembered,
+        dictionary,
+        forwarded,
+    }
+}
+
+/// The body the proxy forwards and what it knows of it.
+struct Framed {
+    outbound: Bytes,
+    /// `x-perpetuity-memory`: `ok`, `off` or `unavailable`.
+    memory: &'static str,
+    turn: Option<Arc<TurnFrame>>,
+    recall: Option<Recall>,
+    /// The body with the memory tools offered, which a memory round continues from.
+    tool_base: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Write the frame into the request ([`wire::framed`]: the part of its history the memory
+/// holds replaced, the rest kept where it stood) and offer the memory tools; the request as it
+/// came when there is no frame. A question too long to store is refused here.
+fn frame(state: &State, remembering: &mut Remembering) -> Result<Framed, Refusal> {
+    let Remembering {
+        asked:
+            Asked {
+                format,
+                bytes,
+                request,
+                switches,
+                ..
+            },
+        remembered,
+        ..
+    } = remembering;
+    let untouched = |memory| Framed {
+        outbound: bytes.clone(),
+        memory,
+        turn: None,
+        recall: None,
+        tool_base: None,
     };
-    let tools = switches.tools(&state.config);
-    let mut tool_base = None;
-    let (outbound, mut memory_status, turn, recall) = match remembered.map(|r| r.map(|r| r.recall))
-    {
-        Some(Ok(Ok(Some(recalled)))) => {
-            if let Some((rows, us)) = recalled.scanned {
-                state.metrics.scanned(rows, Duration::from_micros(us));
-            }
-            let wire::Framed { mut body, verbatim } =
-                wire::framed(&request, &recalled.turn.items, &context);
-            if tools {
-                rounds::offer(format, &mut body);
-            }
-            let owned: &[&str] = if tools {
-                &[format.list(), "tools"]
-            } else {
-                &[format.list()]
-            };
-            let bytes = wire::encode(&request, &body, Some(&verbatim), owned);
-            if tools {
-                tool_base = Some(body);
-            }
-            (
-                Bytes::from(bytes),
-                "ok",
-                Some(recalled.turn),
-                recalled.recall,
-            )
-        }
-        Some(Ok(Ok(None))) => (bytes, "off", None, None),
-        Some(Ok(Err(err @ Error::Store(StoreError::TooLong { .. })))) => {
-            return Err(Refusal::new(provider, Failure::TooLarge, &err.to_string()));
-        }
-        Some(Ok(Err(err))) => {
-            tracing::error!(%err, "memory unavailable; forwarding the request untouched");
-            state.health.report("remembering a request", &err);
-            state.metrics.count(metrics::Event::MemoryUnavailable);
-            (bytes, "unavailable", None, None)
-        }
-        None => {
-            state.metrics.count(metrics::Event::MemoryUnavailable);
-            (bytes, "unavailable", None, None)
-        }
+    let remembered = match remembered {
+        Some(Ok(remembered)) => remembered,
         Some(Err(err)) => {
             tracing::error!(%err, "memory task failed; forwarding the request untouched");
             state.metrics.count(metrics::Event::MemoryUnavailable);
-            (bytes, "unavailable", None, None)
+            return Ok(untouched("unavailable"));
+        }
+        None => {
+            state.metrics.count(metrics::Event::MemoryUnavailable);
+            return Ok(untouched("unavailable"));
         }
     };
-
-    let upstream = match forwarded {
-        Some(upstream) => upstream,
-        None => forward(&state, provider, &parts, outbound.clone()).await,
+    let recalled = match &mut remembered.recall {
+        Ok(Some(recalled)) => recalled,
+        Ok(None) => return Ok(untouched("off")),
+        Err(err @ Error::Store(StoreError::TooLong { .. })) => {
+            return Err(Refusal::new(
+                format.provider(),
+                Failure::TooLarge,
+                &err.to_string(),
+            ));
+        }
+        Err(err) => {
+            tracing::error!(%err, "memory unavailable; forwarding the request untouched");
+            state.health.report("remembering a request", err);
+            state.metrics.count(metrics::Event::MemoryUnavailable);
+            return Ok(untouched("unavailable"));
+        }
     };
-    // Only the provider's refusal of the credential drops what waited for it: an upstream
-    // that failed or did not answer in time refused nothing.
-    if !deferred.messages.is_empty() {
-        if let Ok(refused) = &upstream
-            && matches!(
-                refused.status(),
-                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
-            )
-        {
-            tracing::info!(status = %refused.status(), "the provider refused a credential that owns no memory: nothing of the request is stored");
-        } else {
-            let (waited, identity) = (Arc::clone(&state), identity.clone());
-            match tokio::task::spawn_blocking(move || {
-                capture_deferred(&waited, &identity, deferred)
-            })
-            .await
-            {
-                Ok(Ok(stored)) => question_stored = stored,
-                Ok(Err(err)) => {
-                    tracing::error!(%err, "capturing what waited for the provider failed");
-                    state.health.report("capturing a request", &err);
-                    state.metrics.count(metrics::Event::MemoryUnavailable);
-                    memory_status = "unavailable";
-                }
-                Err(err) => {
-                    tracing::error!(%err, "the capture task failed");
-                    state.metrics.count(metrics::Event::MemoryUnavailable);
-                    memory_status = "unavailable";
-                }
-            }
+    if let Some((rows, us)) = recalled.scanned {
+        state.metrics.scanned(rows, Duration::from_micros(us));
+    }
+    let tools = switches.tools(&state.config);
+    let wire::Framed { mut body, verbatim } =
+        wire::framed(request, &recalled.turn.items, &remembered.history.context);
+    if tools {
+        rounds::offer(*format, &mut body);
+    }
+    let owned: &[&str] = if tools {
+        &[format.list(), "tools"]
+    } else {
+        &[format.list()]
+    };
+    let outbound = Bytes::from(wire::encode(request, &body, Some(&verbatim), owned));
+    Ok(Framed {
+        outbound,
+        memory: "ok",
+        turn: Some(Arc::clone(&recalled.turn)),
+        recall: recalled.recall.take(),
+        tool_base: tools.then_some(body),
+    })
+}
+
+/// What forwarding did: the upstream's answer, whether the question is stored, and the
+/// memory's state as the response reports it.
+struct Sent {
+    upstream: Forwarded,
+    question_stored: bool,
+    memory: &'static str,
+}
+
+/// Forward the framed request (unless it went while it was remembered), then write what
+/// waited for the provider's verdict on the credential: only the provider's refusal of the
+/// credential drops it; an upstream that failed or did not answer in time refused nothing.
+async fn forward_framed(
+    state: &Arc<State>,
+    parts: &hyper::http::request::Parts,
+    remembering: &mut Remembering,
+    framed: &Framed,
+) -> Sent {
+    let provider = remembering.asked.format.provider();
+    let upstream = match remembering.forwarded.take() {
+        Some(upstream) => upstream,
+        None => forward(state, provider, parts, framed.outbound.clone()).await,
+    };
+    let mut sent = Sent {
+        question_stored: matches!(&remembering.remembered, Some(Ok(r)) if r.question_stored),
+        memory: framed.memory,
+        upstream,
+    };
+    let deferred = match &mut remembering.remembered {
+        Some(Ok(remembered)) => std::mem::take(&mut remembered.deferred),
+        _ => return sent,
+    };
+    if deferred.messages.is_empty() {
+        return sent;
+    }
+    if let Ok(refused) = &sent.upstream
+        && matches!(
+            refused.status(),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+        )
+    {
+        tracing::info!(status = %refused.status(), "the provider refused a credential that owns no memory: nothing of the request is stored");
+        return sent;
+    }
+    let (waited, identity) = (Arc::clone(state), remembering.asked.identity.clone());
+    match tokio::task::spawn_blocking(move || capture_deferred(&waited, &identity, deferred)).await
+    {
+        Ok(Ok(stored)) => sent.question_stored = stored,
+        Ok(Err(err)) => {
+            tracing::error!(%err, "capturing what waited for the provider failed");
+            state.health.report("capturing a request", &err);
+            state.metrics.count(metrics::Event::MemoryUnavailable);
+            sent.memory = "unavailable";
+        }
+        Err(err) => {
+            tracing::error!(%err, "the capture task failed");
+            state.metrics.count(metrics::Event::MemoryUnavailable);
+            sent.memory = "unavailable";
         }
     }
+    sent
+}
+
+/// Answer the client: the request logged for the inspector, the memory's headers, and the
+/// upstream's reply relayed and captured ([`answer`]), through a memory round when the memory
+/// tools rode along ([`rounds::answer_with_rounds`]); the upstream's failure in the provider's
+/// shape.
+async fn answer_asked(
+    state: &Arc<State>,
+    parts: hyper::http::request::Parts,
+    remembering: Remembering,
+    framed: Framed,
+    sent: Sent,
+    started: std::time::Instant,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Result<Response<Body>, Refusal> {
+    let Remembering {
+        asked, dictionary, ..
+    } = remembering;
+    let Asked {
+        format,
+        request,
+        switches,
+        identity,
+        ..
+    } = asked;
+    let provider = format.provider();
     // A request the provider refused the credential of leaves nothing, here as in the store.
-    let refused = upstream.as_ref().is_ok_and(|answer| {
+    let refused = sent.upstream.as_ref().is_ok_and(|answer| {
         matches!(
             answer.status(),
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
@@ -367,14 +530,14 @@ pub(super) async fn chat(
             model: request.model.clone(),
             conversation: identity.conversation.clone(),
             question: request.question.clone(),
-            memory: memory_status,
-            question_stored,
-            forwarded: outbound,
-            reused: turn.is_some() && recall.is_none(),
-            tools: tool_base.is_some(),
-            recall,
+            memory: sent.memory,
+            question_stored: sent.question_stored,
+            forwarded: framed.outbound.clone(),
+            reused: framed.turn.is_some() && framed.recall.is_none(),
+            tools: framed.tool_base.is_some(),
+            recall: framed.recall,
             after: Mutex::new(recent::After {
-                status: upstream.as_ref().ok().map(|r| r.status().as_u16()),
+                status: sent.upstream.as_ref().ok().map(|r| r.status().as_u16()),
                 ..recent::After::default()
             }),
         })
@@ -386,21 +549,19 @@ pub(super) async fn chat(
             state.recent.forget_users(&[log.user]);
         }
     }
-    let upstream =
-        upstream.map_err(|(failed, message)| Refusal::new(provider, failed, &message))?;
+    let upstream = sent
+        .upstream
+        .map_err(|(failed, message)| Refusal::new(provider, failed, &message))?;
     state.metrics.first_byte(started.elapsed());
     let mut report = HeaderMap::new();
-    report.insert(
-        "x-perpetuity-memory",
-        HeaderValue::from_static(memory_status),
-    );
+    report.insert("x-perpetuity-memory", HeaderValue::from_static(sent.memory));
     if let Ok(version) = HeaderValue::from_str(&dictionary) {
         report.insert("x-perpetuity-dictionary", version);
     }
-    if question_stored {
+    if sent.question_stored {
         acknowledge(&mut report, "question");
     }
-    if let Some(turn) = &turn {
+    if let Some(turn) = &framed.turn {
         for (name, value) in [
             ("x-perpetuity-retrieved", turn.retrieved.len()),
             ("x-perpetuity-frame-tokens", turn.tokens),
@@ -409,14 +570,14 @@ pub(super) async fn chat(
             report.insert(name, HeaderValue::from(value));
         }
     }
-    let reply = (memory_status != "unavailable" && switches.writes()).then(|| Reply {
-        state: Arc::clone(&state),
+    let reply = (sent.memory != "unavailable" && switches.writes()).then(|| Reply {
+        state: Arc::clone(state),
         format,
         identity: identity.clone(),
         model: request.model.clone(),
         log: log.clone(),
     });
-    if let (Some(base), Some(recalled)) = (tool_base, &turn) {
+    if let (Some(base), Some(recalled)) = (framed.tool_base, &framed.turn) {
         let turn = crate::memory_tools::TurnState::new(
             UserId::from_key(&identity.user_key),
             &identity.scope,
@@ -425,7 +586,7 @@ pub(super) async fn chat(
             &recalled.shown,
         );
         let tool_loop = rounds::Loop {
-            state: Arc::clone(&state),
+            state: Arc::clone(state),
             parts,
             format,
             base,

@@ -223,8 +223,8 @@ fn asks_title(body: &serde_json::Map<String, Value>, messages: &[Value]) -> bool
 /// Whether a request is a one-shot helper call that a harness makes beside its turns, passed
 /// through untouched (nothing stored, no frame, no memory tools), recognised by what it is:
 /// - a quota probe (`max_tokens` 1: no real turn asks for one token);
-/// - a request for structured output ([`asks_structured_output`]: Gemini CLI's routing
-///   classifier), whose format leaves no room for the memory tools either;
+/// - a request for structured output without tools ([`asks_structured_output`]: Gemini
+///   CLI's routing classifier, Claude Code's session title, an extraction call);
 /// - a request without tools that asks for a title (OpenCode's, Claude Code's);
 /// - a request without tools, holding nothing the agent did, in a harness session whose turns
 ///   offer tools (`session_offers_tools`: an agent's turns always do; its helpers often do
@@ -238,10 +238,13 @@ pub fn is_side_call(
     headers: &HeaderMap,
     session_offers_tools: bool,
 ) -> bool {
-    if body.get("max_tokens").and_then(Value::as_u64) == Some(1) || asks_structured_output(body) {
+    if body.get("max_tokens").and_then(Value::as_u64) == Some(1) {
         return true;
     }
     let tools = offers_tools(body);
+    if !tools && asks_structured_output(body) {
+        return true;
+    }
     if !tools {
         let agent_did_nothing = messages.iter().all(|m| {
             matches!(
