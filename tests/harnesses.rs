@@ -379,6 +379,11 @@ async fn gemini_clis_routing_classifier_passes_through_and_the_question_is_sent_
         "the classifier reaches the upstream untouched, without the memory tools"
     );
     assert_eq!(received[1].text().matches(words).count(), 1);
+    assert_ne!(
+        received[1].json()["tools"],
+        turn["tools"],
+        "a turn carries the memory tools beside the harness's"
+    );
     assert!(
         received[1].text().contains("<session_context>"),
         "the harness's context stays in place"
@@ -389,6 +394,17 @@ async fn gemini_clis_routing_classifier_passes_through_and_the_question_is_sent_
         (Role::User, words)
     );
     assert_eq!(stored[1].text, "config/retry.toml holds it.");
+
+    // A turn that offers tools and asks for JSON is a turn, but Gemini does not call
+    // functions in JSON mode: the memory tools stay out of it.
+    let mut json_turn = turn.clone();
+    json_turn["contents"] = json!([gemini_cli_turn("List the config files as JSON.")]);
+    json_turn["generationConfig"]["responseMimeType"] = json!("application/json");
+    h.answer(gemini_reply("[]"));
+    assert_eq!(post(&h, main, &key, &json_turn).await, "ok");
+    let sent = h.received().pop().unwrap().json();
+    assert_eq!(sent["tools"], json_turn["tools"], "no memory tools added");
+    said(&h, "g-gemini-cli", 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
