@@ -297,6 +297,33 @@ async fn codexs_tool_loop_keeps_its_context_reuses_its_frame_and_stores_what_the
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_resumed_under_a_new_id_continues_the_conversation_its_history_comes_from() {
+    let h = Harness::start(|_| {}).await;
+    h.answer(sse(messages_stream("Noted.")));
+    let first = claude_code("resumed-a", &[], "My locker code is 4172.");
+    post(&h, "/v1/messages", &CLAUDE_CODE, &first).await;
+    let history = [
+        first["messages"][0].clone(),
+        json!({"role": "assistant", "content": [{"type": "text", "text": "Noted."}]}),
+    ];
+    h.answer(sse(messages_stream("It is 4172.")));
+    let resumed = claude_code("resumed-b", &history, "What is the code?");
+    post(&h, "/v1/messages", &CLAUDE_CODE, &resumed).await;
+    let sent = h.received()[1].text();
+    assert_eq!(
+        sent.matches("My locker code is 4172.").count(),
+        1,
+        "the resent turn the memory holds is replaced, not sent twice: {sent}"
+    );
+    let stored = rows(&h, "sk-ant-agent", 4);
+    assert_eq!(stored[2].text, "What is the code?");
+    assert!(
+        stored.iter().all(|r| r.conversation == "session:resumed-a"),
+        "the resumed session goes on in the conversation it resumed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_is_keyed_by_its_first_words_not_by_the_context_before_them() {
     let h = Harness::start(|_| {}).await;
     for words in ["Add a --verbose flag.", "Why does the build fail?"] {

@@ -233,10 +233,10 @@ impl Held {
     }
 
     /// The conversation `request` continues and what of its history `user`'s memory does not
-    /// hold. `named`: the conversation a header or the harness named, if any; otherwise the
-    /// conversation of the oldest of the request's user turns that the user asked here (a
-    /// harness's example turns never were), else a new one keyed by the live turn (the first
-    /// the user's words are in).
+    /// hold. The conversation is the one `named` by a header or the harness, if any (unless
+    /// its history comes from another: [`Held::continued`]); otherwise the conversation of the
+    /// oldest of the request's user turns that the user asked here (a harness's example turns
+    /// never were), else a new one keyed by the live turn (the first the user's words are in).
     pub fn read(
         &self,
         store: &Store,
@@ -250,7 +250,7 @@ impl Held {
             .filter_map(|i| Some((i, wire::turn_text(&request.messages[i])?)))
             .collect();
         let conversation = match named {
-            Some(named) => named,
+            Some(named) => self.continued(store, user, &turns, named)?,
             None => match self.opened(store, user, &turns)? {
                 Some(opened) => opened,
                 None => identity::conversation_key(
@@ -284,6 +284,27 @@ impl Held {
             conversation,
             context,
         })
+    }
+
+    /// The conversation `named` by a header or the harness, unless the oldest of `turns` that
+    /// `user` asked here was asked in another conversation: a session resumed or forked under
+    /// a new id continues the conversation its history comes from.
+    fn continued(
+        &self,
+        store: &Store,
+        user: UserId,
+        turns: &[(usize, String)],
+        named: String,
+    ) -> Result<String, StoreError> {
+        for (i, (_, words)) in turns.iter().take(OPENINGS_TRIED).enumerate() {
+            if self.holds(store, user, &named, words)? {
+                return Ok(named);
+            }
+            if let Some(asked) = self.opened(store, user, &turns[i..=i])? {
+                return Ok(asked);
+            }
+        }
+        Ok(named)
     }
 
     /// The conversation of the oldest of `turns` (their words) that `user` asked here: by the
