@@ -483,7 +483,7 @@ async fn a_task_template_repeated_around_every_task_is_stored_once() {
     let stored = said(&h, "sk-mini", 4);
     assert!(stored[0].text.contains("## Command Execution Rules"));
     assert_eq!(
-        stored[2].text, "Please solve this issue: Fix the off-by-one in pager.py.",
+        stored[2].text, "Fix the off-by-one in pager.py.",
         "the template is stored once, with the first task"
     );
 }

@@ -40,13 +40,15 @@ if [ -x "$venv/bin/python" ] && ! PYTHONPATH="$legacy" "$venv/bin/python" -c 'im
   fi
 fi
 
-# The real agent harnesses for tests/harness.rs, at pinned versions: Claude Code, Codex, openai-node
-# and the AI SDK from npm into a prefix (`$PERPETUITY_HARNESS_NPM`, default
-# /var/tmp/perpetuity-harness-npm; Debian's nodejs and npm are installed when node or npm is
-# missing), and openai-agents, langchain and litellm from PyPI into a second virtual environment
-# (`$PERPETUITY_HARNESS_VENV`, default /var/tmp/perpetuity-harness-venv; its openai pin differs
-# from the SDK environment's). Each part that cannot be installed (a registry unreachable) says
-# WARNING and its tests SKIP.
+# The real agent harnesses for tests/harness.rs, at pinned versions: Claude Code, Codex, Gemini CLI,
+# OpenCode, pi, openai-node and the AI SDK from npm into a prefix (`$PERPETUITY_HARNESS_NPM`,
+# default /var/tmp/perpetuity-harness-npm; Debian's nodejs and npm are installed when node or npm
+# is missing); openai-agents, langchain, litellm, mini-swe-agent and pydantic-ai from PyPI into a
+# second virtual environment (`$PERPETUITY_HARNESS_VENV`, default
+# /var/tmp/perpetuity-harness-venv; its openai pin differs from the SDK environment's); and Aider,
+# whose litellm and openai pins differ from that environment's, into a third
+# (`$PERPETUITY_AIDER_VENV`, default /var/tmp/perpetuity-aider-venv). Each part that cannot be
+# installed (a registry unreachable) says WARNING and its tests SKIP.
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   echo "installing: nodejs npm"
   sudo=""
@@ -56,7 +58,8 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   fi
 fi
 npm_prefix="${PERPETUITY_HARNESS_NPM:-/var/tmp/perpetuity-harness-npm}"
-npm_pins=(@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 ai@7.0.173 @ai-sdk/openai@4.0.118
+npm_pins=(@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 @google/gemini-cli@0.61.0
+  opencode-ai@1.18.33 @mariozechner/pi-coding-agent@0.73.1 ai@7.0.173 @ai-sdk/openai@4.0.118
   @ai-sdk/anthropic@4.0.105 openai@7.59.0 zod@4.6.7)
 npm_pinned() {
   local pin name
@@ -64,7 +67,10 @@ npm_pinned() {
     name="${pin%@*}"
     [ "$(node -p "require('$npm_prefix/node_modules/$name/package.json').version" 2>/dev/null)" = "${pin##*@}" ] || return 1
   done
-  "$npm_prefix/node_modules/.bin/claude" --version >/dev/null 2>&1 && "$npm_prefix/node_modules/.bin/codex" --version >/dev/null 2>&1
+  local bin
+  for bin in claude codex gemini opencode pi; do
+    "$npm_prefix/node_modules/.bin/$bin" --version >/dev/null 2>&1 </dev/null || return 1
+  done
 }
 if command -v npm >/dev/null 2>&1 && ! npm_pinned; then
   echo "installing the npm harnesses into $npm_prefix: ${npm_pins[*]}"
@@ -74,16 +80,29 @@ if command -v npm >/dev/null 2>&1 && ! npm_pinned; then
   fi
 fi
 harness_venv="${PERPETUITY_HARNESS_VENV:-/var/tmp/perpetuity-harness-venv}"
-py_pins=(openai-agents==0.24.0 langchain-openai==1.8.1 langchain-anthropic==1.7.10 litellm==1.110.2)
-if ! "$harness_venv/bin/python" - "${py_pins[@]}" >/dev/null 2>&1 <<'PY'
-import sys
+py_pins=(openai-agents==0.24.0 langchain-openai==1.8.1 langchain-anthropic==1.7.10 litellm==1.110.2
+  mini-swe-agent==2.4.6 'pydantic-ai-slim[openai,anthropic]==2.66.0')
+# Whether the environment `$1` holds the pins after it, each at its version (extras ignored).
+venv_pinned() {
+  "$1/bin/python" - "${@:2}" >/dev/null 2>&1 <<'PY'
+import re, sys
 from importlib.metadata import version
-sys.exit(any(version(name) != pinned for name, pinned in (pin.split("==") for pin in sys.argv[1:])))
+pins = (re.sub(r"\[.*\]", "", pin).split("==") for pin in sys.argv[1:])
+sys.exit(any(version(name) != pinned for name, pinned in pins))
 PY
-then
+}
+if ! venv_pinned "$harness_venv" "${py_pins[@]}"; then
   echo "making the harness environment in $harness_venv: ${py_pins[*]}"
   if ! { python3 -m venv "$harness_venv" && "$harness_venv/bin/pip" install -q --disable-pip-version-check "${py_pins[@]}"; }; then
     echo "WARNING: could not make the harness environment (is PyPI reachable?); the Python harness tests will SKIP" >&2
+  fi
+fi
+aider_venv="${PERPETUITY_AIDER_VENV:-/var/tmp/perpetuity-aider-venv}"
+aider_pin=aider-chat==0.86.2
+if ! venv_pinned "$aider_venv" "$aider_pin"; then
+  echo "making the Aider environment in $aider_venv: $aider_pin"
+  if ! { python3 -m venv "$aider_venv" && "$aider_venv/bin/pip" install -q --disable-pip-version-check "$aider_pin"; }; then
+    echo "WARNING: could not make the Aider environment (is PyPI reachable?); the Aider tests will SKIP" >&2
   fi
 fi
 

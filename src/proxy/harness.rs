@@ -282,35 +282,59 @@ pub fn is_side_call(
 /// wrapper, Aider's edit-format rules: each about 3 KB).
 pub const TEMPLATE_BYTES: usize = 1024;
 
+/// The shortest run of text beside a template ([`TEMPLATE_BYTES`]) that is taken for the
+/// rest of it at the other end of the words ("Please solve this issue: " before a task whose
+/// wrapper's long part follows it).
+pub const TEMPLATE_OPENING_BYTES: usize = 16;
+
 /// `words` without the text it shares with the user's `previous` question at its start or its
-/// end, when that shared run is at least [`TEMPLATE_BYTES`] long: a harness's template around
-/// the user's words, stored once (with the question that brought it first), not with every
-/// question. Cut at line boundaries; `words` itself when nothing is shared or nothing would
-/// be left.
+/// end, when one of those shared runs is at least [`TEMPLATE_BYTES`] long: a harness's
+/// template around the user's words, stored once (with the question that brought it first),
+/// not with every question. The long run is cut at a line boundary; the run at the other end,
+/// part of the same template when it is [`TEMPLATE_OPENING_BYTES`] or more, at a word
+/// boundary. `words` itself when no run is long enough or nothing would be left.
 pub fn without_template<'a>(words: &'a str, previous: &str) -> Cow<'a, str> {
     let (a, b) = (words.as_bytes(), previous.as_bytes());
-    let mut head = a.iter().zip(b).take_while(|(x, y)| x == y).count();
-    head = words[..head].rfind('\n').map_or(0, |i| i + 1);
-    let mut tail = a
-        .iter()
-        .rev()
-        .zip(b.iter().rev())
-        .take_while(|(x, y)| x == y)
-        .count()
-        .min(a.len() - head);
-    let from = a.len() - tail;
-    tail = match words
-        .is_char_boundary(from)
-        .then(|| words[from..].find('\n'))
-        .flatten()
-    {
-        Some(i) => tail - i,
-        None => 0,
+    let mut shared_head = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    while !words.is_char_boundary(shared_head) {
+        shared_head -= 1;
+    }
+    let opening = &words[..shared_head];
+    let cut_back = |at: fn(char) -> bool| {
+        opening
+            .char_indices()
+            .rev()
+            .find(|(_, c)| at(*c))
+            .map_or(0, |(i, c)| i + c.len_utf8())
     };
-    let head = if head >= TEMPLATE_BYTES { head } else { 0 };
-    let tail = if tail >= TEMPLATE_BYTES { tail } else { 0 };
+    let heads = (cut_back(|c| c == '\n'), cut_back(char::is_whitespace));
+    let mut from = a.len()
+        - a.iter()
+            .rev()
+            .zip(b.iter().rev())
+            .take_while(|(x, y)| x == y)
+            .count()
+            .min(a.len() - shared_head);
+    while !words.is_char_boundary(from) {
+        from += 1;
+    }
+    let ending = &words[from..];
+    let cut_on = |at: fn(char) -> bool| ending.find(at).map_or(0, |i| ending.len() - i);
+    let tails = (cut_on(|c| c == '\n'), cut_on(char::is_whitespace));
+    let (head, tail) = match (heads.0 >= TEMPLATE_BYTES, tails.0 >= TEMPLATE_BYTES) {
+        (false, false) => return Cow::Borrowed(words),
+        (true, true) => (heads.0, tails.0),
+        (true, false) => (
+            heads.0,
+            tails.1 * usize::from(tails.1 >= TEMPLATE_OPENING_BYTES),
+        ),
+        (false, true) => (
+            heads.1 * usize::from(heads.1 >= TEMPLATE_OPENING_BYTES),
+            tails.0,
+        ),
+    };
     let kept = words[head..words.len() - tail].trim();
-    if (head == 0 && tail == 0) || kept.is_empty() {
+    if kept.is_empty() {
         Cow::Borrowed(words)
     } else {
         Cow::Owned(kept.to_owned())
@@ -487,7 +511,13 @@ mod tests {
         let wrap = |task: &str| format!("Please solve this issue: {task}\n\n{rules}");
         assert_eq!(
             without_template(&wrap("fix the parser"), &wrap("add tests")),
-            "Please solve this issue: fix the parser"
+            "fix the parser",
+            "the wrapper's opening goes with its long part"
+        );
+        assert_eq!(
+            without_template(&format!("é{rules}"), &format!("è{rules}")),
+            "é# Rules:",
+            "a shared run that starts inside a character starts after it"
         );
         let short = "Thanks.\nAnd one more thing: the parser.";
         assert_eq!(without_template(short, "Thanks.\nfine"), short);

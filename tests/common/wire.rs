@@ -1,6 +1,7 @@
-//! The three chat wire formats the proxy forwards, from the upstream's side: which one a
+//! The four chat wire formats the proxy forwards, from the upstream's side: which one a
 //! request speaks, the texts of its messages, and a scripted reply in it (text or one tool
-//! call, whole or streamed, as the provider sends it).
+//! call, whole or streamed, as the provider sends it; a Gemini request in JSON mode answered
+//! with an instance of its schema).
 
 use serde_json::{Value, json};
 
@@ -11,6 +12,8 @@ pub enum Wire {
     Messages,
     Responses,
     Chat,
+    /// Gemini `generateContent` and `streamGenerateContent` (`?alt=sse`).
+    Gemini,
 }
 
 /// The wire format of a request to `path`; `None` for a path that is no chat request.
@@ -19,15 +22,35 @@ pub fn wire_of(path: &str) -> Option<Wire> {
         "/v1/messages" => Some(Wire::Messages),
         "/v1/responses" => Some(Wire::Responses),
         "/v1/chat/completions" => Some(Wire::Chat),
+        path if path.contains("/models/")
+            && (path.ends_with(":generateContent") || path.ends_with(":streamGenerateContent")) =>
+        {
+            Some(Wire::Gemini)
+        }
         _ => None,
     }
 }
 
-/// The texts of a Messages or Chat request's messages in order, each with its message's
-/// index: a content given as a string, and each text block (part) of a content given as a
-/// list, one by one.
+/// The texts of a Messages or Chat request's messages (a Gemini request's contents) in
+/// order, each with its message's index: a content given as a string, and each text block
+/// (part) of a content given as a list, one by one.
 pub fn message_texts(body: &Value) -> Vec<(usize, &str)> {
     let mut texts = Vec::new();
+    for (at, content) in body["contents"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        texts.extend(
+            content["parts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["text"].as_str())
+                .map(|text| (at, text)),
+        );
+    }
     for (at, message) in body["messages"]
         .as_array()
         .into_iter()
@@ -57,8 +80,10 @@ pub enum Reply {
 }
 
 /// The upstream's answer to request `index`: what `reply` says to its body, in its wire
-/// format, streamed when it asks for a stream; `count_tokens` is answered with a count, any
-/// other path that is no chat request with a 404.
+/// format, streamed when it asks for a stream (Gemini: `streamGenerateContent`); a Gemini
+/// request in JSON mode (`responseMimeType` `application/json`) is answered with an instance
+/// of its schema instead; `count_tokens` is answered with a count, any other path that is no
+/// chat request with a 404.
 pub fn answer(
     index: usize,
     request: &Received,
@@ -73,13 +98,27 @@ pub fn answer(
     };
     let body = request.json();
     let model = body["model"].as_str().unwrap_or("model").to_owned();
-    let reply = reply(wire, &body);
+    let config = &body["generationConfig"];
+    let reply = if wire == Wire::Gemini && config["responseMimeType"] == "application/json" {
+        let schema = match &config["responseJsonSchema"] {
+            Value::Null => &config["responseSchema"],
+            schema => schema,
+        };
+        Reply::Text(instance(schema).to_string())
+    } else {
+        reply(wire, &body)
+    };
     let (whole, events) = match wire {
         Wire::Messages => messages_answer(index, &model, &reply),
         Wire::Responses => responses_answer(index, &model, &reply),
         Wire::Chat => chat_answer(index, &model, &reply),
+        Wire::Gemini => gemini_answer(index, &request.path, &reply),
     };
-    if body["stream"] == true {
+    let streamed = match wire {
+        Wire::Gemini => request.path.contains(":streamGenerateContent"),
+        _ => body["stream"] == true,
+    };
+    if streamed {
         Answer::Whole(200, "text/event-stream", events.into_bytes())
     } else {
         Answer::Whole(200, "application/json", whole.to_string().into_bytes())
@@ -219,5 +258,70 @@ fn chat_answer(index: usize, model: &str, reply: &Reply) -> (Value, String) {
         false,
     );
     events.push_str("data: [DONE]\n\n");
+    (whole, events)
+}
+
+/// An instance of the JSON schema `schema` (OpenAPI's upper-case type names too): an object's
+/// every property, an enum's first value, a number's `minimum` (else 10), a string "simple".
+fn instance(schema: &Value) -> Value {
+    if let Some(first) = schema["enum"].as_array().and_then(|e| e.first()) {
+        return first.clone();
+    }
+    let kind = schema["type"]
+        .as_str()
+        .unwrap_or("object")
+        .to_ascii_lowercase();
+    match kind.as_str() {
+        "object" => Value::Object(
+            schema["properties"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(name, property)| (name.clone(), instance(property)))
+                .collect(),
+        ),
+        "array" => json!([]),
+        "integer" | "number" => schema
+            .get("minimum")
+            .filter(|m| m.is_number())
+            .cloned()
+            .unwrap_or(json!(10)),
+        "boolean" => json!(false),
+        _ => json!("simple"),
+    }
+}
+
+/// A Gemini reply to the request at `path`: the whole body and its stream (the text, or the
+/// call as a `functionCall` part, in a first chunk, the finish reason and usage in a second,
+/// CRLF-framed as Google sends them).
+fn gemini_answer(index: usize, path: &str, reply: &Reply) -> (Value, String) {
+    let model = path
+        .split("/models/")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or("gemini");
+    let part = match reply {
+        Reply::Call(name, args) => {
+            json!({"functionCall": {"name": name, "args": serde_json::from_str::<Value>(args).unwrap()}})
+        }
+        Reply::Text(text) => json!({"text": text}),
+    };
+    let usage = json!({"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15});
+    let id = format!("gemini-harness-{index}");
+    let chunk = |parts: Value, finish: Option<&str>| {
+        let mut candidate = json!({"content": {"role": "model", "parts": parts}, "index": 0});
+        if let Some(finish) = finish {
+            candidate["finishReason"] = json!(finish);
+        }
+        json!({"candidates": [candidate], "usageMetadata": usage, "modelVersion": model, "responseId": id})
+    };
+    let whole = chunk(json!([part]), Some("STOP"));
+    let events = [
+        chunk(json!([part]), None),
+        chunk(json!([{"text": ""}]), Some("STOP")),
+    ]
+    .iter()
+    .map(|data| format!("data: {data}\r\n\r\n"))
+    .collect();
     (whole, events)
 }
