@@ -261,6 +261,7 @@ impl Engine {
 
     /// Remove `user`'s memory (with `sub_users`, `user` a credential's own user, its
     /// sub-users' too), then rebuild the arena without it; writes are held back meanwhile. A
+    /// user the store knows nothing of costs two reads: nothing is held back or rebuilt. A
     /// dark arena built before the purge holds the user's rows: it is dropped where it is not
     /// being built (one being built records the purge count it started at, and the flip
     /// rebuilds it when that count has moved). `forget` is handed every purged user once the
@@ -273,6 +274,29 @@ impl Engine {
         sub_users: bool,
         forget: impl FnOnce(&[UserId]),
     ) -> Result<Purged, Error> {
+        // A user the store knows nothing of (a stranger's credential, a purge asked twice):
+        // nothing to remove, so nothing is held back, flushed or rebuilt.
+        {
+            let generation = self.generation();
+            let store = &generation.memory.store;
+            let mut touched = if sub_users {
+                store.sub_users(user)?
+            } else {
+                Vec::new()
+            };
+            touched.push(user);
+            let mut known = false;
+            for &whom in &touched {
+                known |= store.user_key(whom)?.is_some() || store.rows_of(whom).next().is_some();
+            }
+            if !known {
+                forget(&touched);
+                return Ok(Purged {
+                    rows: 0,
+                    sub_users: Vec::new(),
+                });
+            }
+        }
         let _quiet = self.quiet();
         let generation = self.generation();
         let memory = &generation.memory;

@@ -1,6 +1,8 @@
 //! Who may write, over real HTTP on loopback: a credential the provider refuses (401, 403)
-//! leaves nothing behind; a client's retry of the same question after a 429 stores it once;
-//! a stream in flight across its user's purge does not bring the user back.
+//! leaves nothing behind, nor does a made-up key whatever the upstream answers short of a
+//! success (Gemini's 400 for an invalid key, a 429, a 5xx), on any route; a stranger's purge
+//! and an oversized exclusion cost nothing; a client's retry of the same question after a 429
+//! stores it once; a stream in flight across its user's purge does not bring the user back.
 
 mod common;
 
@@ -105,6 +107,155 @@ async fn a_credential_the_provider_refuses_leaves_nothing_behind() {
         "the real user's rows are unchanged"
     );
     assert_integrity(&h, "after the refused credentials");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_made_up_key_stores_nothing_whatever_the_upstream_answers_short_of_a_success() {
+    let h = Harness::start(|_| {}).await;
+    let key = "made-up-gemini-0";
+    let user = UserId::from_key(&h.state.secret.user_key(key, None));
+    let store = || h.state.engine.generation().memory.store.clone();
+    // Google answers an invalid key with 400 API_KEY_INVALID, not 401.
+    let invalid = br#"{"error":{"code":400,"message":"API key not valid. Please pass a valid API key.","status":"INVALID_ARGUMENT","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"API_KEY_INVALID"}]}}"#;
+    h.answer(Answer::Whole(400, "application/json", invalid.to_vec()));
+    let gemini =
+        json!({"contents": [{"role": "user", "parts": [{"text": "GEMCANARY fill the disk"}]}]});
+    let response = h
+        .send(
+            "POST",
+            &format!("/v1beta/models/gemini-test:generateContent?key={key}"),
+            &[],
+            gemini.to_string().as_bytes(),
+        )
+        .await;
+    assert_eq!(response.status().as_u16(), 400);
+    body_of(response).await;
+    assert!(rows(&h, key).is_empty(), "Gemini's 400 stored the question");
+    assert_eq!(store().user_key(user).unwrap(), None);
+    // The same key on another route, whatever the upstream answers short of a success.
+    for (i, status) in [401, 400, 429, 500, 503].into_iter().enumerate() {
+        h.answer(refused(status));
+        let response = h
+            .send(
+                "POST",
+                "/v1/chat/completions",
+                &[("authorization", &format!("Bearer {key}"))],
+                &chat(&format!("CANARY {i}: fill the disk."), i % 2 == 0),
+            )
+            .await;
+        assert_eq!(response.status().as_u16(), status);
+        body_of(response).await;
+        assert!(rows(&h, key).is_empty(), "a {status} stored the question");
+    }
+    // A success makes the credential's requests its memory.
+    h.answer(chat_reply("Noted."));
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", &format!("Bearer {key}"))],
+            &chat("My locker is number 1187.", false),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    body_of(response).await;
+    assert_eq!(h.rows_of(key, 2).len(), 2, "the question and the reply");
+    // Refused later (a revoked key): from then on it waits for a success again.
+    h.answer(refused(401));
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", &format!("Bearer {key}"))],
+            &chat("Revoked now.", false),
+        )
+        .await;
+    body_of(response).await;
+    let after_refusal = rows(&h, key).len();
+    h.answer(refused(500));
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", &format!("Bearer {key}"))],
+            &chat("CANARY after the refusal.", false),
+        )
+        .await;
+    body_of(response).await;
+    assert_eq!(
+        rows(&h, key).len(),
+        after_refusal,
+        "a refused credential's next request waits for a success"
+    );
+    assert_integrity(&h, "after the made-up key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_purge_and_an_oversized_exclusion_change_nothing() {
+    let h = Harness::start(|_| {}).await;
+    h.answer(chat_reply("Noted."));
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", "Bearer sk-owner")],
+            &chat("My locker is number 1187.", false),
+        )
+        .await;
+    body_of(response).await;
+    let owner = h.rows_of("sk-owner", 2);
+    let store = h.state.engine.generation().memory.store.clone();
+    let purges = store.purges().unwrap();
+    let stranger = h.state.secret.user_key("stranger-0", None);
+    let response = h
+        .send(
+            "POST",
+            "/perpetuity/api/purge",
+            &[("authorization", "Bearer stranger-0")],
+            json!({"confirm": stranger}).to_string().as_bytes(),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let answer: serde_json::Value = serde_json::from_slice(&body_of(response).await).unwrap();
+    assert_eq!(answer["rows_removed"], 0);
+    assert_eq!(
+        store.purges().unwrap(),
+        purges,
+        "a purge of a user the store does not know is no purge"
+    );
+
+    let too_many: Vec<u64> = (0..10_001).collect();
+    let response = h
+        .send(
+            "POST",
+            "/perpetuity/exclusions",
+            &[("authorization", "Bearer sk-owner")],
+            json!({"rows": too_many}).to_string().as_bytes(),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let said = String::from_utf8(body_of(response).await).unwrap();
+    assert!(said.contains("at most 10000"), "{said}");
+    let row = owner[0].id.0;
+    let response = h
+        .send(
+            "POST",
+            "/perpetuity/exclusions",
+            &[("authorization", "Bearer sk-owner")],
+            json!({"rows": [row, row, row]}).to_string().as_bytes(),
+        )
+        .await;
+    let done: serde_json::Value = serde_json::from_slice(&body_of(response).await).unwrap();
+    assert_eq!(
+        done["changed"],
+        json!([row]),
+        "a row named thrice changes once"
+    );
+    assert_eq!(
+        rows(&h, "sk-owner"),
+        owner,
+        "the owner's rows are unchanged"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

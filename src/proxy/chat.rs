@@ -71,6 +71,13 @@ pub(super) struct Identity {
 }
 
 impl Identity {
+    /// The credential's own user (the asker, or the user it narrows), whose verdict the
+    /// provider gives ([`super::verdict`]).
+    pub(super) fn credential(&self) -> UserId {
+        self.owner
+            .unwrap_or_else(|| UserId::from_key(&self.user_key))
+    }
+
     /// Whom this request's captures belong to.
     pub(super) fn author(&self) -> Author<'_> {
         Author {
@@ -436,9 +443,9 @@ struct Sent {
     memory: &'static str,
 }
 
-/// Forward the framed request (unless it went while it was remembered), then write what
-/// waited for the provider's verdict on the credential: only the provider's refusal of the
-/// credential drops it; an upstream that failed or did not answer in time refused nothing.
+/// Forward the framed request (unless it went while it was remembered), note the provider's
+/// verdict on the credential ([`super::verdict`]), then write what waited for it: only on a
+/// success (2xx); a refusal, an error status, a failed or silent upstream leave nothing.
 async fn forward_framed(
     state: &Arc<State>,
     parts: &hyper::http::request::Parts,
@@ -450,6 +457,12 @@ async fn forward_framed(
         Some(upstream) => upstream,
         None => forward(state, provider, parts, framed.outbound.clone()).await,
     };
+    let status = upstream.as_ref().ok().map(Response::status);
+    if let Some(status) = status {
+        state
+            .verdicts
+            .answered(remembering.asked.identity.credential(), status);
+    }
     let mut sent = Sent {
         question_stored: matches!(&remembering.remembered, Some(Ok(r)) if r.question_stored),
         memory: framed.memory,
@@ -462,13 +475,8 @@ async fn forward_framed(
     if deferred.messages.is_empty() {
         return sent;
     }
-    if let Ok(refused) = &sent.upstream
-        && matches!(
-            refused.status(),
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
-        )
-    {
-        tracing::info!(status = %refused.status(), "the provider refused a credential that owns no memory: nothing of the request is stored");
+    if !status.is_some_and(|status| status.is_success()) {
+        tracing::info!(status = ?status, "the provider did not accept a request whose credential it has not vouched for lately: nothing of it is stored");
         return sent;
     }
     let (waited, identity) = (Arc::clone(state), remembering.asked.identity.clone());

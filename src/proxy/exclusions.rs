@@ -35,6 +35,21 @@ pub(super) fn yes() -> bool {
     true
 }
 
+/// The most row ids one change names (a whole conversation is named by `conversation`).
+pub const MAX_EXCLUSION_ROWS: usize = 10_000;
+
+impl ExclusionChange {
+    /// Why the change is refused, if it is: more than [`MAX_EXCLUSION_ROWS`] ids.
+    pub(super) fn refused(&self) -> Option<String> {
+        (self.rows.len() > MAX_EXCLUSION_ROWS).then(|| {
+            format!(
+                "\"rows\" names {} ids; at most {MAX_EXCLUSION_ROWS} at once (a whole conversation: \"conversation\")",
+                self.rows.len()
+            )
+        })
+    }
+}
+
 /// `GET` or `POST` [`EXCLUSIONS_PATH`]: the asking user's exclusions (`docs/proxy.md`). The user
 /// is the request's credential, narrowed by `x-perpetuity-user`, as for a chat request; errors
 /// come in the shape of the provider the credential's header names.
@@ -60,6 +75,9 @@ pub(super) async fn exclusions(
                 "the body must be {{\"rows\": [ids], \"conversation\": \"name\", \"excluded\": true|false}}: {err}"
             ))
         })?;
+        if let Some(reason) = change.refused() {
+            return Err(invalid(&reason));
+        }
         Some(change)
     } else {
         None

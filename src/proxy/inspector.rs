@@ -339,6 +339,9 @@ async fn prepare(req: Request<Incoming>, state: &Arc<State>) -> Result<Read, Ref
                 "{\"rows\": [ids], \"conversation\": \"name\", \"excluded\": true|false}",
             )
             .await?;
+            if let Some(reason) = change.refused() {
+                return Err(Refused::new(StatusCode::BAD_REQUEST, reason));
+            }
             Box::new(move || {
                 let mut done =
                     super::change_exclusions(&state, UserId::from_key(&key), Some(change))?;

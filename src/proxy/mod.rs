@@ -24,6 +24,7 @@ pub mod recent;
 pub mod rounds;
 pub mod sse;
 pub mod turns;
+pub mod verdict;
 pub mod wire;
 
 mod chat;
@@ -251,6 +252,8 @@ pub struct State {
     turns: Turns,
     /// The questions each conversation holds: what of a request's history the frame replaces.
     held: held::Held,
+    /// The provider's verdict on each credential: who may be captured before forwarding.
+    verdicts: verdict::Verdicts,
     /// The inspector's log of each user's last requests.
     recent: recent::Recent,
 }
@@ -290,6 +293,7 @@ impl State {
             continued: rounds::Continued::default(),
             turns: Turns::default(),
             held: held::Held::default(),
+            verdicts: verdict::Verdicts::default(),
             recent,
         }
     }

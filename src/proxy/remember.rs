@@ -16,9 +16,10 @@ pub(super) struct Remembered {
     pub(super) deferred: Deferred,
 }
 
-/// The captures of a request whose credential owns no memory yet: written once the provider
-/// has answered it with anything but 401 or 403, dropped otherwise, so a credential the
-/// provider refuses leaves nothing behind (`docs/proxy.md`).
+/// The captures of a request whose credential owns no memory yet, or has no fresh verdict
+/// ([`super::verdict`]): written once the provider has answered it with a success (a 2xx),
+/// dropped otherwise, so a credential the provider does not accept leaves nothing behind
+/// (`docs/proxy.md`, "Who may write").
 #[derive(Default)]
 pub(super) struct Deferred {
     /// Role and text of each message, in order.
@@ -117,7 +118,9 @@ fn remember_in(
         recall: Err(err),
         deferred: Deferred::default(),
     };
-    let owned = if switches.writes() {
+    // Captured before it is forwarded only for a credential that owns memory and that the
+    // provider accepted lately; any other waits for the provider's success.
+    let owned = if switches.writes() && state.verdicts.holds(identity.credential()) {
         match memory.store.user_key(user) {
             Ok(owned) => owned.is_some(),
             Err(err) => return failed(false, err.into()),

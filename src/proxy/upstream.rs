@@ -34,6 +34,11 @@ pub(super) async fn pass_through(
     let upstream = forward(&state, provider, &parts, bytes)
         .await
         .map_err(|(failed, message)| Refusal::new(provider, failed, &message))?;
+    // The provider's word on the credential counts on every route.
+    if let Ok(credential) = credential_of(provider, &parts, "") {
+        let user = UserId::from_key(&state.secret.user_key(&credential, None));
+        state.verdicts.answered(user, upstream.status());
+    }
     Ok(answer(
         upstream,
         HeaderMap::new(),

@@ -293,28 +293,27 @@ impl Store {
     /// Exclude `rows` of `user` from the user's recall (or, with `excluded` false, include them
     /// again): the rows stay stored, and retrieval, the frame and the memory tools pass over
     /// them. The single writer of the exclusions. Rows that are not the user's are left alone;
-    /// returns the rows whose state changed.
+    /// returns the rows whose state changed, each once. The rows are read outside the writer
+    /// lock (two batched reads, in key order), which is held only for the write.
     pub fn set_excluded(
         &self,
         user: UserId,
         rows: &[RowId],
         excluded: bool,
     ) -> Result<Vec<RowId>, StoreError> {
-        let _guard = self.writer.lock();
+        let mut rows = rows.to_vec();
+        rows.sort_unstable();
+        rows.dedup();
+        let keys: Vec<[u8; 16]> = rows.iter().map(|&row| keys::user_row(user, row)).collect();
         let (rows_cf, exclusions) = (self.cf(Cf::Rows), self.cf(Cf::Exclusions));
+        let stored = self.db.batched_multi_get_cf(&rows_cf, &keys, true);
+        let listed = self.db.batched_multi_get_cf(&exclusions, &keys, true);
         let mut batch = WriteBatch::default();
         let mut changed = Vec::new();
-        for &row in rows {
-            let key = keys::user_row(user, row);
-            let stored = self
-                .db
-                .get_pinned_cf(&rows_cf, key)
-                .map_err(|e| self.rocks(e))?;
-            let listed = self
-                .db
-                .get_pinned_cf(&exclusions, key)
-                .map_err(|e| self.rocks(e))?;
-            if stored.is_none() || listed.is_some() == excluded || changed.contains(&row) {
+        for (((row, key), stored), listed) in rows.iter().zip(&keys).zip(stored).zip(listed) {
+            let stored = stored.map_err(|e| self.rocks(e))?;
+            let listed = listed.map_err(|e| self.rocks(e))?;
+            if stored.is_none() || listed.is_some() == excluded {
                 continue;
             }
             if excluded {
@@ -322,8 +321,9 @@ impl Store {
             } else {
                 batch.delete_cf(&exclusions, key);
             }
-            changed.push(row);
+            changed.push(*row);
         }
+        let _guard = self.writer.lock();
         self.write(batch)?;
         Ok(changed)
     }
