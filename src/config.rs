@@ -145,6 +145,7 @@ pub struct LimitsFile {
     pub stream_idle_timeout_s: Option<u64>,
     pub connect_timeout_s: Option<u64>,
     pub header_timeout_s: Option<u64>,
+    pub body_timeout_s: Option<u64>,
 }
 
 /// `[recall]`: how much memory each request recalls and renders.
@@ -203,6 +204,7 @@ impl FileConfig {
             ),
             ("limits.connect_timeout_s", self.limits.connect_timeout_s),
             ("limits.header_timeout_s", self.limits.header_timeout_s),
+            ("limits.body_timeout_s", self.limits.body_timeout_s),
             ("recall.depth", self.recall.depth.map(|n| n as u64)),
             ("recall.reach", self.recall.reach.map(|n| n as u64)),
         ];

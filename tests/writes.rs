@@ -259,6 +259,71 @@ async fn a_strangers_purge_and_an_oversized_exclusion_change_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_that_trickle_hold_no_slot_and_end_at_their_deadline() {
+    use std::io::{Read as _, Write as _};
+    let h = Harness::start(|config| {
+        config.max_concurrent = 2;
+        config.body_timeout = Duration::from_secs(3);
+    })
+    .await;
+    let proxy = h.proxy;
+    let trickling: Vec<_> = (0..2)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut client = std::net::TcpStream::connect(proxy).unwrap();
+                let head = format!(
+                    "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer sk-trickle-{i}\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n"
+                );
+                client.write_all(head.as_bytes()).unwrap();
+                let started = std::time::Instant::now();
+                client
+                    .set_read_timeout(Some(Duration::from_millis(500)))
+                    .unwrap();
+                let mut answer = Vec::new();
+                while started.elapsed() < Duration::from_secs(20) {
+                    if client.write_all(b" ").is_err() {
+                        break;
+                    }
+                    let mut buf = [0u8; 4096];
+                    match client.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => answer.extend_from_slice(&buf[..n]),
+                        Err(_) => {}
+                    }
+                    if answer.windows(4).any(|w| w == b"\r\n\r\n") && answer.len() > 100 {
+                        break;
+                    }
+                }
+                (started.elapsed(), String::from_utf8_lossy(&answer).into_owned())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    h.answer(chat_reply("Served."));
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", "Bearer sk-patient")],
+            &chat("Am I served while bodies trickle?", false),
+        )
+        .await;
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "a trickling body holds no slot"
+    );
+    body_of(response).await;
+    for client in trickling {
+        let (took, answer) = client.join().unwrap();
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        assert!(answer.contains("took longer than"), "{answer}");
+        assert!(took < Duration::from_secs(10), "ended after {took:?}");
+    }
+    assert_eq!(h.received().len(), 1, "no trickled body was forwarded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_a_429_stores_the_question_once() {
     let h = Harness::start(|_| {}).await;
     // A new credential (its first request is also its first capture), then a known one.

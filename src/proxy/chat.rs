@@ -134,10 +134,11 @@ pub(super) async fn chat(
     state: Arc<State>,
     format: wire::Format,
 ) -> Result<Response<Body>, Refusal> {
-    let permit = admit(&state, format.provider())?;
     let started = std::time::Instant::now();
     let (parts, body) = req.into_parts();
+    // The body is read whole (within its deadline) before the request takes a slot.
     let asked = read(&state, format, &parts, body).await?;
+    let permit = admit(&state, format.provider())?;
     let mut remembered = remember_asked(&state, &parts, asked).await;
     state.metrics.memory_time(started.elapsed());
     let framed = frame(&state, &mut remembered)?;

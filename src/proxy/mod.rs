@@ -99,6 +99,9 @@ pub struct ProxyConfig {
     /// How long a client may take to send a request's headers (also the keep-alive idle time,
     /// and the longest silence inside a request body).
     pub header_timeout: Duration,
+    /// How long a client may take to send a whole request body: read before the request takes
+    /// one of the [`ProxyConfig::max_concurrent`] slots, so a body that trickles holds none.
+    pub body_timeout: Duration,
     /// Requests to the providers (chat and passed through) served at once; more are refused
     /// with 503 in the provider's shape.
     pub max_concurrent: usize,
@@ -127,6 +130,7 @@ impl Default for ProxyConfig {
             stream_idle_timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(60),
             max_concurrent: 256,
             admin_token: None,
             recall: RecallConfig::default(),
@@ -190,6 +194,7 @@ impl ProxyConfig {
             &mut config.header_timeout,
             limits.header_timeout_s.map(seconds),
         );
+        set(&mut config.body_timeout, limits.body_timeout_s.map(seconds));
         if !file.groups.is_empty() {
             config.groups = Groups::new(file.groups.clone()).map_err(|e| format!("groups: {e}"))?;
         }

@@ -29,8 +29,8 @@ pub(super) async fn pass_through(
             ),
         )
     })?;
-    let permit = admit(&state, provider)?;
     let bytes = request_body(body, &state.config, provider).await?;
+    let permit = admit(&state, provider)?;
     let upstream = forward(&state, provider, &parts, bytes)
         .await
         .map_err(|(failed, message)| Refusal::new(provider, failed, &message))?;
@@ -120,14 +120,23 @@ pub(super) async fn request_body(
     config: &ProxyConfig,
     provider: Provider,
 ) -> Result<Bytes, Refusal> {
-    read_body(
+    let read = read_body(
         body,
         config.body_limit,
         config.header_timeout,
         Failure::InvalidRequest,
-    )
-    .await
-    .map_err(|(failed, message)| Refusal::new(provider, failed, &message))
+    );
+    match tokio::time::timeout(config.body_timeout, read).await {
+        Ok(read) => read.map_err(|(failed, message)| Refusal::new(provider, failed, &message)),
+        Err(_) => Err(Refusal::new(
+            provider,
+            Failure::InvalidRequest,
+            &format!(
+                "the request body took longer than {:?} to arrive",
+                config.body_timeout
+            ),
+        )),
+    }
 }
 
 /// Read a whole body, refusing more than `limit` bytes, and giving up when nothing arrives for
