@@ -274,8 +274,9 @@ impl Engine {
         sub_users: bool,
         forget: impl FnOnce(&[UserId]),
     ) -> Result<Purged, Error> {
-        // A user the store knows nothing of (a stranger's credential, a purge asked twice):
-        // nothing to remove, so nothing is held back, flushed or rebuilt.
+        // A user the store knows nothing of (a stranger's credential, a purge asked twice)
+        // and no purge of it left unfinished: nothing to remove, so nothing is held back,
+        // flushed or rebuilt.
         {
             let generation = self.generation();
             let store = &generation.memory.store;
@@ -287,7 +288,9 @@ impl Engine {
             touched.push(user);
             let mut known = false;
             for &whom in &touched {
-                known |= store.user_key(whom)?.is_some() || store.rows_of(whom).next().is_some();
+                known |= store.user_key(whom)?.is_some()
+                    || store.rows_of(whom).next().is_some()
+                    || store.purge_unfinished(whom)?;
             }
             if !known {
                 forget(&touched);

@@ -349,6 +349,10 @@ async fn an_upstream_that_hangs_or_drops_gets_a_timeout_and_the_partial_reply_is
         let upstream = holding_upstream(reply, hold);
         let h = harness(|config| config.openai = upstream).await;
         let seeded = seed_through_anthropic(&h).await;
+        // The credential the provider accepted before: its question is captured before it is
+        // forwarded (a credential it never accepted keeps nothing an upstream does not answer
+        // with a success: tests/writes.rs).
+        vouch(&h, "sk-hostile").await;
         let started = Instant::now();
         let response = h
             .send(
@@ -366,14 +370,14 @@ async fn an_upstream_that_hangs_or_drops_gets_a_timeout_and_the_partial_reply_is
             "{case}: took {:?}",
             started.elapsed()
         );
-        let rows = h.rows_of("sk-hostile", 1);
+        let rows = h.rows_of("sk-hostile", 3);
         assert!(
             rows.iter().any(|r| r.text.starts_with("Case ")),
             "{case}: the question is kept"
         );
         if stream {
             assert!(body.contains("Half"), "{case}: {body}");
-            let reply = h.rows_of("sk-hostile", 2);
+            let reply = h.rows_of("sk-hostile", 4);
             assert!(
                 reply
                     .iter()
@@ -387,6 +391,31 @@ async fn an_upstream_that_hangs_or_drops_gets_a_timeout_and_the_partial_reply_is
         let anthropic_rows = h.rows_of("ak-hostile", seeded.len());
         assert_eq!(anthropic_rows, seeded, "{case}: nothing stored was lost");
     }
+}
+
+/// A success for `credential` on the Messages route (whose upstream is the scripted one), so
+/// the provider has vouched for it.
+async fn vouch(h: &Harness, credential: &str) {
+    h.answer(Answer::Whole(
+        200,
+        "application/json",
+        br#"{"content":[{"type":"text","text":"Hello."}]}"#.to_vec(),
+    ));
+    let body = json!({"model": "claude-haiku-4-5", "max_tokens": 10,
+        "messages": [{"role": "user", "content": "Hello."}]});
+    let response = h
+        .send(
+            "POST",
+            "/v1/messages",
+            &[
+                ("x-api-key", credential),
+                ("anthropic-version", "2023-06-01"),
+            ],
+            body.to_string().as_bytes(),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    body_of(response).await;
 }
 
 /// Store a turn through the Anthropic route (its upstream is the scripted one).

@@ -441,6 +441,9 @@ fn frame(state: &State, remembering: &mut Remembering) -> Result<Framed, Refusal
 struct Sent {
     upstream: Forwarded,
     question_stored: bool,
+    /// The question's rows when it was stored after the provider's success: the frame showed
+    /// it, so the memory tools pass over them as over the frame's rows.
+    question_rows: Vec<RowId>,
     memory: &'static str,
 }
 
@@ -466,6 +469,7 @@ async fn forward_framed(
     }
     let mut sent = Sent {
         question_stored: matches!(&remembering.remembered, Some(Ok(r)) if r.question_stored),
+        question_rows: Vec::new(),
         memory: framed.memory,
         upstream,
     };
@@ -483,7 +487,10 @@ async fn forward_framed(
     let (waited, identity) = (Arc::clone(state), remembering.asked.identity.clone());
     match tokio::task::spawn_blocking(move || capture_deferred(&waited, &identity, deferred)).await
     {
-        Ok(Ok(stored)) => sent.question_stored = stored,
+        Ok(Ok(rows)) => {
+            sent.question_stored = !rows.is_empty();
+            sent.question_rows = rows;
+        }
         Ok(Err(err)) => {
             tracing::error!(%err, "capturing what waited for the provider failed");
             state.health.report("capturing a request", &err);
@@ -534,6 +541,7 @@ async fn answer_asked(
         Arc::new(recent::Logged {
             id: state.recent.number(),
             user: UserId::from_key(&identity.user_key),
+            scope: identity.scope.clone(),
             at_ms: now_ms(),
             format: format.name(),
             model: request.model.clone(),
@@ -587,12 +595,18 @@ async fn answer_asked(
         log: log.clone(),
     });
     if let (Some(base), Some(recalled)) = (framed.tool_base, &framed.turn) {
+        let shown: Vec<RowId> = recalled
+            .shown
+            .iter()
+            .chain(&sent.question_rows)
+            .copied()
+            .collect();
         let turn = crate::memory_tools::TurnState::new(
             UserId::from_key(&identity.user_key),
             &identity.scope,
             Some(now_ms()),
             recalled.retrieved.clone(),
-            &recalled.shown,
+            &shown,
         );
         let tool_loop = rounds::Loop {
             state: Arc::clone(state),

@@ -57,6 +57,8 @@ pub struct Logged {
     /// Its number, in arrival order over the server's life.
     pub id: u64,
     pub user: UserId,
+    /// Whose rows its frame could show: the asker's, then its group scope's other members'.
+    pub scope: Vec<UserId>,
     pub at_ms: i64,
     /// The wire format's name ([`super::wire::Format::name`]).
     pub format: &'static str,
@@ -178,15 +180,24 @@ impl Recent {
             .unwrap_or_default()
     }
 
-    /// Forget every request of `users` (they were purged).
+    /// Forget every request of `users` and every request whose scope held one of them (they
+    /// were purged: a teammate's frame may quote them).
     pub fn forget_users(&self, users: &[UserId]) {
         let mut inner = self.inner.lock();
-        for user in users {
-            if let Some(list) = inner.users.remove(user) {
-                for entry in list {
-                    inner.forget(entry.id);
+        let mut gone = Vec::new();
+        inner.users.retain(|_, list| {
+            list.retain(|entry| {
+                let held = users.contains(&entry.user)
+                    || entry.scope.iter().any(|member| users.contains(member));
+                if held {
+                    gone.push(entry.id);
                 }
-            }
+                !held
+            });
+            !list.is_empty()
+        });
+        for id in gone {
+            inner.forget(id);
         }
     }
 }
@@ -205,9 +216,14 @@ mod tests {
     use super::*;
 
     fn logged(recent: &Recent, user: u64, body: usize) -> Arc<Logged> {
+        logged_in(recent, user, &[user], body)
+    }
+
+    fn logged_in(recent: &Recent, user: u64, scope: &[u64], body: usize) -> Arc<Logged> {
         Arc::new(Logged {
             id: recent.number(),
             user: UserId(user),
+            scope: scope.iter().map(|&member| UserId(member)).collect(),
             at_ms: 0,
             format: "chat",
             model: "m".into(),
@@ -249,6 +265,28 @@ mod tests {
         recent.forget_users(&[UserId(2)]);
         assert!(recent.of(UserId(2)).is_empty());
         assert_eq!(recent.inner.lock().bytes, 2 * (1_000 + 256));
+    }
+
+    #[test]
+    fn a_purge_forgets_the_teammates_requests_whose_scope_held_the_purged_user() {
+        let recent = Recent::new(Limits {
+            per_user: 4,
+            bytes: 1 << 20,
+        });
+        recent.keep(logged_in(&recent, 1, &[1, 2], 10));
+        recent.keep(logged_in(&recent, 1, &[1], 10));
+        recent.keep(logged_in(&recent, 3, &[3, 1], 10));
+        recent.forget_users(&[UserId(2)]);
+        let ids: Vec<u64> = recent.of(UserId(1)).iter().map(|l| l.id).collect();
+        assert_eq!(ids, [2], "the request whose scope held user 2 is gone");
+        assert_eq!(recent.of(UserId(3)).len(), 1);
+        recent.forget_users(&[UserId(1)]);
+        assert!(recent.of(UserId(1)).is_empty());
+        assert!(
+            recent.of(UserId(3)).is_empty(),
+            "a teammate's request whose scope held user 1"
+        );
+        assert_eq!(recent.inner.lock().bytes, 0);
     }
 
     #[test]

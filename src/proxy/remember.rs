@@ -247,20 +247,21 @@ pub(super) fn round_rows(request: &wire::Request, turn: &TurnFrame) -> Vec<Strin
     texts
 }
 
-/// Write the captures that waited for the provider (which has not refused the credential);
-/// whether the turn's question is among what was stored.
+/// Write the captures that waited for the provider (which accepted the request); the rows of
+/// the turn's question, when it is among what was stored (none otherwise).
 pub(super) fn capture_deferred(
     state: &State,
     identity: &Identity,
     deferred: Deferred,
-) -> Result<bool, Error> {
+) -> Result<Vec<RowId>, Error> {
     let generation = state.engine.writing();
     let user = UserId::from_key(&identity.user_key);
-    let mut question = false;
+    let mut question_rows = Vec::new();
     for (i, (role, text)) in deferred.messages.into_iter().enumerate() {
         let ids = generation.capture(&identity.author(), role, None, text.clone())?;
         if let (0, Some(words)) = (i, &deferred.question) {
-            question = ids.first().is_some_and(|ids| !ids.is_empty());
+            question_rows = ids.into_iter().next().unwrap_or_default();
+            let question = !question_rows.is_empty();
             if question {
                 state
                     .held
@@ -271,7 +272,7 @@ pub(super) fn capture_deferred(
             }
         }
     }
-    Ok(question)
+    Ok(question_rows)
 }
 
 /// Catch the arena up and recall for the live question (`Ok(None)` when recall is off or

@@ -182,6 +182,15 @@ pub mod meta {
     pub const RETIRED: &[u8] = b"retired";
     /// Every key of an installed dark version, removed together by the flip.
     pub const DARK: [&[u8]; 5] = [DARK_VERSION, DARK_FROM, DARK_NEXT, DARK_DONE, DARK_TOTAL];
+
+    /// Written with a purge's batch, removed once its compaction is done: a purge killed in
+    /// between is known unfinished, so asking again completes it.
+    pub fn purging(user: super::UserId) -> [u8; 15] {
+        let mut key = [0u8; 15];
+        key[..7].copy_from_slice(b"purging");
+        key[7..].copy_from_slice(&super::user(user));
+        key
+    }
 }
 
 #[cfg(test)]

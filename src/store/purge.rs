@@ -43,6 +43,7 @@ impl Store {
                 keys::meta::PURGES,
                 (self.purges()? + 1).to_le_bytes(),
             );
+            batch.put_cf(&self.cf(Cf::Meta), keys::meta::purging(user), []);
             self.write(batch)?;
             let epoch = self.purge_epoch.load(Ordering::Relaxed) + 1;
             writer.purged.insert(user, epoch);
@@ -53,7 +54,16 @@ impl Store {
             (-deltas.totals[0]) as u64
         };
         self.compact_user(user)?;
+        self.db
+            .delete_cf(&self.cf(Cf::Meta), keys::meta::purging(user))
+            .map_err(|e| self.rocks(e))?;
         Ok(removed)
+    }
+
+    /// Whether a purge of `user` stopped before its compaction was done (asking again
+    /// completes it).
+    pub fn purge_unfinished(&self, user: UserId) -> Result<bool, StoreError> {
+        Ok(self.get(Cf::Meta, &keys::meta::purging(user))?.is_some())
     }
 
     /// The count deltas that remove `user`'s retrieval rows of family `cf` (negated counts).
