@@ -7,6 +7,7 @@
 //!
 //! - the reply reaches the client byte for byte;
 //! - the loop's call and result reach the upstream paired;
+//! - the live question appears exactly once in every request of its session;
 //! - a fact told in the first session reaches the upstream in the second;
 //! - the harness's own context (Claude Code's `<system-reminder>` blocks and trailing system
 //!   message, Codex's developer messages, AGENTS.md and `<environment_context>` message, a
@@ -721,7 +722,13 @@ async fn exercise(name: &str, client: Client) {
     let asked = session(&client, &h, &installed, &dirs, ASKED, Turn::Image).await;
     let mut checks = Checks::default();
 
-    for (label, session) in [("first", &told), ("second", &asked)] {
+    for (label, session, prompt) in [("first", &told, TOLD), ("second", &asked, ASKED)] {
+        for (index, request) in &session.requests {
+            let seen = occurrences(&request.json(), prompt);
+            checks.check(seen == 1, || {
+                format!("request {index} ({label} session) holds the live question {seen} times")
+            });
+        }
         let Some((last, _)) = session.requests.last() else {
             checks.check(false, || format!("the {label} session reached no upstream"));
             continue;
