@@ -401,6 +401,33 @@ fn users_shard_over_three_nodes_behind_haproxy_and_survive_a_node_loss() {
         .collect();
     let mut balancer = Balancer::start(&haproxy, dir.path(), &nodes);
 
+    // A repeated identity header (which the balancer and a node would read differently, so a
+    // client could pick its node) is refused by the balancer, before any node.
+    for (name, first, second) in [
+        ("authorization", "Bearer sk-balanced", "Basic anVuaw=="),
+        ("x-perpetuity-user", "alice", "bob"),
+        ("x-api-key", "ak-1", "ak-2"),
+        ("x-goog-api-key", "g-1", "g-2"),
+    ] {
+        let before: Vec<u64> = nodes.iter().map(Node::chat_requests).collect();
+        let answer = request(
+            balancer.port,
+            "POST",
+            "/v1/chat/completions",
+            &[
+                ("authorization", "Bearer sk-balanced"),
+                (name, first),
+                (name, second),
+            ],
+            &chat_body("Which node am I on?"),
+        )
+        .unwrap();
+        assert_eq!(answer.status, 400, "{name} twice: {}", answer.text());
+        assert!(answer.text().contains("repeated"), "{}", answer.text());
+        let after: Vec<u64> = nodes.iter().map(Node::chat_requests).collect();
+        assert_eq!(before, after, "{name} twice reached a node");
+    }
+
     // Each user tells its code through the balancer; the node whose chat counter moved owns it.
     let owner: Vec<usize> = (0..USERS)
         .map(|i| {

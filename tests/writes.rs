@@ -1,6 +1,7 @@
 //! Who may write, over real HTTP on loopback: a credential the provider refuses (401, 403)
 //! leaves nothing behind, nor does a made-up key whatever the upstream answers short of a
-//! success (Gemini's 400 for an invalid key, a 429, a 5xx), on any route; a stranger's purge
+//! success (Gemini's 400 for an invalid key, a 429, a 5xx), on any route; a repeated identity
+//! header is refused; a stranger's purge
 //! and an oversized exclusion cost nothing; a client's retry of the same question after a 429
 //! stores it once; a stream in flight across its user's purge does not bring the user back.
 
@@ -321,6 +322,41 @@ async fn bodies_that_trickle_hold_no_slot_and_end_at_their_deadline() {
         assert!(took < Duration::from_secs(10), "ended after {took:?}");
     }
     assert_eq!(h.received().len(), 1, "no trickled body was forwarded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_identity_header_is_refused_before_anything_is_stored() {
+    let h = Harness::start(|_| {}).await;
+    for (case, headers) in [
+        (
+            "x-perpetuity-user twice",
+            vec![
+                ("authorization", "Bearer sk-two"),
+                ("x-perpetuity-user", "alice"),
+                ("x-perpetuity-user", "bob"),
+            ],
+        ),
+        (
+            "a Basic Authorization beside the Bearer",
+            vec![
+                ("authorization", "Bearer sk-two"),
+                ("authorization", "Basic anVuaw=="),
+            ],
+        ),
+    ] {
+        let response = h
+            .send(
+                "POST",
+                "/v1/chat/completions",
+                &headers,
+                &chat("Where am I stored?", false),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{case}");
+        body_of(response).await;
+    }
+    assert!(h.received().is_empty(), "nothing forwarded");
+    assert!(rows(&h, "sk-two").is_empty(), "nothing stored");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -135,6 +135,9 @@ pub(super) fn utf8_header<'a>(
     headers: &'a HeaderMap,
     name: &str,
 ) -> Result<Option<&'a str>, String> {
+    if headers.get_all(name).iter().nth(1).is_some() {
+        return Err(format!("the {name} header is repeated: send it once"));
+    }
     headers
         .get(name)
         .map(|value| {

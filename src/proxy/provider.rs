@@ -109,6 +109,13 @@ impl Provider {
                 .filter_map(bearer)
                 .map(|token| ("Authorization: Bearer", token))
         };
+        let authorizations = || headers.get_all(hyper::header::AUTHORIZATION).iter();
+        if !matches!(self, Self::Gemini)
+            && authorizations().any(|v| bearer(v).is_some())
+            && authorizations().any(|v| bearer(v).is_none())
+        {
+            return Err("the request carries an Authorization header that is not a Bearer token beside one that is: send one".into());
+        }
         let carried: Vec<(&str, String)> = match self {
             Self::OpenAi => bearers().collect(),
             Self::Anthropic => header("x-api-key").chain(bearers()).collect(),
@@ -273,6 +280,14 @@ mod tests {
             Provider::OpenAi.credential(&split, None),
             Ok(Some("ak-2".to_owned()))
         );
+        // A balancer reading the last Authorization header would see another key than the
+        // node: a non-Bearer one beside a Bearer is refused.
+        let mut beside = headers(&[("authorization", "Bearer sk-1")]);
+        beside.append("authorization", HeaderValue::from_static("Basic anVuaw=="));
+        for provider in [Provider::OpenAi, Provider::Anthropic] {
+            let refused = provider.credential(&beside, None).unwrap_err();
+            assert!(refused.contains("not a Bearer token"), "{refused}");
+        }
     }
 
     #[test]
