@@ -393,16 +393,18 @@ async fn an_upstream_that_hangs_or_drops_gets_a_timeout_and_the_partial_reply_is
     }
 }
 
-/// A success for `credential` on the Messages route (whose upstream is the scripted one), so
-/// the provider has vouched for it.
-async fn vouch(h: &Harness, credential: &str) {
+/// `credential` says `text` on the Messages route (whose upstream is the scripted one, answering
+/// `reply`): a success.
+async fn messages_turn(h: &Harness, credential: &str, text: &str, reply: &str) {
     h.answer(Answer::Whole(
         200,
         "application/json",
-        br#"{"content":[{"type":"text","text":"Hello."}]}"#.to_vec(),
+        json!({"content": [{"type": "text", "text": reply}]})
+            .to_string()
+            .into_bytes(),
     ));
     let body = json!({"model": "claude-haiku-4-5", "max_tokens": 10,
-        "messages": [{"role": "user", "content": "Hello."}]});
+        "messages": [{"role": "user", "content": text}]});
     let response = h
         .send(
             "POST",
@@ -418,28 +420,14 @@ async fn vouch(h: &Harness, credential: &str) {
     body_of(response).await;
 }
 
-/// Store a turn through the Anthropic route (its upstream is the scripted one).
+/// A success for `credential`, so the provider has vouched for it.
+async fn vouch(h: &Harness, credential: &str) {
+    messages_turn(h, credential, "Hello.", "Hello.").await;
+}
+
+/// Store a turn through the Anthropic route.
 async fn seed_through_anthropic(h: &Harness) -> Vec<perpetuity::store::Row> {
-    h.answer(Answer::Whole(
-        200,
-        "application/json",
-        br#"{"content":[{"type":"text","text":"Noted."}]}"#.to_vec(),
-    ));
-    let body = json!({"model": "claude-haiku-4-5", "max_tokens": 10,
-        "messages": [{"role": "user", "content": "The spare key is under the mat."}]});
-    let response = h
-        .send(
-            "POST",
-            "/v1/messages",
-            &[
-                ("x-api-key", "ak-hostile"),
-                ("anthropic-version", "2023-06-01"),
-            ],
-            body.to_string().as_bytes(),
-        )
-        .await;
-    assert_eq!(response.status(), StatusCode::OK);
-    body_of(response).await;
+    messages_turn(h, "ak-hostile", "The spare key is under the mat.", "Noted.").await;
     h.rows_of("ak-hostile", 2)
 }
 

@@ -39,6 +39,21 @@ fn rows(h: &Harness, credential: &str) -> Vec<perpetuity::store::Row> {
     store.rows_of(user).collect::<Result<_, _>>().unwrap()
 }
 
+/// `credential` asks `question` over Chat Completions; the answer's status, its body read.
+async fn ask(h: &Harness, credential: &str, question: &str, stream: bool) -> StatusCode {
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", &format!("Bearer {credential}"))],
+            &chat(question, stream),
+        )
+        .await;
+    let status = response.status();
+    body_of(response).await;
+    status
+}
+
 fn assert_integrity(h: &Harness, when: &str) {
     let report = h.state.engine.integrity().unwrap();
     assert!(report.is_clean(), "{when}: {:?}", report.violations);
@@ -136,53 +151,23 @@ async fn a_made_up_key_stores_nothing_whatever_the_upstream_answers_short_of_a_s
     // The same key on another route, whatever the upstream answers short of a success.
     for (i, status) in [401, 400, 429, 500, 503].into_iter().enumerate() {
         h.answer(refused(status));
-        let response = h
-            .send(
-                "POST",
-                "/v1/chat/completions",
-                &[("authorization", &format!("Bearer {key}"))],
-                &chat(&format!("CANARY {i}: fill the disk."), i % 2 == 0),
-            )
-            .await;
-        assert_eq!(response.status().as_u16(), status);
-        body_of(response).await;
+        let answered = ask(&h, key, &format!("CANARY {i}: fill the disk."), i % 2 == 0).await;
+        assert_eq!(answered.as_u16(), status);
         assert!(rows(&h, key).is_empty(), "a {status} stored the question");
     }
     // A success makes the credential's requests its memory.
     h.answer(chat_reply("Noted."));
-    let response = h
-        .send(
-            "POST",
-            "/v1/chat/completions",
-            &[("authorization", &format!("Bearer {key}"))],
-            &chat("My locker is number 1187.", false),
-        )
-        .await;
-    assert_eq!(response.status(), StatusCode::OK);
-    body_of(response).await;
+    assert_eq!(
+        ask(&h, key, "My locker is number 1187.", false).await,
+        StatusCode::OK
+    );
     assert_eq!(h.rows_of(key, 2).len(), 2, "the question and the reply");
     // Refused later (a revoked key): from then on it waits for a success again.
     h.answer(refused(401));
-    let response = h
-        .send(
-            "POST",
-            "/v1/chat/completions",
-            &[("authorization", &format!("Bearer {key}"))],
-            &chat("Revoked now.", false),
-        )
-        .await;
-    body_of(response).await;
+    ask(&h, key, "Revoked now.", false).await;
     let after_refusal = rows(&h, key).len();
     h.answer(refused(500));
-    let response = h
-        .send(
-            "POST",
-            "/v1/chat/completions",
-            &[("authorization", &format!("Bearer {key}"))],
-            &chat("CANARY after the refusal.", false),
-        )
-        .await;
-    body_of(response).await;
+    ask(&h, key, "CANARY after the refusal.", false).await;
     assert_eq!(
         rows(&h, key).len(),
         after_refusal,
@@ -195,15 +180,7 @@ async fn a_made_up_key_stores_nothing_whatever_the_upstream_answers_short_of_a_s
 async fn a_strangers_purge_and_an_oversized_exclusion_change_nothing() {
     let h = Harness::start(|_| {}).await;
     h.answer(chat_reply("Noted."));
-    let response = h
-        .send(
-            "POST",
-            "/v1/chat/completions",
-            &[("authorization", "Bearer sk-owner")],
-            &chat("My locker is number 1187.", false),
-        )
-        .await;
-    body_of(response).await;
+    ask(&h, "sk-owner", "My locker is number 1187.", false).await;
     let owner = h.rows_of("sk-owner", 2);
     let store = h.state.engine.generation().memory.store.clone();
     let purges = store.purges().unwrap();

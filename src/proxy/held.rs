@@ -34,6 +34,11 @@ pub const CONVERSATIONS_KEPT: usize = 16_384;
 /// Questions whose conversation is kept at once, for all users.
 pub const QUESTIONS_KEPT: usize = 262_144;
 
+/// The longest question kept as a user's last one, in bytes: a template is a few kilobytes,
+/// and a pasted log of megabytes is compared with nothing (thousands of users' last questions
+/// stay within a few hundred megabytes).
+pub const LAST_QUESTION_BYTES: usize = 64 * 1024;
+
 /// The newest rows of a conversation read for its questions after a start.
 pub const LOAD_ROWS: usize = 16_384;
 
@@ -187,25 +192,33 @@ impl Held {
 
     /// What of `user`'s new question `words`, asked in `conversation`, is stored: the words
     /// without the template they share with the user's last question, which is stored once,
-    /// with the question that brought it first (after a start, once more).
+    /// with the question that brought it first (after a start, once more). Compared outside
+    /// the table's lock; a question longer than [`LAST_QUESTION_BYTES`] is not kept.
     pub fn untemplated(&self, user: UserId, conversation: &str, words: &str) -> String {
-        let mut table = self.inner.lock();
-        let stored = match table.last_questions.get(&user) {
+        let previous = self.inner.lock().last_questions.get(&user).cloned();
+        let stored = match &previous {
             Some((previous, _)) => harness::without_template(words, previous).into_owned(),
             None => words.to_owned(),
         };
+        let mut table = self.inner.lock();
         let Table {
             last_questions,
             asked,
             ..
         } = &mut *table;
-        keep(
-            last_questions,
-            asked,
-            CONVERSATIONS_KEPT,
-            user,
-            (words.to_owned(), conversation.to_owned()),
-        );
+        if words.len() > LAST_QUESTION_BYTES {
+            if last_questions.remove(&user).is_some() {
+                asked.retain(|whose| *whose != user);
+            }
+        } else {
+            keep(
+                last_questions,
+                asked,
+                CONVERSATIONS_KEPT,
+                user,
+                (words.to_owned(), conversation.to_owned()),
+            );
+        }
         stored
     }
 
@@ -370,4 +383,28 @@ fn questions_of(
             })
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_template_is_known_from_the_last_question_and_a_huge_one_is_not_kept() {
+        let held = Held::default();
+        let user = UserId(7);
+        let rules = "Every block must use this format.\n".repeat(40);
+        let ask = |words: &str| format!("{words}\n\n{rules}");
+        assert_eq!(held.untemplated(user, "c", &ask("One.")), ask("One."));
+        assert_eq!(held.untemplated(user, "c", &ask("Two.")), "Two.");
+        let huge = "log line\n".repeat(LAST_QUESTION_BYTES / 8);
+        assert!(held.untemplated(user, "c", &huge) == huge, "stored whole");
+        assert!(held.inner.lock().last_questions.is_empty(), "not kept");
+        assert!(held.inner.lock().asked.is_empty());
+        assert_eq!(
+            held.untemplated(user, "c", &ask("Three.")),
+            ask("Three."),
+            "compared with nothing after the huge one"
+        );
+    }
 }
