@@ -117,14 +117,30 @@ pub struct FileConfig {
     pub inspector: InspectorFile,
 }
 
-/// `[inspector]`: the log of recent requests the inspector shows (in memory only).
+/// `[inspector]`: who may use the inspector, and the log of recent requests it shows (in
+/// memory only).
 #[derive(Debug, Default, Clone, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InspectorFile {
+    /// Who may use it [default: credentials].
+    pub access: Option<InspectorAccess>,
     /// Requests kept per user (0: none).
     pub recent_requests: Option<usize>,
     /// Bytes kept over all users.
     pub recent_bytes: Option<usize>,
+}
+
+/// Who may use the inspector (`docs/proxy.md`, "Inspector").
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InspectorAccess {
+    /// No one: every inspector path answers 404.
+    Off,
+    /// The operator only, by the admin token.
+    Operator,
+    /// The operator, and each credential the provider vouched for, for its own memory.
+    #[default]
+    Credentials,
 }
 
 /// `[upstreams]`: each provider's API base URL.
@@ -296,6 +312,9 @@ mod tests {
 
             [groups]
             team = ["planner", "coder", ""]
+
+            [inspector]
+            access = "operator"
             "#,
         )
         .unwrap();
@@ -322,6 +341,7 @@ mod tests {
         assert_eq!(proxy.recall.speaker_lift, 0.1);
         assert_eq!(proxy.recall.model_weight, 0.9);
         assert_eq!(proxy.recall.mandatory_hits, 2);
+        assert_eq!(proxy.inspector, crate::config::InspectorAccess::Operator);
         assert_eq!(proxy.recall.recent_tokens, 500);
         assert_eq!(proxy.recall.session_tokens, 12_000);
         assert_eq!(proxy.recall.session_share, 0.4);

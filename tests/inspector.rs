@@ -331,8 +331,10 @@ fn the_log_holds_a_request_its_tool_round_and_why() {
         )
         .unwrap();
     assert_eq!(answer.status, 401);
-    let logged = get(&server, "/perpetuity/api/requests", &[(eve.0, &eve.1)]).json();
-    assert_eq!(logged["requests"], serde_json::json!([]), "{logged}");
+    let logged = get(&server, "/perpetuity/api/requests", &[(eve.0, &eve.1)]);
+    assert_eq!(logged.status, 403, "{}", logged.text());
+    assert!(logged.text().contains("once the provider has accepted"));
+    assert!(!logged.text().contains("1234"));
 }
 
 /// The browser the page test drives and the npm prefix holding playwright-core, or why the
@@ -611,4 +613,123 @@ fn messages_row(server: &Server, headers: &[(&str, &str)], row: u64) -> serde_js
     let turn = page["turns"][0].clone();
     assert_eq!(turn["row"], row, "{page}");
     turn
+}
+
+/// Inspector rights come from the provider's word, not from presenting a key: a credential
+/// the provider never accepted, or refused since, sees and changes nothing (inspector,
+/// exclusions, purge); bodies are capped well below a chat request's limit; and the operator
+/// can keep the inspector to itself or turn it off.
+#[test]
+fn a_credential_inspects_its_memory_only_while_the_provider_vouches_for_it() {
+    let (_runtime, upstream, dir, server) = served();
+    let ada = bearer("sk-ada");
+    let ada = [(ada.0, ada.1.as_str())];
+    let turns = get(&server, "/perpetuity/api/turns", &ada);
+    assert_eq!(turns.status, 200, "{}", turns.text());
+    assert!(turns.text().contains("4417"));
+
+    // Made up: never answered by the provider.
+    let made_up = bearer("sk-made-up");
+    let made_up = [(made_up.0, made_up.1.as_str())];
+    for (method, path, body) in [
+        ("GET", "/perpetuity/api/turns", String::new()),
+        ("GET", "/perpetuity/api/requests", String::new()),
+        (
+            "POST",
+            "/perpetuity/api/search",
+            r#"{"query": "locker"}"#.into(),
+        ),
+        (
+            "POST",
+            "/perpetuity/api/purge",
+            r#"{"confirm": "x"}"#.into(),
+        ),
+        ("GET", "/perpetuity/exclusions", String::new()),
+        ("POST", "/perpetuity/exclusions", r#"{"rows": [1]}"#.into()),
+    ] {
+        let answer = server
+            .request(method, path, &made_up, body.as_bytes())
+            .unwrap();
+        assert_eq!(answer.status, 403, "{method} {path}: {}", answer.text());
+        assert!(
+            answer.text().contains("once the provider has accepted"),
+            "{method} {path}: {}",
+            answer.text()
+        );
+    }
+    let refused = server
+        .request("GET", "/perpetuity/exclusions", &made_up, b"")
+        .unwrap();
+    assert_eq!(refused.json()["error"]["type"], "permission_error");
+
+    // A body far over what a question needs is refused before it is read whole.
+    let question = serde_json::json!({"query": "x".repeat(2 * 1024 * 1024)}).to_string();
+    let big = server
+        .request("POST", "/perpetuity/api/search", &ada, question.as_bytes())
+        .unwrap();
+    assert_eq!(big.status, 400, "{}", big.text());
+    assert!(big.text().contains("1048576 bytes"), "{}", big.text());
+
+    // Revoked: the provider refuses ada's key; from then on her memory is closed to it.
+    upstream.respond_with(Arc::new(|_, _| {
+        common::upstream::Answer::Whole(
+            401,
+            "application/json",
+            br#"{"error": {"message": "revoked", "type": "invalid_request_error"}}"#.to_vec(),
+        )
+    }));
+    let body = serde_json::json!({"model": "gpt-4o",
+        "messages": [{"role": "user", "content": "Hello again."}]});
+    let answer = server
+        .request(
+            "POST",
+            "/v1/chat/completions",
+            &ada,
+            body.to_string().as_bytes(),
+        )
+        .unwrap();
+    assert_eq!(answer.status, 401);
+    for path in ["/perpetuity/api/turns", "/perpetuity/exclusions"] {
+        let closed = get(&server, path, &ada);
+        assert_eq!(closed.status, 403, "{path}: {}", closed.text());
+        assert!(!closed.text().contains("4417"));
+    }
+    let purge = server
+        .request(
+            "POST",
+            "/perpetuity/api/purge",
+            &ada,
+            br#"{"confirm": "x"}"#,
+        )
+        .unwrap();
+    assert_eq!(purge.status, 403);
+    drop(server);
+
+    // The same memory with the inspector kept to the operator, then off.
+    let data = dir.path().join("data");
+    for (access, credential, operator, page) in
+        [("operator", 403, 200, 200), ("off", 404, 404, 404)]
+    {
+        let config = dir.path().join(format!("{access}.toml"));
+        std::fs::write(&config, format!("[inspector]\naccess = \"{access}\"\n")).unwrap();
+        let upstream = _runtime.block_on(Upstream::start());
+        upstream.respond_with(Arc::new(|_, _| chat_reply("Noted.")));
+        let server = Server::start(|command| {
+            command
+                .args(["--data", data.to_str().unwrap()])
+                .args(["--config", config.to_str().unwrap()])
+                .args(["--admin-token", ADMIN.1])
+                .args(["--upstream", &format!("openai={}", upstream.url())])
+                .env("RUST_LOG", "warn");
+        })
+        .0;
+        tell(&server, "sk-bob", "My bike has a bell.");
+        let bob = bearer("sk-bob");
+        let seen = get(&server, "/perpetuity/api/turns", &[(bob.0, &bob.1)]);
+        assert_eq!(seen.status, credential, "{access}: {}", seen.text());
+        assert!(!seen.text().contains("Brompton"));
+        let users = get(&server, "/perpetuity/api/users", &[ADMIN]);
+        assert_eq!(users.status, operator, "{access}: {}", users.text());
+        assert_eq!(get(&server, "/perpetuity/", &[]).status, page, "{access}");
+    }
 }

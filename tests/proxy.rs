@@ -855,6 +855,23 @@ async fn an_excluded_row_stays_stored_and_leaves_recall_until_included_again() {
     };
     const BOB: [(&str, &str); 1] = [("authorization", "Bearer sk-bob")];
     let (status, body) = change(json!({"rows": [locker.0]}), &BOB).await;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "bob's credential has not been accepted by the provider yet: {body}"
+    );
+    h.answer(chat_reply("Hello, Bob."));
+    body_of(
+        h.send(
+            "POST",
+            "/v1/chat/completions",
+            &BOB,
+            &chat_request("Hello, I am Bob."),
+        )
+        .await,
+    )
+    .await;
+    let (status, body) = change(json!({"rows": [locker.0]}), &BOB).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         body,

@@ -70,27 +70,33 @@ pub fn request(format: Format, data: &[u8]) {
         mandatory: 1,
         omitted: Omitted::default(),
     };
-    let framed = wire::framed(&request, &wire::frame_items(format, &frame));
-    let sent = wire::encode(
-        &request,
-        &framed.body,
-        Some(&framed.verbatim),
-        &[format.list()],
-    );
-    let again = wire::parse(format, &sent, path_model).expect("the framed body parses again");
-    assert_eq!(again.model, request.model);
-    // The frame's text takes the words' place; the turn's attachments stay beside it, so they
-    // are read again after it.
-    assert!(
-        again
-            .question
-            .as_deref()
-            .is_some_and(|again| again.starts_with(question.as_str())),
-        "{:?} then {question:?}",
-        again.question
-    );
-    assert_eq!(again.question_is_new(), request.question_is_new());
-    assert_eq!(again.server_history, request.server_history);
+    // The history either held whole by the memory (the frame replaces it) or held by none of it
+    // (every item is forwarded where it stood, before the frame).
+    let at = request.question_at.unwrap_or(request.messages.len());
+    let unheld: Vec<usize> = (0..at).collect();
+    for context in [&[][..], &unheld[..]] {
+        let framed = wire::framed(&request, &wire::frame_items(format, &frame), context);
+        let sent = wire::encode(
+            &request,
+            &framed.body,
+            Some(&framed.verbatim),
+            &[format.list()],
+        );
+        let again = wire::parse(format, &sent, path_model).expect("the framed body parses again");
+        assert_eq!(again.model, request.model);
+        // The frame's text takes the words' place; the turn's attachments stay beside it, so
+        // they are read again after it.
+        assert!(
+            again
+                .question
+                .as_deref()
+                .is_some_and(|again| again.starts_with(question.as_str())),
+            "{:?} then {question:?}",
+            again.question
+        );
+        assert_eq!(again.question_is_new(), request.question_is_new());
+        assert_eq!(again.server_history, request.server_history);
+    }
 }
 
 const FORMATS: [Format; 4] = [

@@ -185,7 +185,7 @@ async fn read(
             "the anthropic-version header is required",
         ));
     }
-    let bytes = request_body(body, &state.config, provider).await?;
+    let bytes = request_body(body, &state.config, state.config.body_limit, provider).await?;
     let path_model = format
         .wire()
         .path_model(parts.uri.path())

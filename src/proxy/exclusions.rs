@@ -69,7 +69,7 @@ pub(super) async fn exclusions(
         .map_err(|reason| invalid(&reason))?
         .map(str::to_owned);
     let change = if parts.method == Method::POST {
-        let bytes = request_body(body, &state.config, provider).await?;
+        let bytes = request_body(body, &state.config, SIDE_BODY_LIMIT, provider).await?;
         let change = serde_json::from_slice::<ExclusionChange>(&bytes).map_err(|err| {
             invalid(&format!(
                 "the body must be {{\"rows\": [ids], \"conversation\": \"name\", \"excluded\": true|false}}: {err}"
@@ -82,25 +82,43 @@ pub(super) async fn exclusions(
     } else {
         None
     };
+    if !state.vouched(&credential) {
+        return Err(Refusal::new(provider, Failure::Forbidden, UNVOUCHED));
+    }
     let user = UserId::from_key(&state.secret.user_key(&credential, narrow.as_deref()));
-    let done = tokio::task::spawn_blocking(move || change_exclusions(&state, user, change)).await;
+    let Some(slot) = state.side_slot() else {
+        return Err(Refusal::new(provider, Failure::Overloaded, SIDE_BUSY));
+    };
+    let done = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        change_exclusions(&state, user, change)
+    })
+    .await;
     Ok(match done {
         Ok(Ok(body)) => json(StatusCode::OK, &body),
         Ok(Err(err)) => {
             tracing::error!(%err, "exclusions failed");
-            failure(
-                provider,
-                Failure::Overloaded,
-                &format!("the memory is unavailable: {err}"),
-            )
+            failure(provider, Failure::Overloaded, MEMORY_FAILED)
         }
-        Err(err) => failure(
-            provider,
-            Failure::Overloaded,
-            &format!("the memory task failed: {err}"),
-        ),
+        Err(err) => {
+            tracing::error!(%err, "the exclusions task failed");
+            failure(provider, Failure::Overloaded, MEMORY_FAILED)
+        }
     })
 }
+
+/// What a credential the provider has not vouched for is told by the inspector and the
+/// exclusions endpoint ([`State::vouched`]).
+pub(super) const UNVOUCHED: &str = "this credential's memory opens once the provider has accepted one of its requests through this proxy (within the last 24 hours, and not refused it since)";
+
+/// What a request is told when every inspector and exclusions slot is taken.
+pub(super) const SIDE_BUSY: &str =
+    "the memory's inspector and exclusions are busy with other requests: try again shortly";
+
+/// What a request is told when the memory failed to answer it: the cause goes to the server's
+/// log, never to the client (it may name the server's paths).
+pub(super) const MEMORY_FAILED: &str =
+    "the memory could not answer this request; the server's log says why";
 
 /// Apply `change` (if any) to `user`'s exclusions; the rows it changed and every row now
 /// excluded, in id order. The credential's endpoint and the inspector both call it.

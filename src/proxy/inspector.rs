@@ -30,10 +30,12 @@ use crate::store::Cf;
 use crate::store::keys;
 use crate::types::{ConversationId, RowId, UserId, now_ms};
 
+use super::exclusions::{MEMORY_FAILED, SIDE_BUSY, UNVOUCHED};
 use super::identity::USER_HEADER;
 use super::provider::Provider;
 use super::recent::Logged;
-use super::{Body, State, admin, json as json_response, utf8_header};
+use super::{Body, SIDE_BODY_LIMIT, State, admin, json as json_response, utf8_header};
+use crate::config::InspectorAccess;
 
 mod read;
 
@@ -110,9 +112,15 @@ fn asset(text: &'static str, content_type: &'static str) -> Response<Body> {
     guarded(response)
 }
 
-/// Serve a request under [`PREFIX`].
+/// Serve a request under [`PREFIX`]; with `[inspector] access = "off"`, 404 for every one.
 pub async fn route(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
     let path = req.uri().path().to_owned();
+    if state.config.inspector == InspectorAccess::Off {
+        return error(
+            StatusCode::NOT_FOUND,
+            "the inspector is off on this server ([inspector] access)",
+        );
+    }
     match (req.method(), path.as_str()) {
         (&Method::GET, "/perpetuity/") => asset(PAGE, "text/html; charset=utf-8"),
         (&Method::GET, "/perpetuity/inspector.js") => {
@@ -137,10 +145,17 @@ pub async fn route(req: Request<Incoming>, state: Arc<State>) -> Response<Body> 
 }
 
 /// The viewer a request's headers name: the operator (admin token) or a credential's user;
-/// 401 without either.
+/// 401 without either, 403 for a credential where the inspector is the operator's or the
+/// provider has not vouched for it ([`State::vouched`]).
 fn viewer(state: &State, headers: &HeaderMap) -> Result<Viewer, Refused> {
     if admin::is_admin(state, headers) {
         return Ok(Viewer::Operator);
+    }
+    if state.config.inspector == InspectorAccess::Operator {
+        return Err(Refused::new(
+            StatusCode::FORBIDDEN,
+            "the inspector on this server is the operator's: send the admin token",
+        ));
     }
     let provider = Provider::from_headers(headers).unwrap_or(Provider::OpenAi);
     let credential = match provider.credential(headers, None) {
@@ -155,6 +170,9 @@ fn viewer(state: &State, headers: &HeaderMap) -> Result<Viewer, Refused> {
     };
     let narrow = utf8_header(headers, USER_HEADER)
         .map_err(|reason| Refused::new(StatusCode::BAD_REQUEST, reason))?;
+    if !state.vouched(&credential) {
+        return Err(Refused::new(StatusCode::FORBIDDEN, UNVOUCHED));
+    }
     Ok(Viewer::User(state.secret.user_key(&credential, narrow)))
 }
 
@@ -237,19 +255,32 @@ impl<E: Into<crate::error::Error>> From<E> for Failed {
     }
 }
 
+/// An API request: its viewer, parameters and body checked, then its read run on the blocking
+/// pool in one of the [`super::SIDE_CONCURRENT`] slots (503 when none is free).
 async fn api(req: Request<Incoming>, state: Arc<State>) -> Response<Body> {
     let read = match prepare(req, &state).await {
         Ok(read) => read,
         Err(refused) => return refused.answer(),
     };
-    match tokio::task::spawn_blocking(read).await {
+    let Some(slot) = state.side_slot() else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, SIDE_BUSY);
+    };
+    let done = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        read()
+    })
+    .await;
+    match done {
         Ok(Ok(body)) => guarded(json_response(StatusCode::OK, &body)),
         Ok(Err(Failed::Refused(refused))) => refused.answer(),
         Ok(Err(Failed::Memory(err))) => {
             tracing::error!(%err, "an inspector read failed");
-            error(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string())
+            error(StatusCode::INTERNAL_SERVER_ERROR, MEMORY_FAILED)
         }
-        Err(err) => error(StatusCode::INTERNAL_SERVER_ERROR, &err.to_string()),
+        Err(err) => {
+            tracing::error!(%err, "an inspector task failed");
+            error(StatusCode::INTERNAL_SERVER_ERROR, MEMORY_FAILED)
+        }
     }
 }
 
@@ -365,19 +396,21 @@ async fn prepare(req: Request<Incoming>, state: &Arc<State>) -> Result<Read, Ref
     })
 }
 
-/// A POST body read whole (within the request limit) and parsed as `T`; `shape` says what it
-/// should look like when it does not parse.
+/// A POST body read whole (within [`SIDE_BODY_LIMIT`] and the body deadline) and parsed as
+/// `T`; `shape` says what it should look like when it does not parse.
 async fn body_of<T: serde::de::DeserializeOwned>(
     body: Incoming,
     state: &State,
     shape: &str,
 ) -> Result<T, Refused> {
-    let bytes = super::request_body(body, &state.config, Provider::OpenAi)
+    let bytes = super::request_body(body, &state.config, SIDE_BODY_LIMIT, Provider::OpenAi)
         .await
         .map_err(|_| {
             Refused::new(
                 StatusCode::BAD_REQUEST,
-                "the body could not be read (too large, or cut short)",
+                format!(
+                    "the body could not be read (over {SIDE_BODY_LIMIT} bytes, cut short or too slow)"
+                ),
             )
         })?;
     serde_json::from_slice(&bytes).map_err(|err| {

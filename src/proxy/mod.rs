@@ -53,7 +53,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use crate::config::{AdminToken, FileConfig};
+use crate::config::{AdminToken, FileConfig, InspectorAccess};
 use crate::engine::{Author, Engine, Exclusions, Generation};
 use crate::error::Error;
 use crate::recall::{Ask, Recall, RecallConfig};
@@ -117,6 +117,8 @@ pub struct ProxyConfig {
     pub groups: Groups,
     /// What the inspector's log of recent requests holds.
     pub recent: recent::Limits,
+    /// Who may use the inspector.
+    pub inspector: InspectorAccess,
 }
 
 impl Default for ProxyConfig {
@@ -138,6 +140,7 @@ impl Default for ProxyConfig {
             tool_rounds: rounds::DEFAULT_ROUNDS,
             groups: Groups::default(),
             recent: recent::Limits::default(),
+            inspector: InspectorAccess::default(),
         }
     }
 }
@@ -219,6 +222,7 @@ impl ProxyConfig {
         set(&mut config.recall.warm_floor, recall.warm_floor);
         set(&mut config.recent.per_user, file.inspector.recent_requests);
         set(&mut config.recent.bytes, file.inspector.recent_bytes);
+        set(&mut config.inspector, file.inspector.access);
         let budget = config.recall.budget;
         if budget.floor > budget.ceiling {
             return Err(format!(
@@ -250,6 +254,8 @@ pub struct State {
     pub health: health::Health,
     /// Chat requests in flight, streams until their last byte.
     permits: Arc<tokio::sync::Semaphore>,
+    /// Inspector and exclusions requests at work on the memory ([`SIDE_CONCURRENT`]).
+    side: Arc<tokio::sync::Semaphore>,
     client: HttpsClient,
     /// Responses replies a memory round continued, for their `previous_response_id`.
     continued: rounds::Continued,
@@ -291,6 +297,7 @@ impl State {
             engine,
             secret,
             permits: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent)),
+            side: Arc::new(tokio::sync::Semaphore::new(SIDE_CONCURRENT)),
             config,
             metrics: metrics::Metrics::default(),
             health: health::Health::default(),
@@ -309,7 +316,29 @@ impl State {
     pub fn requests_in_flight(&self) -> usize {
         self.config.max_concurrent - self.permits.available_permits()
     }
+
+    /// Whether the provider vouched for `credential` ([`verdict`]): only then may it see or
+    /// change its memory through the inspector and the exclusions endpoint.
+    fn vouched(&self, credential: &str) -> bool {
+        self.verdicts
+            .holds(UserId::from_key(&self.secret.user_key(credential, None)))
+    }
+
+    /// One of the [`SIDE_CONCURRENT`] slots of inspector and exclusions work, taken once the
+    /// request's body has arrived; `None` when every one is taken.
+    fn side_slot(self: &Arc<Self>) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        Arc::clone(&self.side).try_acquire_owned().ok()
+    }
 }
+
+/// Inspector and exclusions requests at work on the memory at once, apart from the chat
+/// requests' [`ProxyConfig::max_concurrent`]: more are refused with 503, so neither kind of
+/// work can take the other's threads.
+pub const SIDE_CONCURRENT: usize = 8;
+
+/// The largest body an inspector or exclusions request may send: a question, a search or
+/// [`MAX_EXCLUSION_ROWS`] row ids need far less than a chat request's limit.
+pub const SIDE_BODY_LIMIT: usize = 1024 * 1024;
 
 /// Accept connections on `listener` until the task is dropped, probing the storage while it
 /// fails ([`health::watch`]). A dark dictionary version installed and not yet derived (the

@@ -24,6 +24,8 @@ pub enum Failure {
     InvalidRequest,
     /// The credential is missing (401).
     Authentication,
+    /// The credential may not do this (403).
+    Forbidden,
     /// The body is over the size limit (413).
     TooLarge,
     /// The upstream could not be reached or failed (502).
@@ -39,6 +41,7 @@ impl Failure {
         match self {
             Self::InvalidRequest => StatusCode::BAD_REQUEST,
             Self::Authentication => StatusCode::UNAUTHORIZED,
+            Self::Forbidden => StatusCode::FORBIDDEN,
             Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Upstream => StatusCode::BAD_GATEWAY,
             Self::Timeout => StatusCode::GATEWAY_TIMEOUT,
@@ -150,6 +153,7 @@ impl Provider {
                     "type": match failure {
                         Failure::InvalidRequest | Failure::TooLarge => "invalid_request_error",
                         Failure::Authentication => "authentication_error",
+                        Failure::Forbidden => "permission_error",
                         Failure::Upstream | Failure::Timeout | Failure::Overloaded => "api_error",
                     },
                     "param": null,
@@ -162,6 +166,7 @@ impl Provider {
                     "type": match failure {
                         Failure::InvalidRequest => "invalid_request_error",
                         Failure::Authentication => "authentication_error",
+                        Failure::Forbidden => "permission_error",
                         Failure::TooLarge => "request_too_large",
                         Failure::Upstream | Failure::Timeout => "api_error",
                         Failure::Overloaded => "overloaded_error",
@@ -176,6 +181,7 @@ impl Provider {
                     "status": match failure {
                         Failure::InvalidRequest | Failure::TooLarge => "INVALID_ARGUMENT",
                         Failure::Authentication => "UNAUTHENTICATED",
+                        Failure::Forbidden => "PERMISSION_DENIED",
                         Failure::Upstream | Failure::Overloaded => "UNAVAILABLE",
                         Failure::Timeout => "DEADLINE_EXCEEDED",
                     },

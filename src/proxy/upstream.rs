@@ -29,7 +29,7 @@ pub(super) async fn pass_through(
             ),
         )
     })?;
-    let bytes = request_body(body, &state.config, provider).await?;
+    let bytes = request_body(body, &state.config, state.config.body_limit, provider).await?;
     let permit = admit(&state, provider)?;
     let upstream = forward(&state, provider, &parts, bytes)
         .await
@@ -113,19 +113,16 @@ pub(super) async fn forward(
     }
 }
 
-/// A client's request body within the size limit and the idle timeout, or the error to answer
-/// in `provider`'s shape (413 over the limit, 400 when it stalls or breaks off).
+/// A client's request body within `limit` bytes, the idle timeout and the body deadline, or the
+/// error to answer in `provider`'s shape (413 over the limit, 400 when it stalls, breaks off or
+/// runs past the deadline).
 pub(super) async fn request_body(
     body: Incoming,
     config: &ProxyConfig,
+    limit: usize,
     provider: Provider,
 ) -> Result<Bytes, Refusal> {
-    let read = read_body(
-        body,
-        config.body_limit,
-        config.header_timeout,
-        Failure::InvalidRequest,
-    );
+    let read = read_body(body, limit, config.header_timeout, Failure::InvalidRequest);
     match tokio::time::timeout(config.body_timeout, read).await {
         Ok(read) => read.map_err(|(failed, message)| Refusal::new(provider, failed, &message)),
         Err(_) => Err(Refusal::new(
@@ -239,6 +236,7 @@ pub(super) fn failure(provider: Provider, failed: Failure, message: &str) -> Res
         Failure::Upstream | Failure::Timeout => "upstream",
         Failure::InvalidRequest
         | Failure::Authentication
+        | Failure::Forbidden
         | Failure::TooLarge
         | Failure::Overloaded => "refused",
     };

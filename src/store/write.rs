@@ -97,7 +97,12 @@ impl Store {
             let message_tokens: u64 = message.chunks.iter().map(|c| c.tokens.len() as u64).sum();
             let (clock, kept) = match &message.moved {
                 Some(moved) => (moved.birth_clock, clock.max(moved.birth_clock)),
-                None => (clock + message_tokens, clock + message_tokens),
+                None => {
+                    // Saturating: a clock near the top stays there rather than wrap to 0,
+                    // which would leave every older row hot forever.
+                    let next = clock.saturating_add(message_tokens);
+                    (next, next)
+                }
             };
             clocks.insert(user, kept);
 
