@@ -260,11 +260,16 @@ pub enum ImportError {
         line: usize,
         reason: String,
     },
-    /// Class: client. A user in the file already has rows here; nothing was imported.
+    /// Class: client. A user in the file already has rows, a clock or an owner link here;
+    /// nothing was imported.
     #[error(
-        "user {user:?} already has rows in this store: purge it here first, or import it into another"
+        "user {user:?} already has memory in this store: purge it here first, or import it into another"
     )]
     Present { user: String },
+    /// Class: as its cause. Writing the file failed midway; what it had written was purged
+    /// again, so nothing of it is kept.
+    #[error("{0}; nothing of the file was kept")]
+    RolledBack(Box<ImportError>),
     /// Class: internal. Reading the file failed.
     #[error("reading {path}: {source}")]
     Read {
@@ -281,54 +286,106 @@ pub struct ImportSummary {
     pub rows: u64,
 }
 
-/// The lines of export file `path`, parsed, each with its line number.
-fn exported_lines(
-    path: &Path,
-) -> Result<impl Iterator<Item = Result<(usize, Exported), ImportError>> + '_, ImportError> {
+/// The longest line an export may hold: a row's chunk of text, JSON-escaped, is far shorter.
+pub const MAX_EXPORT_LINE: usize = 16 * 1024 * 1024;
+
+/// The highest clock an import accepts: a clock advances by the tokens a user captures, so one
+/// this far below `u64::MAX` never reaches it.
+pub const MAX_IMPORTED_CLOCK: u64 = 1 << 62;
+
+/// One line of an export file: its number, a keyed hash of its text (the second pass checks
+/// the file is the one the first pass checked), and what it says.
+type ExportLine = (usize, u64, Exported);
+
+/// The lines of export file `path` that are not blank, parsed, each numbered and hashed with
+/// `seal`; a line over [`MAX_EXPORT_LINE`] bytes is refused before it is read whole.
+fn exported_lines<'a>(
+    path: &'a Path,
+    seal: &'a std::hash::RandomState,
+) -> Result<impl Iterator<Item = Result<ExportLine, ImportError>> + 'a, ImportError> {
+    use std::hash::BuildHasher as _;
+    use std::io::Read as _;
     let read = |source| ImportError::Read {
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(read)?;
-    Ok(std::io::BufReader::new(file)
-        .lines()
-        .enumerate()
-        .filter(|(_, line)| !line.as_ref().is_ok_and(|l| l.trim().is_empty()))
-        .map(move |(at, line)| {
-            let line = line.map_err(read)?;
-            let parsed = serde_json::from_str(&line).map_err(|err| ImportError::Bad {
-                path: path.to_path_buf(),
-                line: at + 1,
-                reason: format!("not a line of `perpetuity export`: {err}"),
-            })?;
-            Ok((at + 1, parsed))
-        }))
+    let bad = move |line: usize, reason: String| ImportError::Bad {
+        path: path.to_path_buf(),
+        line,
+        reason,
+    };
+    let mut reader = std::io::BufReader::new(std::fs::File::open(path).map_err(read)?);
+    let mut text = Vec::new();
+    let mut at = 0;
+    Ok(std::iter::from_fn(move || {
+        loop {
+            text.clear();
+            at += 1;
+            let limit = MAX_EXPORT_LINE as u64 + 1;
+            match (&mut reader).take(limit).read_until(b'\n', &mut text) {
+                Err(source) => return Some(Err(read(source))),
+                Ok(0) => return None,
+                Ok(_) => {}
+            }
+            if text.len() > MAX_EXPORT_LINE {
+                return Some(Err(bad(
+                    at,
+                    format!("a line of more than {MAX_EXPORT_LINE} bytes"),
+                )));
+            }
+            let Ok(line) = std::str::from_utf8(&text) else {
+                return Some(Err(bad(at, "not UTF-8 text".into())));
+            };
+            let line = line.trim_end_matches(['\n', '\r']);
+            if line.trim().is_empty() {
+                continue;
+            }
+            return Some(
+                serde_json::from_str(line)
+                    .map(|parsed| (at, seal.hash_one(line), parsed))
+                    .map_err(|err| bad(at, format!("not a line of `perpetuity export`: {err}"))),
+            );
+        }
+    }))
 }
 
-/// Capture the users of export file `path` into `store`, each row as it was: its text, role,
-/// name, times, conversation, birth clock, decay and activation (never recomputed), its warm
-/// listing and exclusion; then each user's clock and owner link. Rows get this store's ids, in
-/// the exported order. The whole file is checked first (every message whole, no user already
-/// here), so a bad file imports nothing. `progress` is called after every batch.
-pub fn import(
+/// Whether `user` has anything in `store`: rows, a clock or an owner link.
+fn present(store: &Store, user: UserId) -> Result<bool, StoreError> {
+    Ok(store.rows_of(user).next().is_some()
+        || store.clock(user)? > 0
+        || store.owner_of(user)?.is_some())
+}
+
+/// What the first pass of an import found: each line's hash, in order, and the file's users.
+struct Checked {
+    hashes: Vec<u64>,
+    users: Vec<UserId>,
+}
+
+/// The first pass of [`import`]: every line is checked before anything is written.
+fn check_export(
     store: &Store,
-    dictionary: &Dictionary,
     path: &Path,
-    mut progress: impl FnMut(&ImportSummary),
-) -> Result<ImportSummary, ImportError> {
+    seal: &std::hash::RandomState,
+) -> Result<Checked, ImportError> {
     let bad = |line: usize, reason: String| ImportError::Bad {
         path: path.to_path_buf(),
         line,
         reason,
     };
-    // First pass: every message whole and in order, and no user already stored here.
-    let mut users = HashSet::new();
+    let mut hashes = Vec::new();
+    // Each user of the file: the newest clock its rows hold, and its user line's number,
+    // clock and owner.
+    let mut rows_clock: HashMap<String, u64> = HashMap::new();
+    let mut user_lines: HashMap<String, (usize, u64, Option<u64>)> = HashMap::new();
+    let mut seen: HashSet<String> = HashSet::new();
     let mut open: Option<(String, u64, u16, u16)> = None;
     let mut last = 0;
-    for line in exported_lines(path)? {
-        let (at, line) = line?;
+    for line in exported_lines(path, seal)? {
+        let (at, hash, line) = line?;
+        hashes.push(hash);
         last = at;
-        match line {
+        let user = match line {
             Exported::Row(row) => {
                 let expected = match &open {
                     Some((user, message, next, chunks))
@@ -341,7 +398,7 @@ pub fn import(
                     }
                     None => (0, row.chunks),
                 };
-                if row.chunk != expected.0 || row.chunks != expected.1 {
+                if row.chunks == 0 || row.chunk != expected.0 || row.chunks != expected.1 {
                     return Err(bad(
                         at,
                         format!(
@@ -350,25 +407,137 @@ pub fn import(
                         ),
                     ));
                 }
+                if !(row.decay.is_finite() && row.decay > 0.0) {
+                    return Err(bad(at, format!("decay {} is not above 0", row.decay)));
+                }
+                if !(row.peak.is_finite() && row.peak >= 0.0) {
+                    return Err(bad(at, format!("peak {} is not a heat", row.peak)));
+                }
                 open = (row.chunk + 1 < row.chunks)
                     .then(|| (row.user.clone(), row.message, row.chunk + 1, row.chunks));
-                if users.insert(row.user.clone())
-                    && store.rows_of(UserId::from_key(&row.user)).next().is_some()
-                {
-                    return Err(ImportError::Present { user: row.user });
-                }
+                let newest = rows_clock.entry(row.user.clone()).or_default();
+                *newest = (*newest).max(row.birth_clock).max(row.last_clock);
+                row.user
             }
-            Exported::User(user) if user.kind == "user" => {}
+            Exported::User(user) if user.kind == "user" => {
+                if user.clock > MAX_IMPORTED_CLOCK {
+                    return Err(bad(
+                        at,
+                        format!("clock {} is beyond {MAX_IMPORTED_CLOCK}", user.clock),
+                    ));
+                }
+                if user.owner == Some(UserId::from_key(&user.user).0) {
+                    return Err(bad(at, "a user named as its own owner".into()));
+                }
+                let line = (at, user.clock, user.owner);
+                if user_lines.insert(user.user.clone(), line).is_some() {
+                    return Err(bad(at, format!("a second line for user {:?}", user.user)));
+                }
+                user.user
+            }
             Exported::User(user) => {
                 return Err(bad(at, format!("unknown line kind {:?}", user.kind)));
             }
+        };
+        if seen.insert(user.clone()) && present(store, UserId::from_key(&user))? {
+            return Err(ImportError::Present { user });
         }
     }
     if open.is_some() {
         return Err(bad(last, "the file ends inside a message".into()));
     }
+    for (user, newest) in &rows_clock {
+        let Some(&(at, clock, _)) = user_lines.get(user) else {
+            return Err(bad(
+                last,
+                format!(
+                    "user {user:?} has rows and no user line (an export ends with one per user)"
+                ),
+            ));
+        };
+        if clock < *newest {
+            return Err(bad(
+                at,
+                format!("user {user:?}'s clock {clock} is behind its rows' {newest}"),
+            ));
+        }
+    }
+    let sub_users: HashSet<u64> = user_lines
+        .iter()
+        .filter(|(_, (_, _, owner))| owner.is_some())
+        .map(|(user, _)| UserId::from_key(user).0)
+        .collect();
+    for (at, _, owner) in user_lines.values() {
+        if let Some(owner) = *owner
+            && (sub_users.contains(&owner) || store.owner_of(UserId(owner))?.is_some())
+        {
+            return Err(bad(
+                *at,
+                format!("owner {owner} is itself a sub-user: an owner is a credential's own user"),
+            ));
+        }
+    }
+    Ok(Checked {
+        hashes,
+        users: seen.iter().map(|user| UserId::from_key(user)).collect(),
+    })
+}
 
-    // Second pass: the messages, a batch at a time, then the users' clocks and owners.
+/// Capture the users of export file `path` into `store`, each row as it was: its text, role,
+/// name, times, conversation, birth clock, decay and activation (never recomputed), its warm
+/// listing and exclusion; then each user's clock and owner link. Rows get this store's ids, in
+/// the exported order.
+///
+/// All or nothing: the whole file is checked first ([`check_export`]: every message whole,
+/// decay and heat in range, each user new here with a user line whose clock is not behind its
+/// rows, no owner that is a sub-user), and it is read again line by line against what was
+/// checked; if anything fails while it is written (a message that does not chunk as it was
+/// stored, the file changed, the store), what was written is purged again. `progress` is called
+/// after every batch.
+pub fn import(
+    store: &Store,
+    dictionary: &Dictionary,
+    path: &Path,
+    mut progress: impl FnMut(&ImportSummary),
+) -> Result<ImportSummary, ImportError> {
+    let seal = std::hash::RandomState::new();
+    let checked = check_export(store, path, &seal)?;
+    match write_export(
+        store,
+        dictionary,
+        path,
+        &seal,
+        &checked.hashes,
+        &mut progress,
+    ) {
+        Ok(summary) => Ok(summary),
+        Err(err) => {
+            for &user in &checked.users {
+                if present(store, user)? {
+                    store.purge_user(user)?;
+                }
+            }
+            Err(ImportError::RolledBack(Box::new(err)))
+        }
+    }
+}
+
+/// The second pass of [`import`]: the messages, a batch at a time, then the users' clocks and
+/// owners, each line checked against the first pass's `hashes`.
+fn write_export(
+    store: &Store,
+    dictionary: &Dictionary,
+    path: &Path,
+    seal: &std::hash::RandomState,
+    hashes: &[u64],
+    progress: &mut dyn FnMut(&ImportSummary),
+) -> Result<ImportSummary, ImportError> {
+    let bad = |line: usize, reason: String| ImportError::Bad {
+        path: path.to_path_buf(),
+        line,
+        reason,
+    };
+    let changed = |line| bad(line, "the file changed while it was imported".into());
     let capturer = Capturer::new(dictionary);
     let mut summary = ImportSummary::default();
     let mut batch: Vec<NewMessage> = Vec::new();
@@ -384,8 +553,13 @@ pub fn import(
         progress(summary);
         Ok(())
     };
-    for line in exported_lines(path)? {
-        let (at, line) = line?;
+    let mut lines = 0;
+    for line in exported_lines(path, seal)? {
+        let (at, hash, line) = line?;
+        if hashes.get(lines) != Some(&hash) {
+            return Err(changed(at));
+        }
+        lines += 1;
         match line {
             Exported::Row(row) => {
                 let whole = row.chunk + 1 == row.chunks;
@@ -396,12 +570,12 @@ pub fn import(
                             .map_err(|(at, reason)| bad(at, reason))?,
                     );
                     if batch.len() == INGEST_BATCH_MESSAGES {
-                        flush(&mut batch, &mut summary, &mut progress)?;
+                        flush(&mut batch, &mut summary, progress)?;
                     }
                 }
             }
             Exported::User(user) => {
-                flush(&mut batch, &mut summary, &mut progress)?;
+                flush(&mut batch, &mut summary, progress)?;
                 let id = UserId::from_key(&user.user);
                 store.advance_clock(id, user.clock)?;
                 if let Some(owner) = user.owner {
@@ -411,7 +585,10 @@ pub fn import(
             }
         }
     }
-    flush(&mut batch, &mut summary, &mut progress)?;
+    if lines != hashes.len() {
+        return Err(changed(lines));
+    }
+    flush(&mut batch, &mut summary, progress)?;
     Ok(summary)
 }
 

@@ -12,8 +12,8 @@
 //! - no orphans: every activation, exclusion, log, chain, binding, clock and user entry belongs to a row
 //!   or a user with rows; every binding matches its row's role and name; every entry of the
 //!   warm index equals its row's activation;
-//! - every owner link (`owners`) is a user id linked to another user id (a link may come before
-//!   its sub-user's first row: it holds no text);
+//! - every owner link (`owners`) is a user id linked to another user id, one that is not linked
+//!   itself (a link may come before its sub-user's first row: it holds no text);
 //! - each user's clock equals the tokens of the user's rows, and equals the newest row's birth
 //!   clock; every row id is below the recorded next row id;
 //! - the stored frequency counts equal a recount from the retrieval rows, key by key;
@@ -425,16 +425,31 @@ fn check_orphans(
     Ok(())
 }
 
-/// Every `owners` entry decodes (a user id to a user id) and links a sub-user to another user.
+/// Every `owners` entry decodes (a user id to a user id) and links a sub-user to another user,
+/// a credential's own: one that is no sub-user itself (a link between two credentials' own
+/// users would let one's purge take the other's memory).
 fn check_owner_links(store: &Store, report: &mut Report) -> Result<(), StoreError> {
+    let mut links: BTreeMap<UserId, UserId> = BTreeMap::new();
     for entry in store.iter_all(Cf::Owners) {
         let (key, value) = entry?;
         match (keys::parse_user(&key), keys::parse_user(&value)) {
-            (Some(user), Some(owner)) if user != owner => {}
+            (Some(user), Some(owner)) if user != owner => {
+                links.insert(user, owner);
+            }
             (Some(_), Some(_)) => {
                 report.violation("owner link names another user", Cf::Owners, &key, "itself")
             }
             _ => report.violation("owner link decodes", Cf::Owners, &key, "not a user id pair"),
+        }
+    }
+    for (user, owner) in &links {
+        if let Some(above) = links.get(owner) {
+            report.violation(
+                "owner link names a credential's own user",
+                Cf::Owners,
+                &keys::user(*user),
+                format!("its owner {} is a sub-user of {}", owner.0, above.0),
+            );
         }
     }
     Ok(())

@@ -235,3 +235,173 @@ fn locomo_ingests_whole_and_checks_clean() {
     assert_eq!(first["conversation"], "session_1");
     assert!(first["text"].as_str().unwrap().starts_with("Hey Mel!"));
 }
+
+/// The review's hostile export files, each imported into a store holding two users: every one
+/// is refused, and the store is as it was (the same export, integrity clean). A file that
+/// fails while it is written (a message that does not chunk as it was stored, after another
+/// user of the file was written) leaves nothing of itself behind; a well-formed file of a new
+/// user imports.
+#[test]
+fn hostile_export_files_are_refused_with_the_store_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    let file = write(dir.path(), "lme.json", LONGMEMEVAL);
+    let ok = perpetuity(&[
+        "ingest",
+        "--data",
+        data,
+        "--format",
+        "longmemeval",
+        file.to_str().unwrap(),
+    ]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let export_all = || String::from_utf8(perpetuity(&["export", "--data", data]).stdout).unwrap();
+    let before = export_all();
+    let lines: Vec<serde_json::Value> = before
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let q1_rows: Vec<serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["user"] == "q1" && l["kind"] != "user")
+        .cloned()
+        .collect();
+    let q1_user = lines
+        .iter()
+        .find(|l| l["user"] == "q1" && l["kind"] == "user")
+        .unwrap()
+        .clone();
+    // q1's memory under a new name: a file that imports.
+    let renamed = |name: &str| -> Vec<serde_json::Value> {
+        let mut out: Vec<serde_json::Value> = q1_rows.clone();
+        out.push(q1_user.clone());
+        for line in &mut out {
+            line["user"] = name.into();
+        }
+        out
+    };
+    let with = |lines: &[serde_json::Value], edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut lines = lines.to_vec();
+        edit(&mut lines[0]);
+        lines
+    };
+    let victim_owner = UserId::from_key("q2_abs").0;
+    let long_text = "The quick brown fox jumps over the lazy dog again. ".repeat(200);
+    let hostile: Vec<(&str, Vec<serde_json::Value>, &str)> = vec![
+        (
+            "an existing user's clock and owner",
+            vec![serde_json::json!({"kind": "user", "user": "q1",
+                "clock": 1000, "owner": victim_owner})],
+            "already has memory",
+        ),
+        (
+            "a clock near the top",
+            with(&renamed("mallory"), &|_| {})
+                .into_iter()
+                .map(|mut l| {
+                    if l["kind"] == "user" {
+                        l["clock"] = serde_json::json!(18446744073709551606u64);
+                    }
+                    l
+                })
+                .collect(),
+            "is beyond",
+        ),
+        (
+            "no chunks",
+            with(&renamed("mallory"), &|l| l["chunks"] = 0.into()),
+            "chunk 0 of 0",
+        ),
+        (
+            "negative decay",
+            with(&renamed("mallory"), &|l| l["decay"] = (-5.0).into()),
+            "decay",
+        ),
+        (
+            "an infinite peak",
+            with(&renamed("mallory"), &|l| {
+                l["peak"] = serde_json::json!(1e39)
+            }),
+            "peak",
+        ),
+        (
+            "a clock behind its rows",
+            renamed("mallory")
+                .into_iter()
+                .map(|mut l| {
+                    if l["kind"] == "user" {
+                        l["clock"] = 0.into();
+                    }
+                    l
+                })
+                .collect(),
+            "is behind its rows",
+        ),
+        (
+            "rows without their user line",
+            renamed("mallory")[..q1_rows.len()].to_vec(),
+            "no user line",
+        ),
+        (
+            "an owner that is a sub-user",
+            {
+                let mut lines = renamed("mallory");
+                lines.last_mut().unwrap()["owner"] = UserId::from_key("sub").0.into();
+                let mut sub = renamed("sub");
+                sub.last_mut().unwrap()["owner"] = victim_owner.into();
+                sub.extend(lines);
+                sub
+            },
+            "is itself a sub-user",
+        ),
+        (
+            "a message that does not chunk as it was stored, after another user was written",
+            {
+                let mut lines = renamed("written-first");
+                let mut late = renamed("late");
+                late[0]["text"] = long_text.clone().into();
+                lines.extend(late);
+                lines
+            },
+            "nothing of the file was kept",
+        ),
+    ];
+    for (what, lines, says) in hostile {
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        let path = write(dir.path(), "hostile.jsonl", &text);
+        let out = perpetuity(&["import", "--data", data, path.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: imported");
+        assert!(stderr.contains(says), "{what}: {stderr}");
+        assert_eq!(export_all(), before, "{what}: the store changed");
+        let check = perpetuity(&["integrity", "--data", data]);
+        assert_eq!(
+            check.status.code(),
+            Some(0),
+            "{what}: {}",
+            String::from_utf8_lossy(&check.stdout)
+        );
+    }
+
+    let text: String = renamed("newbie").iter().map(|l| format!("{l}\n")).collect();
+    let path = write(dir.path(), "newbie.jsonl", &text);
+    let out = perpetuity(&["import", "--data", data, path.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ne!(export_all(), before);
+    let check = perpetuity(&["integrity", "--data", data]);
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+}
