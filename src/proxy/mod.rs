@@ -363,13 +363,71 @@ pub async fn serve(listener: TcpListener, state: Arc<State>) -> Infallible {
 /// The first and the longest wait before accepting again after a failed accept.
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 
-/// Serve every connection the listener takes. A failed accept (the process out of descriptors,
-/// a connection reset before it was taken) leaves the listener usable: it is logged and
-/// retried after a wait that doubles while accepts keep failing, so the connections being
-/// served can finish and give their descriptors back.
+/// Descriptors kept for the store besides its table files ([`crate::store::table_file_budget`]):
+/// its write-ahead log, manifest, lock and info log, the files a flush or compaction writes,
+/// and the arena's.
+const STORE_RESERVE: u64 = 64;
+
+/// How often a server whose connection slots stay taken says so.
+const FULL_SAID_EVERY: Duration = Duration::from_secs(10);
+
+/// The fewest connections served at once, however low the descriptor limit.
+const MIN_CONNECTIONS: usize = 16;
+
+/// How many connections to serve at once under the soft descriptor limit `soft`, with
+/// `in_use` descriptors already open: each connection holds its own and at most one to the
+/// upstream, and the store keeps its table files and [`STORE_RESERVE`], so a crowd of
+/// connections can never leave a flush without a descriptor.
+pub fn connection_cap(soft: Option<u64>, in_use: u64) -> usize {
+    let most = tokio::sync::Semaphore::MAX_PERMITS;
+    let Some(soft) = soft else {
+        return most;
+    };
+    let store = crate::store::table_file_budget() as u64 + STORE_RESERVE;
+    let free = soft.saturating_sub(in_use + store);
+    usize::try_from(free / 2)
+        .unwrap_or(most)
+        .clamp(MIN_CONNECTIONS, most)
+}
+
+/// Descriptors this process has open now (Linux's `/proc/self/fd`; 0 where it cannot tell).
+fn descriptors_in_use() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |entries| entries.count() as u64)
+}
+
+/// Serve every connection the listener takes, at most [`connection_cap`] at once: beyond it
+/// new ones wait in the kernel's listen queue until a connection ends. A failed accept (the
+/// process out of descriptors all the same, a connection reset before it was taken) leaves
+/// the listener usable: it is logged and retried after a wait that doubles while accepts keep
+/// failing, so the connections being served can finish and give their descriptors back.
 async fn accept(listener: TcpListener, state: Arc<State>) -> Infallible {
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    let cap = connection_cap(soft, descriptors_in_use());
+    tracing::info!(
+        connections = cap,
+        descriptors = ?soft,
+        "connections served at once"
+    );
+    let slots = Arc::new(tokio::sync::Semaphore::new(cap));
     let mut backoff = ACCEPT_BACKOFF.0;
+    let mut said: Option<std::time::Instant> = None;
     loop {
+        let slot = match Arc::clone(&slots).try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if said.is_none_or(|at| at.elapsed() >= FULL_SAID_EVERY) {
+                    said = Some(std::time::Instant::now());
+                    tracing::warn!(
+                        connections = cap,
+                        "every connection slot is taken: new connections wait until one ends"
+                    );
+                }
+                Arc::clone(&slots)
+                    .acquire_owned()
+                    .await
+                    .expect("the connection slots are never closed")
+            }
+        };
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => {
                 backoff = ACCEPT_BACKOFF.0;
@@ -388,6 +446,7 @@ async fn accept(listener: TcpListener, state: Arc<State>) -> Infallible {
         }
         let state = Arc::clone(&state);
         tokio::spawn(async move {
+            let _slot = slot;
             let header_timeout = state.config.header_timeout;
             let stream = Deadline::new(stream, state.config.stream_idle_timeout);
             let service = service_fn(move |req| route(req, Arc::clone(&state)));

@@ -314,7 +314,7 @@ impl Deltas {
 
 /// How many table files RocksDB may hold open: a quarter of the process's soft descriptor
 /// limit (raised to the hard limit by `serve`), at least 32 and at most 4,096.
-fn table_file_budget() -> i32 {
+pub fn table_file_budget() -> i32 {
     let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     let budget = limit
         .current
