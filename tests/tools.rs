@@ -1569,3 +1569,34 @@ fn a_tool_result_the_frame_cut_short_is_returned_whole_by_its_chain() {
     assert_eq!(chained.rows, result, "{}", chained.text);
     assert!(chained.text.contains("entry 299"), "{}", chained.text);
 }
+
+/// A round of many memory calls (a prompt can ask for any number) runs at most
+/// [`MAX_CALLS_A_ROUND`](perpetuity::proxy::rounds::MAX_CALLS_A_ROUND) of them; every call still gets
+/// its result, the ones past the bound saying they were not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_runs_at_most_sixteen_memory_calls() {
+    let Some(answer) = fixture("openai-chat/oai-py_text_usage.sse") else {
+        return;
+    };
+    let h = Harness::start(|config| config.tool_rounds = 2).await;
+    let search = r#"{"query": "boat"}"#;
+    let calls: Vec<(&str, &str)> = (0..20).map(|_| ("memory_search", search)).collect();
+    h.answer(sse(chat_calls(&calls)));
+    h.answer(sse(answer));
+    let response = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &OPENAI,
+            &chat_request("Where is the boat?", true),
+        )
+        .await;
+    body_of(response).await;
+    let sent = h.received();
+    assert_eq!(sent.len(), 2);
+    let last = sent[1].text();
+    let refused = last
+        .matches("not run: at most 16 memory tool calls are run a round")
+        .count();
+    assert_eq!(refused, 4, "{last}");
+}

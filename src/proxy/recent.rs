@@ -156,17 +156,19 @@ impl Recent {
         }
         inner.bytes += size;
         inner.order.insert(logged.id, (user, size));
-        while inner.bytes > self.limits.bytes {
-            let Some((id, (user, size))) = inner.order.pop_first() else {
-                break;
-            };
-            inner.bytes -= size;
-            if let Some(list) = inner.users.get_mut(&user) {
-                list.retain(|entry| entry.id != id);
-                if list.is_empty() {
-                    inner.users.remove(&user);
-                }
-            }
+        inner.evict(self.limits.bytes);
+    }
+
+    /// Note a memory tool call run for `logged`, its bytes counted against the byte bound like
+    /// the entry's own (the oldest entries go when it is passed).
+    pub fn add_round(&self, logged: &Logged, round: ToolRound) {
+        let size = round.name.len() + round.arguments.len() + round.result.len() + 32;
+        logged.after.lock().rounds.push(round);
+        let mut inner = self.inner.lock();
+        if let Some((_, kept)) = inner.order.get_mut(&logged.id) {
+            *kept += size;
+            inner.bytes += size;
+            inner.evict(self.limits.bytes);
         }
     }
 
@@ -203,6 +205,22 @@ impl Recent {
 }
 
 impl Inner {
+    /// Drop the oldest entries anywhere while the kept bytes are beyond `bytes`.
+    fn evict(&mut self, bytes: usize) {
+        while self.bytes > bytes {
+            let Some((id, (user, size))) = self.order.pop_first() else {
+                break;
+            };
+            self.bytes -= size;
+            if let Some(list) = self.users.get_mut(&user) {
+                list.retain(|entry| entry.id != id);
+                if list.is_empty() {
+                    self.users.remove(&user);
+                }
+            }
+        }
+    }
+
     /// Drop entry `id` from the byte account.
     fn forget(&mut self, id: u64) {
         if let Some((_, size)) = self.order.remove(&id) {
@@ -287,6 +305,29 @@ mod tests {
             "a teammate's request whose scope held user 1"
         );
         assert_eq!(recent.inner.lock().bytes, 0);
+    }
+
+    #[test]
+    fn tool_rounds_noted_after_an_entry_is_kept_count_against_the_byte_bound() {
+        let recent = Recent::new(Limits {
+            per_user: 4,
+            bytes: 2 * (1_000 + 256) + 100,
+        });
+        let first = logged(&recent, 1, 1_000);
+        recent.keep(Arc::clone(&first));
+        recent.keep(logged(&recent, 1, 1_000));
+        let round = |result: usize| ToolRound {
+            name: "memory_search".into(),
+            arguments: "{}".into(),
+            result: "r".repeat(result),
+        };
+        recent.add_round(&first, round(10));
+        assert_eq!(recent.of(UserId(1)).len(), 2, "within the bound");
+        assert_eq!(first.after.lock().rounds.len(), 1);
+        recent.add_round(&first, round(500));
+        let ids: Vec<u64> = recent.of(UserId(1)).iter().map(|l| l.id).collect();
+        assert_eq!(ids, [2], "the rounds pass the bound: the oldest entry goes");
+        assert_eq!(recent.inner.lock().bytes, 1_000 + 256);
     }
 
     #[test]

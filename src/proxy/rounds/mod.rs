@@ -202,6 +202,10 @@ pub(super) struct Loop {
     pub(super) permit: tokio::sync::OwnedSemaphorePermit,
 }
 
+/// The most memory tool calls run in one round: the model is told of any past it (each call
+/// still gets its result), so one prompt cannot make a round search without end.
+pub const MAX_CALLS_A_ROUND: usize = 16;
+
 impl Loop {
     fn rounds(&self) -> usize {
         self.state.config.tool_rounds
@@ -219,8 +223,12 @@ impl Loop {
             generation.arena.read()
         });
         let mut results = Vec::with_capacity(calls.len());
-        for call in calls {
+        for (at, call) in calls.iter().enumerate() {
             let result = match Call::parse(&call.name, &call.arguments) {
+                _ if at >= MAX_CALLS_A_ROUND => format!(
+                    "{}: not run: at most {MAX_CALLS_A_ROUND} memory tool calls are run a round",
+                    call.name
+                ),
                 Err(reason) => format!("{}: {reason}", call.name),
                 Ok(parsed) => {
                     match self
@@ -251,11 +259,14 @@ impl Loop {
                 }
             };
             if let Some(log) = &self.log {
-                log.after.lock().rounds.push(super::recent::ToolRound {
-                    name: call.name.clone(),
-                    arguments: call.arguments.clone(),
-                    result: result.clone(),
-                });
+                state.recent.add_round(
+                    log,
+                    super::recent::ToolRound {
+                        name: call.name.clone(),
+                        arguments: call.arguments.clone(),
+                        result: result.clone(),
+                    },
+                );
             }
             results.push(result);
         }
