@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dictionary::BadVersion;
 use crate::memory::{self, LISTENING_FILE, Memory, SECRET_FILE};
-use crate::store::{FORMAT_VERSION, StoreError, private_dir};
+use crate::store::{FORMAT_VERSION, StoreError};
 use crate::types::now_ms;
 
 /// The backup's folder holding the store's checkpoint.
@@ -114,6 +114,13 @@ pub fn backup(memory: &Memory, to: &Path) -> Result<Manifest, BackupError> {
     Ok(manifest)
 }
 
+/// How long `perpetuity backup` waits to connect to the server that holds the store.
+const SERVER_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long `perpetuity backup` waits for that server's answer: a backup of hard links takes
+/// seconds, its flush a little more.
+const SERVER_BACKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Ask the server holding data directory `data` (at the address in its [`LISTENING_FILE`])
 /// for a backup into the new folder `to` (`POST /admin/backup`, with the admin `token`), and
 /// return the manifest it answers with. `to` is made absolute first: the server resolves it.
@@ -154,11 +161,12 @@ pub fn backup_through_server(data: &Path, to: &Path, token: &str) -> Result<Mani
          {token}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
         percent_encoded(path)
     );
-    let mut stream = std::net::TcpStream::connect(address)
+    let mut stream = std::net::TcpStream::connect_timeout(&address, SERVER_CONNECT_TIMEOUT)
         .map_err(|err| failed(format!("connecting to {address}: {err}")))?;
     let mut answer = Vec::new();
     stream
-        .write_all(request.as_bytes())
+        .set_read_timeout(Some(SERVER_BACKUP_TIMEOUT))
+        .and_then(|()| stream.write_all(request.as_bytes()))
         .and_then(|()| stream.read_to_end(&mut answer))
         .map_err(|err| failed(format!("talking to {address}: {err}")))?;
     let answer = String::from_utf8_lossy(&answer);
@@ -233,12 +241,19 @@ pub fn read_manifest(from: &Path) -> Result<Manifest, BackupError> {
     Ok(manifest)
 }
 
-/// The folder a backup or a restore into `target` is made in, `<target>.partial`, made new
-/// (a leftover of one that stopped is removed) and private; `target` itself must not exist,
-/// or be an empty folder.
+/// The file that marks a folder as a backup's or a restore's work in progress: only a leftover
+/// holding it is removed when the next one begins.
+const PARTIAL_MARKER: &str = ".perpetuity-partial";
+
+/// The folder a backup or a restore into `target` is made in, `<target>.partial`: made new and
+/// private in one step (never through a link left in its place), holding [`PARTIAL_MARKER`]. A
+/// leftover of one that stopped (a real folder holding the marker) is removed first; anything
+/// else there is refused, never removed. `target` itself must not exist, or be an empty folder.
 fn begin(target: &Path) -> Result<PathBuf, BackupError> {
+    let is_folder =
+        |path: &Path| std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_dir());
     match std::fs::read_dir(target).map(|mut entries| entries.next().is_none()) {
-        Ok(true) => std::fs::remove_dir(target).map_err(at(target))?,
+        Ok(true) if is_folder(target) => std::fs::remove_dir(target).map_err(at(target))?,
         Err(err) if err.kind() == io::ErrorKind::NotFound => {}
         _ => return Err(BackupError::Exists(target.to_path_buf())),
     }
@@ -248,17 +263,30 @@ fn begin(target: &Path) -> Result<PathBuf, BackupError> {
         .to_os_string();
     name.push(".partial");
     let partial = target.with_file_name(name);
-    match std::fs::remove_dir_all(&partial) {
-        Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(at(&partial)(err)),
-        _ => {}
+    if std::fs::symlink_metadata(&partial).is_ok() {
+        if !(is_folder(&partial) && partial.join(PARTIAL_MARKER).is_file()) {
+            return Err(BackupError::Exists(partial));
+        }
+        std::fs::remove_dir_all(&partial).map_err(at(&partial))?;
     }
-    private_dir(&partial).map_err(at(&partial))?;
+    if let Some(parent) = partial.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(at(parent))?;
+    }
+    {
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&partial)
+            .map_err(at(&partial))?;
+    }
+    std::fs::write(partial.join(PARTIAL_MARKER), b"").map_err(at(&partial))?;
     Ok(partial)
 }
 
 /// Sync `partial`'s folders and rename it to `target`, then sync `target`'s parent so the
 /// rename itself survives a crash.
 fn finish(partial: &Path, target: &Path) -> Result<(), BackupError> {
+    std::fs::remove_file(partial.join(PARTIAL_MARKER)).map_err(at(partial))?;
     for entry in walk(partial)? {
         if entry.is_dir() {
             sync(&entry)?;

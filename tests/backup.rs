@@ -346,6 +346,43 @@ fn a_stopped_store_backs_up_and_restores_with_its_dictionary_and_secret() {
         String::from_utf8_lossy(&refused.stderr)
     );
     assert!(backup.join("dictionaries").read_dir().unwrap().count() == 1);
+    assert!(
+        !backup.join(".perpetuity-partial").exists(),
+        "the work-in-progress mark goes"
+    );
+
+    // Something at `<DEST>.partial` that no backup left (a folder of someone's files, a link
+    // to one) is refused and left as it was; a stopped backup's leftover is replaced.
+    let theirs = dir.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::write(theirs.join("keep"), b"mine").unwrap();
+    let planted = dir.path().join("planted.partial");
+    std::os::unix::fs::symlink(&theirs, &planted).unwrap();
+    let copied = dir.path().join("copied.partial");
+    std::fs::create_dir(&copied).unwrap();
+    std::fs::write(copied.join("keep"), b"mine").unwrap();
+    for target in ["planted", "copied"] {
+        let refused = run(&dir.path().join(target));
+        assert!(!refused.status.success(), "{target}");
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).contains("exists already"),
+            "{target}: {}",
+            String::from_utf8_lossy(&refused.stderr)
+        );
+    }
+    assert_eq!(std::fs::read(theirs.join("keep")).unwrap(), b"mine");
+    assert_eq!(std::fs::read(copied.join("keep")).unwrap(), b"mine");
+    let stopped = dir.path().join("stopped.partial");
+    std::fs::create_dir(&stopped).unwrap();
+    std::fs::write(stopped.join(".perpetuity-partial"), b"").unwrap();
+    std::fs::write(stopped.join("half-copied"), b"x").unwrap();
+    let out = run(&dir.path().join("stopped"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!dir.path().join("stopped/half-copied").exists());
 
     // Restored far from the dictionaries root it was made with: it serves on its own.
     let restored = dir.path().join("restored");

@@ -197,3 +197,35 @@ fn a_bad_config_file_stops_serve_with_the_key_named() {
         "nothing is created before the file is read"
     );
 }
+
+/// The listening file (`perpetuity backup` finds a running server by it) is written as a new
+/// file, never through a link left in its place, and goes when the server is stopped by
+/// SIGTERM (`systemctl stop`, `docker stop`) as by Ctrl-C.
+#[cfg(unix)]
+#[test]
+fn the_listening_file_is_written_new_and_goes_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let elsewhere = dir.path().join("elsewhere");
+    std::os::unix::fs::symlink(&elsewhere, data.join("listening")).unwrap();
+    for signal in ["TERM", "INT"] {
+        let (mut server, health) = Server::start(|command| {
+            command
+                .args(["--data", data.to_str().unwrap()])
+                .env("RUST_LOG", "warn");
+        });
+        assert_eq!(health.status, 200, "{}", health.text());
+        let listening = data.join("listening");
+        let kind = std::fs::symlink_metadata(&listening).unwrap().file_type();
+        assert!(kind.is_file(), "a file of its own, not the link");
+        assert!(!elsewhere.exists(), "the link was not followed");
+        assert_eq!(
+            std::fs::read_to_string(&listening).unwrap().trim(),
+            format!("127.0.0.1:{}", server.port)
+        );
+        let status = server.signal(signal);
+        assert!(status.success(), "SIG{signal}: {status}");
+        assert!(!listening.exists(), "SIG{signal} left the listening file");
+    }
+}

@@ -97,6 +97,7 @@ pub fn run() -> anyhow::Result<()> {
         ),
         None => (matches, None),
     };
+    serve::warn_of_a_visible_token(&matches);
     match Cli::from_arg_matches(&matches)?.command {
         Command::Serve(args) => serve::run(args, file),
         Command::Ingest(args) => data::ingest(args),

@@ -54,6 +54,31 @@ pub struct ServeArgs {
     pub dictionary: DictionaryArgs,
 }
 
+/// The shortest admin token `serve` takes without a warning.
+const SHORTEST_QUIET_TOKEN: usize = 16;
+
+/// Warn when `serve`'s admin token was given on the command line (any local user reads it in
+/// `/proc/PID/cmdline`; `PERPETUITY_ADMIN_TOKEN` or the config file keep it private) or is
+/// short enough to guess.
+pub fn warn_of_a_visible_token(matches: &ArgMatches) {
+    let Some(serve) = matches.subcommand_matches("serve") else {
+        return;
+    };
+    if serve.value_source("admin_token") == Some(clap::parser::ValueSource::CommandLine) {
+        tracing::warn!(
+            "--admin-token on the command line is readable by any local user (/proc/PID/cmdline): set PERPETUITY_ADMIN_TOKEN or the config file's admin_token instead"
+        );
+    }
+    if let Some(token) = serve.get_one::<AdminToken>("admin_token")
+        && !token.is_empty()
+        && token.reveal().chars().count() < SHORTEST_QUIET_TOKEN
+    {
+        tracing::warn!(
+            "the admin token is shorter than {SHORTEST_QUIET_TOKEN} characters: one that long or longer, random, is much harder to guess"
+        );
+    }
+}
+
 /// The settings file `serve` was given (`--config`, `PERPETUITY_CONFIG`), read and checked.
 pub struct SettingsFile {
     path: PathBuf,
@@ -222,19 +247,35 @@ fn serve(
         );
         let state = Arc::new(proxy::State::new(engine, secret, proxy_config));
         // Where this server listens, for `perpetuity backup` run beside it.
+        // Written as a new file (a link left in its place is removed, never followed).
         let listening = config.data_dir.join(data_dir::LISTENING_FILE);
         let address = listener.local_addr().context("the listening address")?;
-        std::fs::write(&listening, format!("{address}\n"))
+        let _ = std::fs::remove_file(&listening);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&listening)
+            .and_then(|mut file| {
+                std::io::Write::write_all(&mut file, format!("{address}\n").as_bytes())
+            })
             .with_context(|| format!("writing {}", listening.display()))?;
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("listening for SIGTERM")?;
         tokio::select! {
             never = proxy::serve(listener, state) => match never {},
-            _ = tokio::signal::ctrl_c() => {
-                tracing::info!("shutting down");
-                if let Err(err) = std::fs::remove_file(&listening) {
-                    tracing::warn!(%err, path = %listening.display(), "could not remove the listening file");
-                }
-                Ok(())
-            }
+            _ = tokio::signal::ctrl_c() => shut_down(&listening),
+            _ = terminate.recv() => shut_down(&listening),
         }
     })
+}
+
+/// Stop serving on SIGINT or SIGTERM (`systemctl stop`, `docker stop`): the listening file goes,
+/// so `perpetuity backup` no longer takes this server for running.
+fn shut_down(listening: &std::path::Path) -> anyhow::Result<()> {
+    tracing::info!("shutting down");
+    if let Err(err) = std::fs::remove_file(listening) {
+        tracing::warn!(%err, path = %listening.display(), "could not remove the listening file");
+    }
+    Ok(())
 }

@@ -31,6 +31,20 @@ impl Store {
             .map(move |item| item.map_err(|e| self.rocks(e)))
     }
 
+    /// The entries of family `cf` from key `from` on, in key order: one seek, then a scan.
+    pub fn iter_from<'s>(
+        &'s self,
+        cf: Cf,
+        from: &[u8],
+    ) -> impl Iterator<Item = Result<RawEntry, StoreError>> + 's {
+        self.db
+            .iterator_cf(
+                &self.cf(cf),
+                IteratorMode::From(from, rocksdb::Direction::Forward),
+            )
+            .map(move |item| item.map_err(|e| self.rocks(e)))
+    }
+
     /// Every entry of one per-user family under `user`, in key order.
     pub fn iter_user(
         &self,

@@ -97,6 +97,16 @@ impl Server {
     }
 
     /// Whether the process is still running (an answer on its port came from it).
+    /// Send the server `signal` (`TERM`, `INT`) and wait for it to end; its exit status.
+    pub fn signal(&mut self, signal: &str) -> std::process::ExitStatus {
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -{signal}");
+        self.child.wait().unwrap()
+    }
+
     pub fn running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
     }

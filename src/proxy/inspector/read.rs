@@ -4,7 +4,8 @@
 use super::*;
 
 /// `GET /perpetuity/api/users`: every user's key and clock, in id order, a page at a time
-/// (`?after=KEY` continues after that user); a credential's viewer sees itself only.
+/// (`?after=KEY` continues after that user, from one seek); a credential's viewer sees itself
+/// only, by one point read.
 pub(super) fn users(
     state: &State,
     viewer: &Viewer,
@@ -13,19 +14,33 @@ pub(super) fn users(
 ) -> Result<serde_json::Value, Failed> {
     let generation = state.engine.generation();
     let store = &generation.memory.store;
+    let listing = |user: UserId, key: &str| -> Result<serde_json::Value, Failed> {
+        Ok(json!({
+            "user": key,
+            // The arena's lock only for this read: a request's catch-up waits on it.
+            "rows": generation.arena.read().scope_rows(&[user]),
+            "clock": store.clock(user)?,
+            "excluded": store.exclusions(user)?.len(),
+        }))
+    };
+    if let Viewer::User(key) = viewer {
+        let own = UserId::from_key(key);
+        let listed = match store.user_key(own)? {
+            Some(stored) => vec![listing(own, &stored)?],
+            None => Vec::new(),
+        };
+        return Ok(json!({"users": listed, "next_after": null}));
+    }
+    let start = after.map(UserId::from_key);
+    let from = start.map_or([0; 8], keys::user);
     let mut listed = Vec::new();
     let mut next = None;
-    let own = match viewer {
-        Viewer::Operator => None,
-        Viewer::User(key) => Some(UserId::from_key(key)),
-    };
-    let start = after.map(UserId::from_key);
-    for entry in store.iter_all(Cf::Users) {
+    for entry in store.iter_from(Cf::Users, &from) {
         let (key, value) = entry?;
         let Some(user) = keys::parse_user(&key) else {
             continue;
         };
-        if start.is_some_and(|start| user <= start) || own.is_some_and(|own| own != user) {
+        if start.is_some_and(|start| user <= start) {
             continue;
         }
         if listed.len() == limit {
@@ -34,13 +49,7 @@ pub(super) fn users(
                 .and_then(|last: &serde_json::Value| last["user"].as_str().map(str::to_owned));
             break;
         }
-        listed.push(json!({
-            "user": String::from_utf8_lossy(&value),
-            // The arena's lock only for this read: a request's catch-up waits on it.
-            "rows": generation.arena.read().scope_rows(&[user]),
-            "clock": store.clock(user)?,
-            "excluded": store.exclusions(user)?.len(),
-        }));
+        listed.push(listing(user, &String::from_utf8_lossy(&value))?);
     }
     Ok(json!({"users": listed, "next_after": next}))
 }
