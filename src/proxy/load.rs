@@ -266,7 +266,7 @@ async fn timing(
     }
     let elapsed = started.elapsed();
     let (mut first, mut total) = (latency::histogram(), latency::histogram());
-    for (to_first, to_end) in samples {
+    for (_, to_first, to_end) in samples {
         latency::record(&mut first, to_first);
         latency::record(&mut total, to_end);
     }
@@ -280,16 +280,17 @@ async fn timing(
     }
 }
 
-/// One streamed request: time to the first body frame, and to the end of the body. Each call
-/// is a new turn of a conversation of its own, so the proxy captures its question (the same
-/// question again in the same conversation would be a client's retry, not stored again).
-async fn one(
+/// One streamed request: its status, time to the first body frame, and to the end of the
+/// body. Each call is a new turn of a conversation of its own, so the proxy captures its
+/// question (the same question again in the same conversation would be a client's retry, not
+/// stored again).
+pub(super) async fn one(
     client: &Client<HttpConnector, Full<Bytes>>,
     target: SocketAddr,
     recall: bool,
     (credential, conversation): (&str, &str),
     question: &str,
-) -> (Duration, Duration) {
+) -> (u16, Duration, Duration) {
     let body = serde_json::json!({
         "model": "gpt-4o",
         "stream": true,
@@ -304,6 +305,7 @@ async fn one(
         .expect("a valid request");
     let started = Instant::now();
     let response = client.request(request).await.expect("the call is answered");
+    let status = response.status().as_u16();
     let mut body = response.into_body();
     let mut first = None;
     while let Some(frame) = body.frame().await {
@@ -311,7 +313,7 @@ async fn one(
         first.get_or_insert_with(|| started.elapsed());
     }
     let total = started.elapsed();
-    (first.unwrap_or(total), total)
+    (status, first.unwrap_or(total), total)
 }
 
 /// What `bench bodies` measured.

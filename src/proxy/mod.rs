@@ -14,6 +14,7 @@ mod format;
 pub mod harness;
 pub mod health;
 pub mod held;
+pub mod hostile;
 pub mod identity;
 pub mod inspector;
 pub mod load;

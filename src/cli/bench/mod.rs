@@ -95,6 +95,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             concurrency,
             requests,
             first_byte_ms,
+            hostile,
             data,
             json,
             dictionary,
@@ -105,7 +106,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
                 concurrency,
                 requests,
             },
-            first_byte_ms,
+            (first_byte_ms, hostile),
             data,
             json,
             &dictionary,
@@ -249,6 +250,10 @@ pub enum BenchCommand {
         /// overlap.
         #[arg(long, default_value_t = 0)]
         first_byte_ms: u64,
+        /// Measure instead the first user's calls, one at a time, unloaded and while each
+        /// hostile request of the security review runs (`proxy::hostile`).
+        #[arg(long)]
+        hostile: bool,
         /// Where to put the store (reused when it already holds the benchmark user's rows).
         #[arg(long)]
         data: Option<PathBuf>,

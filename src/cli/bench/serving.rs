@@ -114,7 +114,7 @@ pub(super) fn bench_prefix(
 pub(super) fn bench_proxy(
     rows: usize,
     calls: proxy::load::Calls,
-    first_byte_ms: u64,
+    (first_byte_ms, hostile): (u64, bool),
     data: Option<PathBuf>,
     json: bool,
     dictionary: &DictionaryArgs,
@@ -173,6 +173,18 @@ pub(super) fn bench_proxy(
         .map(|(_, text)| text)
         .collect();
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    if hostile {
+        let report = runtime.block_on(async {
+            let upstream = proxy::load::local_upstream(Duration::ZERO).await?;
+            let config = proxy::ProxyConfig {
+                openai: format!("http://{upstream}"),
+                ..proxy::ProxyConfig::default()
+            };
+            let state = Arc::new(proxy::State::new(engine, secret, config));
+            proxy::hostile::measure(state, (held, scope_rows), requests, &questions).await
+        })?;
+        return print_hostile(&report, json);
+    }
     let report = runtime.block_on(async {
         let first_byte = Duration::from_millis(first_byte_ms);
         let upstream = proxy::load::local_upstream(first_byte).await?;
@@ -221,5 +233,38 @@ pub(super) fn bench_proxy(
             report.added_first_byte_p99_ms, report.added_first_byte_p99_recall_off_ms
         );
     }
+    Ok(())
+}
+
+/// `bench proxy --hostile`'s report, as JSON or lines.
+fn print_hostile(report: &proxy::hostile::HostileReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+        return Ok(());
+    }
+    println!(
+        "bench proxy --hostile: {} rows ({} in the user's scope), {} calls of one user a pass, one at a time",
+        report.rows, report.scope_rows, report.requests
+    );
+    for pass in &report.passes {
+        let load = pass
+            .load
+            .map_or("unloaded".to_owned(), |load| format!("{load:?}"));
+        println!(
+            "  {load:<16} first byte p50 {:.2} ms, p99 {:.2} ms (+{:.2}), max {:.2} ms; {} failed, {} 503; hostile requests answered {} {:?}",
+            pass.first_byte_p50_ms,
+            pass.first_byte_p99_ms,
+            pass.added_p99_ms,
+            pass.first_byte_max_ms,
+            pass.failed,
+            pass.unavailable,
+            pass.hostile_answered,
+            pass.hostile_statuses
+        );
+    }
+    println!(
+        "  worst added p99 under a hostile request: {:.2} ms",
+        report.worst_added_p99_ms
+    );
     Ok(())
 }
