@@ -260,13 +260,13 @@ impl Engine {
     }
 
     /// Remove `user`'s memory (with `sub_users`, `user` a credential's own user, its
-    /// sub-users' too), then rebuild the arena without it; writes are held back meanwhile. A
-    /// user the store knows nothing of costs two reads: nothing is held back or rebuilt. A
-    /// dark arena built before the purge holds the user's rows: it is dropped where it is not
-    /// being built (one being built records the purge count it started at, and the flip
-    /// rebuilds it when that count has moved). `forget` is handed every purged user once the
-    /// store has removed them, with writes still held back: what the caller keeps of them
-    /// besides the memory (a cached frame, a log) goes before any request can read it again.
+    /// sub-users' too), in time proportional to it. With writes held back: the store's batch
+    /// for each user, then the arena's pages of those users emptied where they lie
+    /// ([`Arena::purge_users`]; a dark arena's too), and `forget` handed every purged user, so
+    /// what the caller keeps of them besides the memory (a cached frame, a log) goes before any
+    /// request can read it again. Then, with writes going on, the store's flush and compaction
+    /// of the users' ranges ([`Store::finish_purge`]), and of any purge a killed process left
+    /// unfinished. A user the store knows nothing of costs two reads: nothing is held back.
     /// Returns what was removed.
     pub fn purge(
         &self,
@@ -276,7 +276,7 @@ impl Engine {
     ) -> Result<Purged, Error> {
         // A user the store knows nothing of (a stranger's credential, a purge asked twice)
         // and no purge of it left unfinished: nothing to remove, so nothing is held back,
-        // flushed or rebuilt.
+        // flushed or compacted.
         {
             let generation = self.generation();
             let store = &generation.memory.store;
@@ -300,26 +300,53 @@ impl Engine {
                 });
             }
         }
-        let _quiet = self.quiet();
-        let generation = self.generation();
-        let memory = &generation.memory;
-        let removed = if sub_users {
-            memory.store.purge_credential(user)?
-        } else {
-            Purged {
-                rows: memory.store.purge_user(user)?,
-                sub_users: Vec::new(),
+        let started = std::time::Instant::now();
+        let generation = {
+            let _quiet = self.quiet();
+            let generation = self.generation();
+            let memory = &generation.memory;
+            let purges = memory.store.purges()?;
+            let removed = if sub_users {
+                memory.store.remove_credential(user)?
+            } else {
+                Purged {
+                    rows: memory.store.remove_user(user)?,
+                    sub_users: Vec::new(),
+                }
+            };
+            let users = [&removed.sub_users[..], &[user]].concat();
+            generation
+                .arena
+                .write()
+                .purge_users(&users, &memory.store, &memory.dictionary)?;
+            // A dark arena built and waiting for its flip loses the users where its rows lie
+            // (one that missed an earlier purge is dropped: the flip builds it again); one
+            // being built (locked) records the purge count it began at, and the flip builds
+            // it again.
+            if let Some(mut dark) = self.dark_arena.try_lock() {
+                match (dark.as_mut(), memory.store.dark_dictionary()) {
+                    (Some((arena, built_at)), Some(dictionary)) if *built_at == purges => {
+                        arena.purge_users(&users, &memory.store, &dictionary)?;
+                        *built_at = memory.store.purges()?;
+                    }
+                    _ => *dark = None,
+                }
             }
+            forget(&users);
+            (generation, removed)
         };
-        forget(&[&removed.sub_users[..], &[user]].concat());
-        if let Some(mut dark) = self.dark_arena.try_lock() {
-            *dark = None;
+        let (generation, removed) = generation;
+        let held = started.elapsed();
+        let store = &generation.memory.store;
+        for whom in store.unfinished_purges()? {
+            store.finish_purge(whom)?;
         }
-        let mut arena = generation.arena.write();
-        arena::remove_all(memory.store.path())?;
-        let (mut rebuilt, _) = Arena::open(&memory.store, &memory.dictionary)?;
-        rebuilt.catch_up(&memory.store, &memory.dictionary)?;
-        *arena = rebuilt;
+        tracing::info!(
+            rows = removed.rows,
+            held_ms = held.as_millis() as u64,
+            compacted_ms = (started.elapsed() - held).as_millis() as u64,
+            "purged"
+        );
         Ok(removed)
     }
 

@@ -652,6 +652,70 @@ fn a_purge_makes_the_next_open_rebuild_without_reporting_damage() {
     assert!(report.is_clean(), "{:#?}", report.violations);
 }
 
+/// A purge takes the user's rows out of the arena where they lie: the other users' answers
+/// are a fresh arena's, integrity is clean, no byte of the purged rows' terms stays in the
+/// files, and the next open maps the arena as it is (no rebuild); rows captured after it are
+/// placed in new pages, never in an emptied one.
+#[test]
+fn a_purge_empties_the_users_pages_in_place_and_the_arena_maps_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_rows(dir.path(), 150);
+    let dict = common::dictionary();
+    let (mut arena, _) = Arena::open(&store, dict).unwrap();
+    arena.catch_up(&store, dict).unwrap();
+    let pages_before = arena.page_count();
+    let purged: Vec<(u32, usize)> = (0..arena.page_count() as u32)
+        .filter(|&p| arena.page(p).user == user(1).0)
+        .map(|p| (p, arena.page(p).rows as usize))
+        .collect();
+    assert!(!purged.is_empty());
+    let entries: Vec<(u64, usize)> = purged
+        .iter()
+        .flat_map(|&(p, rows)| {
+            let page = *arena.page(p);
+            (0..rows).map(move |i| (page.term_offsets[i], page.entries_of(i)))
+        })
+        .collect();
+    let held = arena.rows();
+    let removed = store.remove_user(user(1)).unwrap();
+    let taken = arena.purge_users(&[user(1)], &store, dict).unwrap();
+    assert_eq!(taken, removed);
+    assert_eq!(arena.rows(), held - removed as usize);
+    assert_eq!(arena.scope_rows(&[user(1)]), 0);
+    assert_eq!(arena.page_count(), pages_before, "no page moved or rebuilt");
+    for &(p, _) in &purged {
+        let page = arena.page(p);
+        assert_eq!((page.user, page.rows), (0, 0));
+        assert!(page.vectors.iter().all(|&v| v == 0));
+    }
+    let expected = reference(&store);
+    assert!(expected[1].is_empty() && !expected[0].is_empty());
+    assert_eq!(answers(&arena), expected);
+    let mut report = Report::default();
+    integrity::check_arena(&store, &arena, &mut report).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    drop(arena);
+    let terms = std::fs::read(files(&store).1).unwrap();
+    for (offset, len) in entries {
+        let entry = std::mem::size_of::<Entry>();
+        let start = TERMS_HEADER_BYTES + offset as usize * entry;
+        assert!(
+            terms[start..start + len * entry].iter().all(|&b| b == 0),
+            "a purged row's terms stayed in terms.bin"
+        );
+    }
+    assert_eq!(
+        open_and_check(&store, &expected),
+        Opened::Mapped {
+            rows: (held - removed as usize) as u64
+        }
+    );
+    store.finish_purge(user(1)).unwrap();
+    let mut report = Report::default();
+    integrity::check_arena_files(&store, dict, &mut report).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+}
+
 #[test]
 fn a_catch_up_longer_than_one_batch_commits_batch_by_batch() {
     let dir = tempfile::tempdir().unwrap();

@@ -272,7 +272,7 @@ impl Arena {
     }
 
     /// The committed pages and their sketches, to write.
-    fn slices_mut(&mut self) -> (&mut [Page], &mut [Sketch]) {
+    pub(super) fn slices_mut(&mut self) -> (&mut [Page], &mut [Sketch]) {
         let (pages_end, sketches_end) = (needed_pages(&self.header), needed_sketches(&self.header));
         (
             bytemuck::cast_slice_mut(&mut self.pages.bytes_mut()[PAGES_OFFSET..pages_end]),
@@ -292,7 +292,7 @@ impl Arena {
 
     /// Seal the pages written since the last commit with their checksums, then write the
     /// header: the one step that makes the new rows count.
-    fn commit(&mut self) -> Result<(), ArenaError> {
+    pub(super) fn commit(&mut self) -> Result<(), ArenaError> {
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
         dirty.dedup();

@@ -30,14 +30,17 @@
 //! the first pass only narrows the field, and the exact rescore re-embeds its candidates under
 //! the current statistic.
 //!
-//! A purge bumps the store's purge count: the engine removes the serving arena and rebuilds it
-//! from the store (`Engine::purge`), and an arena opened later sees the count and rebuilds.
+//! A purge bumps the store's purge count and empties the purged users' pages where they lie
+//! (`purge.rs`, called by `Engine::purge` with writes held back), recording the new count; an
+//! arena that missed a purge (one killed before the arena's commit) sees the count differ when
+//! opened, and rebuilds.
 
 mod catch_up;
 pub mod codebook;
 pub mod file;
 mod open;
 pub mod page;
+mod purge;
 pub mod signature;
 
 use std::collections::HashMap;
@@ -288,12 +291,6 @@ pub fn arena_dir(data: &Path, version: &str) -> Result<PathBuf, ArenaError> {
     Ok(data.join("arena").join(check_version(version)?))
 }
 
-/// Remove every arena of data directory `data` (a purge does: the arena is rebuilt from the
-/// store by the next process that opens it).
-pub fn remove_all(data: &Path) -> Result<(), ArenaError> {
-    remove_dir(data.join("arena"))
-}
-
 /// Remove the arena of dictionary `version` (a retired version's, after a flip).
 pub fn remove_version(data: &Path, version: &str) -> Result<(), ArenaError> {
     remove_dir(arena_dir(data, version)?)
@@ -349,6 +346,11 @@ impl Arena {
     }
 
     /// Rows held.
+    /// Pages in use, emptied ones among them.
+    pub fn page_count(&self) -> usize {
+        self.header.pages as usize
+    }
+
     pub fn rows(&self) -> usize {
         self.header.rows as usize
     }

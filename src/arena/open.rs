@@ -206,6 +206,17 @@ impl Arena {
                     page: p as u64,
                     what,
                 };
+                // A page a purge emptied ([`Arena::purge_users`]): no user, no row, sealed
+                // over its emptiness.
+                if page.user == 0 && page.rows == 0 {
+                    if page.checksum != page_checksum(page, entries)
+                        || page.sketch != sketch.checksum()
+                        || sketch.rows != 0
+                    {
+                        return Err(bad("an emptied page is not empty"));
+                    }
+                    continue;
+                }
                 let held = (page.rows as usize).min(PAGE_ROWS);
                 let kept = page.row_ids[..held]
                     .iter()
@@ -302,6 +313,9 @@ impl Arena {
         let mut slots = vec![Slot::NONE; self.header.watermark as usize];
         let mut token_lens = vec![NOT_HELD; self.header.watermark as usize];
         for (p, page) in self.page_slice().iter().enumerate() {
+            if page.rows == 0 {
+                continue;
+            }
             by_user.entry(UserId(page.user)).or_default().push(p as u32);
             *rows_by_user.entry(UserId(page.user)).or_default() += page.rows as usize;
             for (i, &id) in page.row_ids[..page.rows as usize].iter().enumerate() {

@@ -237,7 +237,7 @@ pub struct MovedChunk {
     pub excluded: bool,
 }
 
-/// What [`Store::purge_credential`] removed.
+/// What [`Store::remove_credential`] removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Purged {
     /// Rows removed, over the credential's own user and its sub-users.

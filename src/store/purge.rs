@@ -4,16 +4,34 @@
 use super::*;
 
 impl Store {
-    /// [`Store::purge_user`] of every sub-user of `owner`, then of `owner` itself: a
-    /// credential's whole memory. Each user is purged as a unit; a purge stopped between two
+    /// [`Store::remove_user`] of every sub-user of `owner`, then of `owner` itself: a
+    /// credential's whole memory. Each user is removed as a unit; a purge stopped between two
     /// users leaves the rest linked, so asking again completes it.
-    pub fn purge_credential(&self, owner: UserId) -> Result<Purged, StoreError> {
+    pub fn remove_credential(&self, owner: UserId) -> Result<Purged, StoreError> {
         let sub_users = self.sub_users(owner)?;
         let mut rows = 0;
         for &user in sub_users.iter().chain([&owner]) {
-            rows += self.purge_user(user)?;
+            rows += self.remove_user(user)?;
         }
         Ok(Purged { rows, sub_users })
+    }
+
+    /// Every user whose purge removed its memory and has not finished compacting it (a purge
+    /// killed in between): [`Store::finish_purge`] completes each.
+    pub fn unfinished_purges(&self) -> Result<Vec<UserId>, StoreError> {
+        let prefix = keys::meta::purging(UserId(0));
+        let prefix = &prefix[..prefix.len() - 8];
+        let mut users = Vec::new();
+        for entry in self.iter_from(Cf::Meta, prefix) {
+            let (key, _) = entry?;
+            let Some(user) = key.strip_prefix(prefix) else {
+                break;
+            };
+            if let Some(user) = keys::parse_user(user) {
+                users.push(user);
+            }
+        }
+        Ok(users)
     }
 
     /// Remove a user's memory as a unit: rows, retrieval rows, activation, log entries, clock,
@@ -21,6 +39,14 @@ impl Store {
     /// in one batch. Then flush and compact the user's key ranges so the bytes are physically
     /// gone from the data directory. Returns the number of rows removed.
     pub fn purge_user(&self, user: UserId) -> Result<u64, StoreError> {
+        let removed = self.remove_user(user)?;
+        self.finish_purge(user)?;
+        Ok(removed)
+    }
+
+    /// The first step of [`Store::purge_user`]: the user's memory removed in one batch under
+    /// the writer lock, the purge marked unfinished. Returns the number of rows removed.
+    pub fn remove_user(&self, user: UserId) -> Result<u64, StoreError> {
         let removed = {
             let mut writer = self.writer.lock();
             let mut batch = WriteBatch::default();
@@ -53,11 +79,17 @@ impl Store {
             crate::failpoint::hit("purge.after_batch");
             (-deltas.totals[0]) as u64
         };
+        Ok(removed)
+    }
+
+    /// The second step of [`Store::purge_user`]: flush and compact the user's key ranges so
+    /// the bytes are physically gone from the data directory, then mark the purge finished.
+    /// Captures may go on meanwhile.
+    pub fn finish_purge(&self, user: UserId) -> Result<(), StoreError> {
         self.compact_user(user)?;
         self.db
             .delete_cf(&self.cf(Cf::Meta), keys::meta::purging(user))
-            .map_err(|e| self.rocks(e))?;
-        Ok(removed)
+            .map_err(|e| self.rocks(e))
     }
 
     /// Whether a purge of `user` stopped before its compaction was done (asking again
