@@ -420,10 +420,12 @@ struct RealmemSession {
     dialogue_turns: Vec<RealmemTurn>,
 }
 
-/// A memory point the generator extracted (never stored: it only locates evidence turns).
+/// A memory point the generator extracted (never stored: it only locates evidence turns). Its
+/// content is text, or on some personas a JSON object (a structured point): either is a
+/// point, matched to the reply's `memory_used` by equal value.
 #[derive(Deserialize)]
 struct RealmemMemory {
-    content: String,
+    content: serde_json::Value,
     #[serde(default)]
     source_content_snapshot: String,
 }
@@ -445,7 +447,16 @@ struct RealmemTurn {
 #[derive(Deserialize)]
 struct RealmemUsed {
     session_uuid: String,
-    content: String,
+    /// Text or a JSON object, as the point it names ([`RealmemMemory`]).
+    content: serde_json::Value,
+}
+
+/// A memory point's content as text: itself, or a structured point's JSON.
+fn point_text(content: &serde_json::Value) -> String {
+    match content {
+        serde_json::Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// Snapshots shorter than this are not matched inside a turn (only equal to one).
@@ -560,9 +571,11 @@ fn realmem(path: &Path, bytes: &[u8], out: &mut Dataset) -> Result<(), DatasetEr
                                 question.evidence_turns.push(id);
                             }
                         }
-                        None => question
-                            .unresolved_evidence
-                            .push(format!("{}: {}", point.session_uuid, point.content)),
+                        None => question.unresolved_evidence.push(format!(
+                            "{}: {}",
+                            point.session_uuid,
+                            point_text(&point.content)
+                        )),
                     }
                 }
                 if !question.unresolved_evidence.is_empty() {
@@ -595,6 +608,47 @@ mod tests {
         assert_eq!(locomo_evidence_ids("D30:05"), ["D30:5"]);
         assert_eq!(locomo_evidence_ids("D1:2 D1:3"), ["D1:2", "D1:3"]);
         assert_eq!(locomo_evidence_ids("D"), ["D"]);
+    }
+
+    /// A memory point written as a JSON object (as some personas write them) is a point like
+    /// any other: the reply's `memory_used` names it by an equal object (its keys in any
+    /// order), and its snapshot finds the evidence turn.
+    #[test]
+    fn a_realmem_memory_point_may_be_an_object() {
+        let file = serde_json::json!({
+            "_metadata": {"person_name": "Ada_Lovelace"},
+            "dialogues": [
+                {"session_uuid": "s1", "current_time": "2025-01-02 (Thursday)",
+                 "extracted_memory": [
+                    {"content": {"fact": "owns a loom", "since": 1840},
+                     "source_content_snapshot": "I bought a loom last week."}
+                 ],
+                 "dialogue_turns": [
+                    {"speaker": "User", "content": "I bought a loom last week."},
+                    {"speaker": "Assistant", "content": "Lovely."}
+                 ]},
+                {"session_uuid": "s2", "current_time": "2025-01-09 (Thursday)",
+                 "dialogue_turns": [
+                    {"speaker": "User", "content": "What did I buy?", "is_query": true},
+                    {"speaker": "Assistant", "content": "A loom.",
+                     "memory_session_uuids": ["s1"],
+                     "memory_used": [
+                        {"session_uuid": "s1", "content": {"since": 1840, "fact": "owns a loom"}}
+                     ]}
+                 ]}
+            ]
+        });
+        let bytes = serde_json::to_vec(&file).unwrap();
+        let mut out = Dataset::default();
+        realmem(Path::new("ada.json"), &bytes, &mut out).unwrap();
+        assert_eq!(out.messages.len(), 4);
+        let question = &out.questions[0];
+        assert_eq!(question.evidence_turns, ["s1:0"]);
+        assert!(question.unresolved_evidence.is_empty());
+        assert_eq!(
+            point_text(&serde_json::json!({"fact": "x"})),
+            r#"{"fact":"x"}"#
+        );
     }
 
     #[test]

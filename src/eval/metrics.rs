@@ -144,7 +144,8 @@ impl Serialize for Level {
 
 pub(super) fn summarize<'a>(ks: &[usize], scores: impl Iterator<Item = &'a Scored>) -> Summary {
     let (mut turn, mut session, mut retrieved) = (Level::new(ks), Level::new(ks), Level::new(ks));
-    let (mut in_frame, mut with_reopen, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut in_frame, mut with_reopen) = (Vec::new(), Vec::new());
+    let (mut tokens, mut retrieved_tokens) = (Vec::new(), Vec::new());
     for scored in scores {
         if let Some(metrics) = &scored.turn {
             turn.add(metrics);
@@ -159,11 +160,13 @@ pub(super) fn summarize<'a>(ks: &[usize], scores: impl Iterator<Item = &'a Score
                 retrieved.add(metrics);
             }
             tokens.push(frame.tokens as u64);
+            retrieved_tokens.push(frame.retrieved_tokens as u64);
         }
     }
     tokens.sort_unstable();
-    let quantile = |q: f64| {
-        (!tokens.is_empty()).then(|| tokens[((tokens.len() - 1) as f64 * q).round() as usize])
+    retrieved_tokens.sort_unstable();
+    let quantile = |sorted: &[u64], q: f64| {
+        (!sorted.is_empty()).then(|| sorted[((sorted.len() - 1) as f64 * q).round() as usize])
     };
     let share = |held: &[bool]| {
         (!held.is_empty()).then(|| held.iter().filter(|&&b| b).count() as f64 / held.len() as f64)
@@ -174,8 +177,9 @@ pub(super) fn summarize<'a>(ks: &[usize], scores: impl Iterator<Item = &'a Score
         frame: FrameMetrics {
             evidence_in_frame: share(&in_frame),
             evidence_in_frame_or_reopen: share(&with_reopen),
-            median_tokens: quantile(0.5),
-            p90_tokens: quantile(0.9),
+            median_tokens: quantile(&tokens, 0.5),
+            p90_tokens: quantile(&tokens, 0.9),
+            median_retrieved_tokens: quantile(&retrieved_tokens, 0.5),
             retrieved_turn: (retrieved.questions() > 0).then_some(retrieved),
         },
     }

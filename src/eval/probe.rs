@@ -46,6 +46,9 @@ pub(super) struct Answers {
 pub(super) struct Shown {
     pub(super) turns: HashSet<Turn>,
     pub(super) tokens: usize,
+    /// The frame's tokens less its messages that quote only the current conversation's own
+    /// stretch: what the retrieved memory costs.
+    pub(super) retrieved_tokens: usize,
     pub(super) reopened: HashSet<Turn>,
     pub(super) retrieved: Vec<Turn>,
 }
@@ -222,9 +225,19 @@ impl Probe<'_> {
                             .rows,
                     )
                 };
+                let stretch_tokens: usize = recall
+                    .frame
+                    .messages
+                    .iter()
+                    .filter(|m| {
+                        !m.rows.is_empty() && m.rows.iter().all(|r| passed_over.contains(r))
+                    })
+                    .map(|m| m.tokens)
+                    .sum();
                 Some(Shown {
                     turns,
                     tokens: recall.frame.tokens,
+                    retrieved_tokens: recall.frame.tokens.saturating_sub(stretch_tokens),
                     reopened,
                     retrieved: self
                         .corpus
@@ -258,6 +271,7 @@ pub(super) struct FrameScore {
     pub(super) with_reopen: Option<bool>,
     pub(super) retrieved: Option<Vec<f64>>,
     pub(super) tokens: usize,
+    pub(super) retrieved_tokens: usize,
 }
 
 /// One question's metrics at both levels (`None` where it has no evidence at that level), and
@@ -292,6 +306,7 @@ impl Scored {
                     retrieved: (!turns.is_empty())
                         .then(|| question_metrics(&shown.retrieved, &turns, ks)),
                     tokens: shown.tokens,
+                    retrieved_tokens: shown.retrieved_tokens,
                 }
             }),
         }

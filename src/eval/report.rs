@@ -14,6 +14,8 @@ pub struct FrameMetrics {
     pub evidence_in_frame_or_reopen: Option<f64>,
     pub median_tokens: Option<u64>,
     pub p90_tokens: Option<u64>,
+    /// The median of the frame's tokens less the current conversation's own stretch.
+    pub median_retrieved_tokens: Option<u64>,
     pub retrieved_turn: Option<Level>,
 }
 
@@ -379,8 +381,9 @@ impl Report {
         ) {
             (Some(share), Some(reopen), Some(median), Some(p90)) => writeln!(
                 out,
-                "\nframe, {} (probe mode): evidence in frame {share:.3} (or one memory_reopen away {reopen:.3}), tokens median {median}, p90 {p90}",
-                self.memory_label()
+                "\nframe, {} (probe mode): evidence in frame {share:.3} (or one memory_reopen away {reopen:.3}), tokens median {median}, p90 {p90}, retrieved memory median {}",
+                self.memory_label(),
+                frame.median_retrieved_tokens.unwrap_or(0)
             )?,
             _ => writeln!(out, "\nframe: no question with turn evidence")?,
         }
