@@ -100,6 +100,9 @@ pub struct Dataset {
     /// In capture order: user by user, session by session, turn by turn.
     pub messages: Vec<Message>,
     pub questions: Vec<Question>,
+    /// Records of the file that could not be read, each named with why: left out, so that one
+    /// odd record does not stop a whole evaluation.
+    pub skipped: Vec<String>,
 }
 
 /// Read and check `path` as `format`. A RealMem path may be a folder: its `.json` files are
@@ -399,11 +402,12 @@ fn longmemeval(path: &Path, bytes: &[u8]) -> Result<Dataset, DatasetError> {
     Ok(out)
 }
 
+/// A RealMem persona's file: its sessions are read one by one ([`realmem`]).
 #[derive(Deserialize)]
 struct RealmemFile {
     #[serde(rename = "_metadata")]
     metadata: RealmemMetadata,
-    dialogues: Vec<RealmemSession>,
+    dialogues: Vec<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -503,13 +507,27 @@ fn realmem(path: &Path, bytes: &[u8], out: &mut Dataset) -> Result<(), DatasetEr
     let file: RealmemFile = parse_json(path, bytes)?;
     let invalid = |at, message| invalid(path, at, message);
     let user = file.metadata.person_name;
-    let by_uuid: HashMap<&str, &RealmemSession> = file
-        .dialogues
+    let mut sessions: Vec<RealmemSession> = Vec::with_capacity(file.dialogues.len());
+    for (i, raw) in file.dialogues.into_iter().enumerate() {
+        let uuid = raw
+            .get("session_uuid")
+            .and_then(|uuid| uuid.as_str())
+            .unwrap_or("?")
+            .to_owned();
+        match serde_json::from_value(raw) {
+            Ok(session) => sessions.push(session),
+            Err(err) => out.skipped.push(format!(
+                "{}: {user} session {i} ({uuid}): {err}",
+                path.display()
+            )),
+        }
+    }
+    let by_uuid: HashMap<&str, &RealmemSession> = sessions
         .iter()
         .map(|session| (session.session_uuid.as_str(), session))
         .collect();
     let mut previous = i64::MIN;
-    for session in &file.dialogues {
+    for session in &sessions {
         let uuid = &session.session_uuid;
         let at = format!("{user} session {uuid}");
         let date = format!("{} 00:00", session.current_time);
@@ -648,6 +666,30 @@ mod tests {
         assert_eq!(
             point_text(&serde_json::json!({"fact": "x"})),
             r#"{"fact":"x"}"#
+        );
+    }
+
+    /// A session that cannot be read is left out and named; the rest of the persona is read.
+    #[test]
+    fn an_unreadable_realmem_session_is_skipped_and_named() {
+        let file = serde_json::json!({
+            "_metadata": {"person_name": "Ada_Lovelace"},
+            "dialogues": [
+                {"session_uuid": "odd", "current_time": "2025-01-02 (Thursday)",
+                 "dialogue_turns": [{"speaker": "User", "content": 42}]},
+                {"session_uuid": "s2", "current_time": "2025-01-09 (Thursday)",
+                 "dialogue_turns": [{"speaker": "User", "content": "Hello."}]}
+            ]
+        });
+        let bytes = serde_json::to_vec(&file).unwrap();
+        let mut out = Dataset::default();
+        realmem(Path::new("ada.json"), &bytes, &mut out).unwrap();
+        assert_eq!(out.messages.len(), 1);
+        assert_eq!(out.skipped.len(), 1);
+        assert!(
+            out.skipped[0].contains("session 0 (odd)"),
+            "{:?}",
+            out.skipped
         );
     }
 

@@ -693,6 +693,7 @@ pub fn run_sharded(
             assignment: "jump".to_owned(),
             per_shard,
         }),
+        skipped_records: dataset.skipped.clone(),
         unresolved_evidence,
         unstored_evidence,
         per_question: asked

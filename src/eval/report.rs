@@ -197,6 +197,8 @@ pub struct Report {
     /// `arena` are those of the shards together, every question asked of its user's shard.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shards: Option<Sharding>,
+    /// Records of the file that could not be read and were left out, each named with why.
+    pub skipped_records: Vec<String>,
     /// Evidence strings that name no turn of their conversation.
     pub unresolved_evidence: Vec<EvidenceNote>,
     /// Evidence turns the pooled memory holds no row for.
@@ -318,6 +320,11 @@ impl Report {
             "  asked {}; not asked: {} abstention, {} without evidence, {} with only unresolved evidence",
             c.asked, c.abstention, c.without_evidence, c.evidence_unresolved
         )?;
+        write!(out, "  records skipped: {}", self.skipped_records.len())?;
+        for record in &self.skipped_records {
+            write!(out, "; {record}")?;
+        }
+        writeln!(out)?;
         for (label, notes) in [
             ("evidence strings naming no turn", &self.unresolved_evidence),
             ("evidence turns with no stored row", &self.unstored_evidence),
