@@ -301,7 +301,7 @@ impl Engine {
             }
         }
         let started = std::time::Instant::now();
-        let generation = {
+        let (generation, removed) = {
             let _quiet = self.quiet();
             let generation = self.generation();
             let memory = &generation.memory;
@@ -335,7 +335,6 @@ impl Engine {
             forget(&users);
             (generation, removed)
         };
-        let (generation, removed) = generation;
         let held = started.elapsed();
         let store = &generation.memory.store;
         for whom in store.unfinished_purges()? {

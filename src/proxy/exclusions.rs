@@ -107,19 +107,6 @@ pub(super) async fn exclusions(
     })
 }
 
-/// What a credential the provider has not vouched for is told by the inspector and the
-/// exclusions endpoint ([`State::vouched`]).
-pub(super) const UNVOUCHED: &str = "this credential's memory opens once the provider has accepted one of its requests through this proxy (within the last 24 hours, and not refused it since)";
-
-/// What a request is told when every inspector and exclusions slot is taken.
-pub(super) const SIDE_BUSY: &str =
-    "the memory's inspector and exclusions are busy with other requests: try again shortly";
-
-/// What a request is told when the memory failed to answer it: the cause goes to the server's
-/// log, never to the client (it may name the server's paths).
-pub(super) const MEMORY_FAILED: &str =
-    "the memory could not answer this request; the server's log says why";
-
 /// Apply `change` (if any) to `user`'s exclusions; the rows it changed and every row now
 /// excluded, in id order. The credential's endpoint and the inspector both call it.
 pub(super) fn change_exclusions(

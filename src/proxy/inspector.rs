@@ -30,11 +30,13 @@ use crate::store::Cf;
 use crate::store::keys;
 use crate::types::{ConversationId, RowId, UserId, now_ms};
 
-use super::exclusions::{MEMORY_FAILED, SIDE_BUSY, UNVOUCHED};
 use super::identity::USER_HEADER;
 use super::provider::Provider;
 use super::recent::Logged;
-use super::{Body, SIDE_BODY_LIMIT, State, admin, json as json_response, utf8_header};
+use super::{
+    Body, MEMORY_FAILED, SIDE_BODY_LIMIT, SIDE_BUSY, State, UNVOUCHED, admin,
+    json as json_response, utf8_header,
+};
 use crate::config::InspectorAccess;
 
 mod read;

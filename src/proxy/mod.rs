@@ -337,6 +337,19 @@ impl State {
 /// work can take the other's threads.
 pub const SIDE_CONCURRENT: usize = 8;
 
+/// What a credential the provider has not vouched for is told by the inspector and the
+/// exclusions endpoint ([`State::vouched`]).
+pub const UNVOUCHED: &str = "this credential's memory opens once the provider has accepted one of its requests through this proxy (within the last 24 hours, and not refused it since)";
+
+/// What a request is told when every inspector and exclusions slot is taken.
+pub const SIDE_BUSY: &str =
+    "the memory's inspector and exclusions are busy with other requests: try again shortly";
+
+/// What a request is told when the memory failed to answer it: the cause goes to the server's
+/// log, never to the client (it may name the server's paths).
+pub const MEMORY_FAILED: &str =
+    "the memory could not answer this request; the server's log says why";
+
 /// The largest body an inspector or exclusions request may send: a question, a search or
 /// [`MAX_EXCLUSION_ROWS`] row ids need far less than a chat request's limit.
 pub const SIDE_BODY_LIMIT: usize = 1024 * 1024;
