@@ -41,7 +41,7 @@ fn run(session_tokens: &[usize]) -> ReplayReport {
         dictionary: Arc::new(dictionary),
         kernels: Kernels::detect(false),
     };
-    replay::run(&sessions, counts, &setup, |_| {}).unwrap()
+    replay::run(&sessions, counts, &setup, |_| {}, |_, _| {}).unwrap()
 }
 
 /// Every share of a summary, each within [0, 1].
@@ -146,6 +146,7 @@ fn replayed_sessions_are_measured_through_the_proxy() {
 fn the_command_line_prints_json_and_draws_the_plot() {
     let dir = tempfile::tempdir().unwrap();
     let svg = dir.path().join("replay.svg");
+    let calls = dir.path().join("calls.jsonl");
     let out = common::perpetuity(&[
         "eval",
         "--format",
@@ -156,6 +157,8 @@ fn the_command_line_prints_json_and_draws_the_plot() {
         "--json",
         "--plot",
         svg.to_str().unwrap(),
+        "--per-question",
+        calls.to_str().unwrap(),
     ]);
     assert!(
         out.status.success(),
@@ -170,6 +173,21 @@ fn the_command_line_prints_json_and_draws_the_plot() {
     assert_eq!(report["settings"][0]["shipped"], false);
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert_eq!(plot.matches("<circle").count(), 3);
+    // One line per replayed call, in order, each naming its session's file.
+    let lines: Vec<Value> = std::fs::read_to_string(&calls)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 6);
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["session_tokens"], 2000);
+        assert_eq!(line["call"]["call"], i);
+        assert!(line["file"].as_str().unwrap().ends_with(".jsonl"), "{line}");
+        let (turn, direct) = (&line["call"]["turn_bytes"], &line["call"]["direct_bytes"]);
+        assert!(turn.as_u64().unwrap() <= direct.as_u64().unwrap(), "{line}");
+    }
+    assert_eq!(lines[0]["call"]["first"], true);
     let text = common::perpetuity(&[
         "eval",
         "--format",

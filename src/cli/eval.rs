@@ -62,7 +62,8 @@ pub struct EvalArgs {
     #[arg(long)]
     pub agent_session: bool,
     /// Also write one JSON line per asked question to this file: where each evidence turn and
-    /// session ranked, ours and BM25, and whether the frame showed it.
+    /// session ranked, ours and BM25, and whether the frame showed it. For a replay, one line
+    /// per replayed call at each setting: its terms found each way, its bytes and prefixes.
     #[arg(long, value_name = "FILE")]
     pub per_question: Option<PathBuf>,
     /// Split the file's users over this many shards, each its own store with its own arena
@@ -142,13 +143,9 @@ fn dataset(format: Format, args: EvalArgs) -> anyhow::Result<()> {
 /// Recorded sessions replayed through the proxy, once per `session_tokens` setting.
 fn replay(harness: Harness, args: &EvalArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.data.is_none()
-            && args.per_question.is_none()
-            && !args.by_category
-            && !args.agent_session
-            && args.shards == 1,
+        args.data.is_none() && !args.by_category && !args.agent_session && args.shards == 1,
         "a replay makes a fresh memory for each setting and asks no questions: \
-         --data, --per-question, --by-category, --agent-session and --shards are not taken"
+         --data, --by-category, --agent-session and --shards are not taken"
     );
     let dictionary = Arc::new(args.dictionary.load()?);
     let (sessions, counts) = replay::read(harness, &args.paths)?;
@@ -168,7 +165,28 @@ fn replay(harness: Harness, args: &EvalArgs) -> anyhow::Result<()> {
         dictionary,
         kernels: Kernels::detect(false),
     };
-    let report = replay::run(&sessions, counts, &setup, |p| eprintln!("eval: {p}"))?;
+    let mut lines = String::new();
+    let report = replay::run(
+        &sessions,
+        counts,
+        &setup,
+        |p| eprintln!("eval: {p}"),
+        |session_tokens, measured| {
+            for m in measured {
+                let file = sessions[m.session].path.display().to_string();
+                let line = serde_json::json!({
+                    "session_tokens": session_tokens,
+                    "file": file,
+                    "call": m,
+                });
+                lines.push_str(&line.to_string());
+                lines.push('\n');
+            }
+        },
+    )?;
+    if let Some(path) = &args.per_question {
+        std::fs::write(path, lines).with_context(|| format!("cannot write {}", path.display()))?;
+    }
     if let Some(path) = &args.plot {
         std::fs::write(path, replay::plot(&report))
             .with_context(|| format!("cannot write {}", path.display()))?;

@@ -11,6 +11,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
+use serde::Serialize;
 use serde_json::Value;
 use tokio::net::TcpListener;
 
@@ -31,7 +32,7 @@ pub const CREDENTIAL: &str = "replay-credential";
 
 /// Of one class of an answer's terms: how many, and how many of them each way of sending held
 /// in its conversation.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Found {
     pub terms: usize,
     pub proxy: usize,
@@ -40,9 +41,12 @@ pub struct Found {
 }
 
 /// What one call measured at one setting.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Measured {
     pub harness: Harness,
+    /// Its session (index into the replayed sessions, in time order) and call in it.
+    pub session: usize,
+    pub call: usize,
     /// Whether it opens its turn (else it is a tool step of the turn before it).
     pub opens_turn: bool,
     /// Whether it is its session's first call (no request before it to share a prefix with).
@@ -54,6 +58,9 @@ pub struct Measured {
     /// Bytes of the conversation (`messages`, `input`) the harness sent and the proxy forwarded.
     pub direct_bytes: usize,
     pub forwarded_bytes: usize,
+    /// Bytes of the live turn and its tool round as the harness sent them: what the proxy
+    /// forwards whole whatever it frames.
+    pub turn_bytes: usize,
     /// Bytes of the input in the provider's prompt order (tools, system, conversation), and of
     /// its start that the session's previous request shares.
     pub direct_input: usize,
@@ -231,6 +238,8 @@ pub(super) fn measure(
     };
     Measured {
         harness: session.harness,
+        session: plan.session,
+        call: plan.call,
         opens_turn: plan.opens_turn,
         first: plan.call == 0,
         current: found(&plan.terms.current),
@@ -238,6 +247,7 @@ pub(super) fn measure(
         cross: found(&plan.terms.cross),
         direct_bytes: list_bytes(sizes),
         forwarded_bytes,
+        turn_bytes: list_bytes(&sizes[keep.min(sizes.len())..]),
         direct_input,
         forwarded_input,
         direct_cached: 0,

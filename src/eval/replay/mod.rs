@@ -32,6 +32,7 @@ mod request;
 mod terms;
 mod transcript;
 
+pub use drive::{Found, Measured};
 pub use report::{
     Bytes, Prefix, PrefixShares, Prompts, ReplayReport, SettingReport, Share, Summary, Support,
     plot,
@@ -121,12 +122,14 @@ impl std::fmt::Display for Progress {
     }
 }
 
-/// Replay `sessions` (as [`read`] gives them, with its `counts`) once per setting of `setup`.
+/// Replay `sessions` (as [`read`] gives them, with its `counts`) once per setting of `setup`;
+/// each setting's calls, as measured, are handed to `each` with the setting.
 pub fn run(
     sessions: &[Session],
     counts: ReadCounts,
     setup: &Setup,
     mut progress: impl FnMut(Progress),
+    mut each: impl FnMut(usize, &[Measured]),
 ) -> Result<ReplayReport, ReplayError> {
     if setup.session_tokens.is_empty() {
         return Err(ReplayError::NoSettings);
@@ -147,6 +150,7 @@ pub fn run(
     for &session_tokens in &setup.session_tokens {
         let started = Instant::now();
         let replayed = drive::replay(sessions, &plans, setup, session_tokens, &mut progress)?;
+        each(session_tokens, &replayed.measured);
         settings.push(report::setting(
             session_tokens,
             session_tokens == shipped,

@@ -60,6 +60,9 @@ pub struct Bytes {
     pub proxy_median: f64,
     /// The median over calls of forwarded bytes over the harness's own.
     pub median_ratio: f64,
+    /// The median over calls of the live turn's bytes (its prompt and tool round, forwarded
+    /// whole) over the harness's own: the least any frame could forward.
+    pub median_turn_ratio: f64,
 }
 
 /// Mean prefix shares of one way of sending.
@@ -214,6 +217,12 @@ pub fn summarise(calls: &[&Measured]) -> Summary {
                 calls
                     .iter()
                     .map(|m| m.forwarded_bytes as f64 / m.direct_bytes.max(1) as f64)
+                    .collect(),
+            ),
+            median_turn_ratio: median(
+                calls
+                    .iter()
+                    .map(|m| m.turn_bytes as f64 / m.direct_bytes.max(1) as f64)
                     .collect(),
             ),
         },
@@ -379,12 +388,13 @@ fn summary_lines(out: &mut String, label: &str, s: &Summary) {
     let b = &s.bytes;
     let _ = writeln!(
         out,
-        "    conversation bytes: direct {} (median {}), proxy {} (median {}); median proxy/direct {:.3}",
+        "    conversation bytes: direct {} (median {}), proxy {} (median {}); median proxy/direct {:.3} (the live turn alone {:.3})",
         size(b.direct_total as f64),
         size(b.direct_median),
         size(b.proxy_total as f64),
         size(b.proxy_median),
-        b.median_ratio
+        b.median_ratio,
+        b.median_turn_ratio
     );
     let p = &s.prefix;
     let _ = writeln!(
@@ -509,6 +519,8 @@ mod tests {
     ) -> Measured {
         Measured {
             harness: Harness::ClaudeCode,
+            session: 0,
+            call: 0,
             opens_turn,
             first,
             current: Found::default(),
@@ -516,6 +528,7 @@ mod tests {
             cross: Found::default(),
             direct_bytes: 1_000,
             forwarded_bytes: 250,
+            turn_bytes: 100,
             direct_input: 100,
             forwarded_input: 50,
             direct_cached: if first { 0 } else { 90 },
@@ -555,6 +568,7 @@ mod tests {
             [(1, 1), (0, 0), (1, 0)]
         );
         assert_eq!(s.bytes.median_ratio, 0.25);
+        assert_eq!(s.bytes.median_turn_ratio, 0.1);
         assert_eq!(s.prefix.direct.tool_steps, Some(0.9));
         assert_eq!(s.prefix.proxy.new_turns, Some(0.5));
         let direct = billed(100, 0) + 2.0 * billed(100, 90);
