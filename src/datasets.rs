@@ -1,9 +1,10 @@
 //! Public benchmark files as messages and questions: LoCoMo (`locomo10.json`), LongMemEval
 //! (a JSON list of questions, each with its haystack of sessions) and RealMem (one file per
-//! persona, or a folder of them).
+//! persona, or a folder of them; read whole, or one memory per persona's topic).
 //!
 //! Each LoCoMo conversation, LongMemEval question or RealMem persona becomes one user (key =
-//! `sample_id`, `question_id` or `person_name`); sessions become conversations; speakers
+//! `sample_id`, `question_id` or `person_name`; `person_name/topic` for a topic read as a
+//! memory of its own, [`Format::RealmemTopics`]); sessions become conversations; speakers
 //! become names; session dates become timestamps; the file's own turn ids (`dia_id`, or
 //! `session:index`) stay on the rows so an evaluation can find the evidence. A RealMem query is
 //! a turn of the history: it is asked after the messages before it ([`Question::replay_at`]).
@@ -26,11 +27,21 @@ pub enum Format {
     Locomo,
     Longmemeval,
     Realmem,
+    /// RealMem, each persona's topic a memory of its own: the sessions whose identifier names
+    /// the topic (`Travel_Planning_123:S2_01`), one plan discussed with the assistant over
+    /// months; the persona's sessions of no named topic (`Enhanced:…`) and the queries whose
+    /// evidence lies outside their topic are left out, and counted.
+    RealmemTopics,
 }
 
 impl Format {
     /// Every format, in the order the command line lists them.
-    pub const ALL: [Self; 3] = [Self::Locomo, Self::Longmemeval, Self::Realmem];
+    pub const ALL: [Self; 4] = [
+        Self::Locomo,
+        Self::Longmemeval,
+        Self::Realmem,
+        Self::RealmemTopics,
+    ];
 
     /// The format named `name` (what [`Format::name`] gives).
     pub fn named(name: &str) -> Option<Self> {
@@ -43,6 +54,7 @@ impl Format {
             Self::Locomo => "locomo",
             Self::Longmemeval => "longmemeval",
             Self::Realmem => "realmem",
+            Self::RealmemTopics => "realmem-topics",
         }
     }
 }
@@ -112,7 +124,8 @@ pub fn load(format: Format, path: &Path) -> Result<Dataset, DatasetError> {
         let path = path.to_path_buf();
         move |source| DatasetError::Io { path, source }
     };
-    if format == Format::Realmem && path.is_dir() {
+    let topics = format == Format::RealmemTopics;
+    if matches!(format, Format::Realmem | Format::RealmemTopics) && path.is_dir() {
         let mut files = Vec::new();
         for entry in std::fs::read_dir(path).map_err(io(path))? {
             let file = entry.map_err(io(path))?.path();
@@ -126,7 +139,12 @@ pub fn load(format: Format, path: &Path) -> Result<Dataset, DatasetError> {
         }
         let mut out = Dataset::default();
         for file in files {
-            realmem(&file, &std::fs::read(&file).map_err(io(&file))?, &mut out)?;
+            realmem(
+                &file,
+                &std::fs::read(&file).map_err(io(&file))?,
+                topics,
+                &mut out,
+            )?;
         }
         return Ok(out);
     }
@@ -134,9 +152,9 @@ pub fn load(format: Format, path: &Path) -> Result<Dataset, DatasetError> {
     match format {
         Format::Locomo => locomo(path, &bytes),
         Format::Longmemeval => longmemeval(path, &bytes),
-        Format::Realmem => {
+        Format::Realmem | Format::RealmemTopics => {
             let mut out = Dataset::default();
-            realmem(path, &bytes, &mut out)?;
+            realmem(path, &bytes, topics, &mut out)?;
             Ok(out)
         }
     }
@@ -418,6 +436,9 @@ struct RealmemMetadata {
 #[derive(Deserialize)]
 struct RealmemSession {
     session_uuid: String,
+    /// `Topic_Name_123:S2_01`, or `Enhanced:S10063` for a session of no named topic.
+    #[serde(default)]
+    session_identifier: String,
     current_time: String,
     #[serde(default)]
     extracted_memory: Vec<RealmemMemory>,
@@ -463,6 +484,9 @@ fn point_text(content: &serde_json::Value) -> String {
     }
 }
 
+/// The topic of a RealMem session that belongs to none (`Enhanced:S10063`).
+const REALMEM_NO_TOPIC: &str = "Enhanced";
+
 /// Snapshots shorter than this are not matched inside a turn (only equal to one).
 const REALMEM_MIN_EXCERPT: usize = 80;
 
@@ -502,11 +526,12 @@ fn realmem_evidence_turn(session: &RealmemSession, used: &RealmemUsed) -> Option
 /// source id `session_uuid:index`, and each query a question asked at its own turn. Its
 /// evidence sessions are the reply's `memory_session_uuids`; its evidence turns are the turns
 /// of the reply's `memory_used` points ([`realmem_evidence_turn`]), given only when every point
-/// is found; the points that are not are listed as unresolved.
-fn realmem(path: &Path, bytes: &[u8], out: &mut Dataset) -> Result<(), DatasetError> {
+/// is found; the points that are not are listed as unresolved. By `topics`, each topic is a
+/// user of its own ([`Format::RealmemTopics`]).
+fn realmem(path: &Path, bytes: &[u8], topics: bool, out: &mut Dataset) -> Result<(), DatasetError> {
     let file: RealmemFile = parse_json(path, bytes)?;
     let invalid = |at, message| invalid(path, at, message);
-    let user = file.metadata.person_name;
+    let person = file.metadata.person_name;
     let mut sessions: Vec<RealmemSession> = Vec::with_capacity(file.dialogues.len());
     for (i, raw) in file.dialogues.into_iter().enumerate() {
         let uuid = raw
@@ -517,7 +542,7 @@ fn realmem(path: &Path, bytes: &[u8], out: &mut Dataset) -> Result<(), DatasetEr
         match serde_json::from_value(raw) {
             Ok(session) => sessions.push(session),
             Err(err) => out.skipped.push(format!(
-                "{}: {user} session {i} ({uuid}): {err}",
+                "{}: {person} session {i} ({uuid}): {err}",
                 path.display()
             )),
         }
@@ -526,10 +551,22 @@ fn realmem(path: &Path, bytes: &[u8], out: &mut Dataset) -> Result<(), DatasetEr
         .iter()
         .map(|session| (session.session_uuid.as_str(), session))
         .collect();
+    // The user each session's turns belong to: the persona, or the persona's topic (none for
+    // a session of no named topic).
+    let user_of = |session: &RealmemSession| -> Option<String> {
+        if !topics {
+            return Some(person.clone());
+        }
+        let (topic, _) = session.session_identifier.split_once(':')?;
+        (!topic.is_empty() && topic != REALMEM_NO_TOPIC).then(|| format!("{person}/{topic}"))
+    };
     let mut previous = i64::MIN;
     for session in &sessions {
         let uuid = &session.session_uuid;
-        let at = format!("{user} session {uuid}");
+        let at = format!("{person} session {uuid}");
+        let Some(user) = user_of(session) else {
+            continue;
+        };
         let date = format!("{} 00:00", session.current_time);
         let start = parse_time(&date, REALMEM_DATE).ok_or_else(|| {
             invalid(
@@ -544,7 +581,7 @@ fn realmem(path: &Path, bytes: &[u8], out: &mut Dataset) -> Result<(), DatasetEr
         let turns = &session.dialogue_turns;
         for (i, turn) in turns.iter().enumerate() {
             let (role, name) = match turn.speaker.as_str() {
-                "User" => (Role::User, Some(user.replace('_', " "))),
+                "User" => (Role::User, Some(person.replace('_', " "))),
                 "Assistant" => (Role::Assistant, None),
                 other => {
                     return Err(invalid(
@@ -599,7 +636,21 @@ fn realmem(path: &Path, bytes: &[u8], out: &mut Dataset) -> Result<(), DatasetEr
                 if !question.unresolved_evidence.is_empty() {
                     question.evidence_turns.clear();
                 }
-                out.questions.push(question);
+                let outside = question
+                    .evidence_sessions
+                    .iter()
+                    .filter(|_| topics)
+                    .find(|uuid| {
+                        by_uuid.get(uuid.as_str()).and_then(|s| user_of(s)).as_ref() != Some(&user)
+                    });
+                match outside {
+                    Some(outside) => out.skipped.push(format!(
+                        "{}: {at} turn {i}: a query whose evidence session {outside} is not in \
+                         its memory {user}",
+                        path.display()
+                    )),
+                    None => out.questions.push(question),
+                }
             }
             out.messages.push(Message {
                 user_key: user.clone(),
@@ -618,6 +669,7 @@ fn realmem(path: &Path, bytes: &[u8], out: &mut Dataset) -> Result<(), DatasetEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
 
     #[test]
     fn repairs_known_evidence_forms() {
@@ -658,7 +710,7 @@ mod tests {
         });
         let bytes = serde_json::to_vec(&file).unwrap();
         let mut out = Dataset::default();
-        realmem(Path::new("ada.json"), &bytes, &mut out).unwrap();
+        realmem(Path::new("ada.json"), &bytes, false, &mut out).unwrap();
         assert_eq!(out.messages.len(), 4);
         let question = &out.questions[0];
         assert_eq!(question.evidence_turns, ["s1:0"]);
@@ -683,7 +735,7 @@ mod tests {
         });
         let bytes = serde_json::to_vec(&file).unwrap();
         let mut out = Dataset::default();
-        realmem(Path::new("ada.json"), &bytes, &mut out).unwrap();
+        realmem(Path::new("ada.json"), &bytes, false, &mut out).unwrap();
         assert_eq!(out.messages.len(), 1);
         assert_eq!(out.skipped.len(), 1);
         assert!(
@@ -691,6 +743,68 @@ mod tests {
             "{:?}",
             out.skipped
         );
+    }
+
+    /// Read by topic, each topic is a user of its own: a session of no named topic is left
+    /// out, and so is a query whose evidence lies in another topic (counted as skipped); read
+    /// whole, the persona is one user holding every session and query.
+    #[test]
+    fn a_realmem_topic_is_a_memory_of_its_own() {
+        let session = |uuid: &str, id: &str, turns: serde_json::Value| {
+            serde_json::json!({"session_uuid": uuid, "session_identifier": id,
+                               "current_time": "2025-01-02 (Thursday)", "dialogue_turns": turns})
+        };
+        let query = |text: &str, evidence: &str| {
+            serde_json::json!([
+                {"speaker": "User", "content": text, "is_query": true},
+                {"speaker": "Assistant", "content": "Yes.", "memory_session_uuids": [evidence]}
+            ])
+        };
+        let said = serde_json::json!([{"speaker": "User", "content": "A plan."}]);
+        let file = serde_json::json!({
+            "_metadata": {"person_name": "Ada_Lovelace"},
+            "dialogues": [
+                session("t1", "Travel_Planning_1:S1_01", said.clone()),
+                session("f1", "Fitness_2:S1_01", said.clone()),
+                session("e1", "Enhanced:S10001", said),
+                session("t2", "Travel_Planning_1:S2_01", query("The trip?", "t1")),
+                session("f2", "Fitness_2:S2_01", query("The trip again?", "t1")),
+            ]
+        });
+        let bytes = serde_json::to_vec(&file).unwrap();
+        let mut topics = Dataset::default();
+        realmem(Path::new("ada.json"), &bytes, true, &mut topics).unwrap();
+        let users: HashSet<&str> = topics
+            .messages
+            .iter()
+            .map(|m| m.user_key.as_str())
+            .collect();
+        assert_eq!(
+            users,
+            HashSet::from(["Ada_Lovelace/Travel_Planning_1", "Ada_Lovelace/Fitness_2"])
+        );
+        assert_eq!(
+            topics.messages.len(),
+            6,
+            "the session of no topic is left out"
+        );
+        assert_eq!(topics.questions.len(), 1);
+        assert_eq!(
+            topics.questions[0].user_key,
+            "Ada_Lovelace/Travel_Planning_1"
+        );
+        assert_eq!(topics.skipped.len(), 1);
+        assert!(
+            topics.skipped[0].contains("evidence session t1"),
+            "{:?}",
+            topics.skipped
+        );
+        let mut whole = Dataset::default();
+        realmem(Path::new("ada.json"), &bytes, false, &mut whole).unwrap();
+        assert_eq!(whole.messages.len(), 7);
+        assert_eq!(whole.questions.len(), 2);
+        assert!(whole.skipped.is_empty());
+        assert!(whole.messages.iter().all(|m| m.user_key == "Ada_Lovelace"));
     }
 
     #[test]
