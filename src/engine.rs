@@ -13,6 +13,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -37,6 +38,9 @@ pub struct Generation {
     pub memory: Memory,
     /// The arena the scan reads, caught up before every recall.
     pub arena: RwLock<Arena>,
+    /// The store's next row id when [`Generation::caught_up`] last caught the arena up: every
+    /// row below it that is still stored is in the arena.
+    checked: AtomicU64,
 }
 
 /// Whom a capture belongs to: the asker's user key and conversation, the store's purge epoch
@@ -52,12 +56,32 @@ pub struct Author<'a> {
 }
 
 impl Generation {
-    /// The arena caught up with every committed row, held for reading.
+    /// Serve `memory` with `arena`, derived under its dictionary.
+    fn new(memory: Memory, arena: Arena) -> Self {
+        Self {
+            memory,
+            arena: RwLock::new(arena),
+            checked: AtomicU64::new(0),
+        }
+    }
+
+    /// The arena caught up with every committed row, held for reading. The arena is locked for
+    /// writing only when a row was committed since the last catch-up (the store's next row id
+    /// is read without a lock), and only once for any number of requests that wait on the
+    /// same rows: those that queued behind a catch-up find their rows in and go on.
     pub fn caught_up(&self) -> Result<RwLockReadGuard<'_, Arena>, ArenaError> {
-        self.arena
-            .write()
-            .catch_up(&self.memory.store, &self.memory.dictionary)?;
-        Ok(self.arena.read())
+        let committed = self.memory.store.next_row().0;
+        if self.checked.load(Ordering::Acquire) >= committed {
+            return Ok(self.arena.read());
+        }
+        let mut arena = self.arena.write();
+        if self.checked.load(Ordering::Acquire) < committed {
+            // Read before the log is: every row below it is committed and the catch-up sees it.
+            let next = self.memory.store.next_row().0;
+            arena.catch_up(&self.memory.store, &self.memory.dictionary)?;
+            self.checked.fetch_max(next, Ordering::Release);
+        }
+        Ok(RwLockWriteGuard::downgrade(arena))
     }
 
     /// Store `text` as one message of `role` (named `name`) in `author`'s conversation, now;
@@ -183,10 +207,7 @@ impl Engine {
     /// Serve `memory` with `arena` (already derived under its dictionary).
     pub fn new(memory: Memory, arena: Arena, kernels: Kernels) -> Self {
         Self {
-            serving: RwLock::new(Arc::new(Generation {
-                memory,
-                arena: RwLock::new(arena),
-            })),
+            serving: RwLock::new(Arc::new(Generation::new(memory, arena))),
             dark_arena: Mutex::new(None),
             writes: RwLock::new(()),
             kernels,
@@ -499,10 +520,7 @@ impl Engine {
             );
         }
         let retired = swap::flip(&store, &dictionary, &mut arena)?;
-        *self.serving.write() = Arc::new(Generation {
-            memory: Memory { store, dictionary },
-            arena: RwLock::new(arena),
-        });
+        *self.serving.write() = Arc::new(Generation::new(Memory { store, dictionary }, arena));
         let held = started.elapsed();
         tracing::info!(
             serving = version,

@@ -55,6 +55,19 @@ pub struct Timing {
     pub total_p99_ms: f64,
     /// Calls answered a second over the pass (all streams together).
     pub calls_per_s: f64,
+    /// The process's CPU time over the pass a call (the proxy's, the local upstream's and the
+    /// client's, all in this process), in milliseconds.
+    pub cpu_ms_per_call: f64,
+    /// What the CPU allows: the cores this process may run on over [`Timing::cpu_ms_per_call`],
+    /// calls a second. Idle worker threads that spin before they sleep count as busy, so the
+    /// bound is if anything low.
+    pub cpu_bound_calls_per_s: f64,
+}
+
+/// CPU time the process has used, all its threads together.
+fn process_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 /// How each way of calling is driven: `requests` calls, `concurrency` at once, call `i`
@@ -233,6 +246,7 @@ async fn timing(
     } = calls;
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
+    let cpu_before = process_cpu();
     let mut workers = Vec::with_capacity(concurrency);
     for _ in 0..concurrency.max(1) {
         let (client, next) = (client.clone(), Arc::clone(&next));
@@ -265,6 +279,8 @@ async fn timing(
         samples.extend(worker.await.expect("a worker finishes"));
     }
     let elapsed = started.elapsed();
+    let cpu_ms_per_call = (process_cpu() - cpu_before).as_secs_f64() * 1e3 / requests.max(1) as f64;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let (mut first, mut total) = (latency::histogram(), latency::histogram());
     for (_, to_first, to_end) in samples {
         latency::record(&mut first, to_first);
@@ -277,6 +293,8 @@ async fn timing(
         total_p50_ms: ms(&total, 0.5),
         total_p99_ms: ms(&total, 0.99),
         calls_per_s: requests as f64 / elapsed.as_secs_f64(),
+        cpu_ms_per_call,
+        cpu_bound_calls_per_s: cores as f64 * 1e3 / cpu_ms_per_call.max(f64::MIN_POSITIVE),
     }
 }
 

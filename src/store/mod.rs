@@ -328,6 +328,9 @@ pub struct Store {
     path: PathBuf,
     write_options: WriteOptions,
     writer: Mutex<Writer>,
+    /// The writer's next row id, published once the write that moved it is committed: read
+    /// without the writer lock, every row below it is committed.
+    committed: AtomicU64,
     /// Purges run since open; moved only under the writer lock.
     purge_epoch: AtomicU64,
     /// The slot (0 or 1) whose retrieval rows and counts serve: the meta key `serving_slot`,
@@ -457,6 +460,7 @@ impl Store {
                 dark: None,
                 purged: HashMap::new(),
             }),
+            committed: AtomicU64::new(1),
             purge_epoch: AtomicU64::new(0),
             serving_slot: AtomicUsize::new(0),
             warm: Mutex::new(HashMap::new()),
@@ -495,6 +499,7 @@ impl Store {
             dark,
             purged: HashMap::new(),
         });
+        store.committed = AtomicU64::new(next_row);
         Ok(store)
     }
 
@@ -609,9 +614,10 @@ impl Store {
         Ok((self.frequency_table_in(cf)?, RowId(writer.next_row)))
     }
 
-    /// The row id the next capture will get: every stored row's id is below it.
+    /// The row id the next capture will get: every stored row's id is below it. Read without
+    /// the writer lock (a capture being written is not waited for).
     pub fn next_row(&self) -> RowId {
-        RowId(self.writer.lock().next_row)
+        RowId(self.committed.load(Ordering::Acquire))
     }
 
     /// The serving dictionary version: recorded on first use, refused if it differs later

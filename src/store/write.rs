@@ -201,6 +201,7 @@ impl Store {
         self.write(batch)?;
         crate::failpoint::hit("store.after_commit");
         writer.next_row = next_row;
+        self.committed.store(next_row, Ordering::Release);
         let mut cached = self.bound.lock();
         for ((user, conversation, role), name) in bindings {
             if let (Some(names), Some(name)) = (cached.get_mut(&user), name) {

@@ -208,12 +208,14 @@ pub(super) fn bench_proxy(
     } else {
         let line = |label: &str, t: &proxy::load::Timing| {
             println!(
-                "  {label:<18} first byte p50 {:.2} ms, p99 {:.2} ms; total p50 {:.2} ms, p99 {:.2} ms; {:.0} calls/s",
+                "  {label:<18} first byte p50 {:.2} ms, p99 {:.2} ms; total p50 {:.2} ms, p99 {:.2} ms; {:.0} calls/s, {:.2} ms CPU a call (the CPU allows {:.0} a second)",
                 t.first_byte_p50_ms,
                 t.first_byte_p99_ms,
                 t.total_p50_ms,
                 t.total_p99_ms,
-                t.calls_per_s
+                t.calls_per_s,
+                t.cpu_ms_per_call,
+                t.cpu_bound_calls_per_s
             )
         };
         println!(
