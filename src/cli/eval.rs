@@ -172,6 +172,9 @@ fn replay(harness: Harness, args: &EvalArgs) -> anyhow::Result<()> {
         &setup,
         |p| eprintln!("eval: {p}"),
         |session_tokens, measured| {
+            if args.per_question.is_none() {
+                return;
+            }
             for m in measured {
                 let file = sessions[m.session].path.display().to_string();
                 let line = serde_json::json!({

@@ -51,7 +51,7 @@ impl Store {
             .max(0) as u64;
         let state = DarkVersion {
             version: version.clone(),
-            from: writer.next_row,
+            from: self.next_row().0,
             next: 1,
             done: 0,
             total,

@@ -252,7 +252,6 @@ pub type RawEntry = (Box<[u8]>, Box<[u8]>);
 /// The state guarded by the write mutex.
 #[derive(Debug)]
 struct Writer {
-    next_row: u64,
     /// The dark dictionary version, while one is installed.
     dark: Option<Dark>,
     /// The purge epoch (see [`Store::purge_epoch`]) at which each user purged since open was
@@ -328,9 +327,10 @@ pub struct Store {
     path: PathBuf,
     write_options: WriteOptions,
     writer: Mutex<Writer>,
-    /// The writer's next row id, published once the write that moved it is committed: read
-    /// without the writer lock, every row below it is committed.
-    committed: AtomicU64,
+    /// The row id the next capture will get, moved only under the writer lock and only once the
+    /// write that took the ids below it is committed: read without the lock, every row below
+    /// it is committed.
+    next_row: AtomicU64,
     /// Purges run since open; moved only under the writer lock.
     purge_epoch: AtomicU64,
     /// The slot (0 or 1) whose retrieval rows and counts serve: the meta key `serving_slot`,
@@ -456,11 +456,10 @@ impl Store {
             path: path.to_path_buf(),
             write_options,
             writer: Mutex::new(Writer {
-                next_row: 1,
                 dark: None,
                 purged: HashMap::new(),
             }),
-            committed: AtomicU64::new(1),
+            next_row: AtomicU64::new(1),
             purge_epoch: AtomicU64::new(0),
             serving_slot: AtomicUsize::new(0),
             warm: Mutex::new(HashMap::new()),
@@ -495,11 +494,10 @@ impl Store {
             store.clear_dark()?;
         }
         store.writer = Mutex::new(Writer {
-            next_row,
             dark,
             purged: HashMap::new(),
         });
-        store.committed = AtomicU64::new(next_row);
+        store.next_row = AtomicU64::new(next_row);
         Ok(store)
     }
 
@@ -610,14 +608,14 @@ impl Store {
 
     /// [`Store::counts_snapshot`] of one family of counts (`Counts` or `DarkCounts`).
     pub fn counts_snapshot_in(&self, cf: Cf) -> Result<(FrequencyTable, RowId), StoreError> {
-        let writer = self.writer.lock();
-        Ok((self.frequency_table_in(cf)?, RowId(writer.next_row)))
+        let _writer = self.writer.lock();
+        Ok((self.frequency_table_in(cf)?, self.next_row()))
     }
 
     /// The row id the next capture will get: every stored row's id is below it. Read without
     /// the writer lock (a capture being written is not waited for).
     pub fn next_row(&self) -> RowId {
-        RowId(self.committed.load(Ordering::Acquire))
+        RowId(self.next_row.load(Ordering::Acquire))
     }
 
     /// The serving dictionary version: recorded on first use, refused if it differs later

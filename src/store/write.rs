@@ -50,7 +50,7 @@ impl Store {
                 chunks: message.chunks.len(),
             });
         }
-        let mut writer = self.writer.lock();
+        let writer = self.writer.lock();
         let dark = match &writer.dark {
             None => None,
             Some(dark) => Some(dark.dictionary.clone().ok_or_else(|| {
@@ -62,7 +62,7 @@ impl Store {
         };
         let tokenizer = Tokenizer::new();
         let mut batch = WriteBatch::default();
-        let mut next_row = writer.next_row;
+        let mut next_row = self.next_row().0;
         let mut clocks: HashMap<UserId, u64> = HashMap::new();
         let mut bindings: HashMap<(UserId, ConversationId, Role), Option<Vec<u8>>> = HashMap::new();
         let (mut deltas, mut dark_deltas) = (Deltas::default(), Deltas::default());
@@ -200,8 +200,7 @@ impl Store {
         );
         self.write(batch)?;
         crate::failpoint::hit("store.after_commit");
-        writer.next_row = next_row;
-        self.committed.store(next_row, Ordering::Release);
+        self.next_row.store(next_row, Ordering::Release);
         let mut cached = self.bound.lock();
         for ((user, conversation, role), name) in bindings {
             if let (Some(names), Some(name)) = (cached.get_mut(&user), name) {
