@@ -381,6 +381,15 @@ fn add_i64(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Op
 /// The memtable of each counts family, in bytes (RocksDB's default is 64 MiB).
 const COUNTS_WRITE_BUFFER: usize = 4 << 20;
 
+/// The write-ahead log's files kept at most, in bytes, before the families whose unflushed
+/// writes hold the oldest file are flushed so it can go. A log file is deleted only once every
+/// family written in it has flushed, and the small families (a user's clock, bindings, the
+/// meta) fill their memtables slowly: without this bound (RocksDB's default is four times all
+/// memtables, some 8 GiB here) a long ingest kept 3.9 GB of logs beside 2.5 GB of tables at
+/// three million rows, all of it read again at the next open (`docs/journal/benchmarks.md`,
+/// "The write-ahead log bounded").
+const WAL_BUDGET: u64 = 512 << 20;
+
 impl Store {
     /// Open (or create) the store in `path`, a directory made (or tightened to)
     /// [`DATA_DIR_MODE`] first.
@@ -409,6 +418,7 @@ impl Store {
         // user's text must not linger in a log file once compaction has removed it.
         db_options.set_wal_ttl_seconds(0);
         db_options.set_wal_size_limit_mb(0);
+        db_options.set_max_total_wal_size(WAL_BUDGET);
         // Keep the info LOG small; it holds no user data.
         db_options.set_keep_log_file_num(4);
         // Table files held open: RocksDB's default is unbounded, which under many connections
