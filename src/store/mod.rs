@@ -178,7 +178,8 @@ pub struct StoreOptions {
     /// fsync the WAL on every write. Off, a write survives a process crash but not a power
     /// loss of the last moments; on, it survives both, at the cost of one fsync per capture.
     pub sync_writes: bool,
-    /// LZ4-compress row blocks. Tests that grep the files for text turn it off.
+    /// LZ4-compress the blocks of every level below the first two ([`PER_LEVEL_COMPRESSION`]).
+    /// Tests that grep the files for text turn it off.
     pub compression: bool,
 }
 
@@ -381,6 +382,18 @@ fn add_i64(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Op
 /// The memtable of each counts family, in bytes (RocksDB's default is 64 MiB).
 const COUNTS_WRITE_BUFFER: usize = 4 << 20;
 
+/// Each level's compression when the store compresses: none for level 0 (what a flush writes)
+/// and for the level level 0 is merged into, LZ4 below them.
+const PER_LEVEL_COMPRESSION: [DBCompressionType; 7] = [
+    DBCompressionType::None,
+    DBCompressionType::None,
+    DBCompressionType::Lz4,
+    DBCompressionType::Lz4,
+    DBCompressionType::Lz4,
+    DBCompressionType::Lz4,
+    DBCompressionType::Lz4,
+];
+
 /// The write-ahead log's files kept at most, in bytes, before the families whose unflushed
 /// writes hold the oldest file are flushed so it can go. A log file is deleted only once every
 /// family written in it has flushed, and the small families (a user's clock, bindings, the
@@ -435,11 +448,16 @@ impl Store {
             .chain([Cf::Retrieval.physical(1), Cf::Counts.physical(1)]);
         let descriptors = physical.map(|name| {
             let mut cf_options = Options::default();
-            cf_options.set_compression_type(if options.compression {
-                DBCompressionType::Lz4
+            if options.compression {
+                // What a flush writes, and the level it is first merged into, is rewritten
+                // soon by the next compaction: compressing it spent a fifth of an ingest's CPU
+                // on two cores. Only the levels below, which hold most of the bytes, are
+                // compressed (`docs/journal/benchmarks.md`, "The first two levels stored
+                // plain").
+                cf_options.set_compression_per_level(&PER_LEVEL_COMPRESSION);
             } else {
-                DBCompressionType::None
-            });
+                cf_options.set_compression_type(DBCompressionType::None);
+            }
             if SLOTS.iter().any(|slot| slot[1] == name) {
                 cf_options.set_merge_operator_associative("perpetuity.add_i64", add_i64);
                 // Every capture merges one operand per distinct token and term of each row
