@@ -79,11 +79,12 @@ impl Generation {
     /// `docs/journal/benchmarks.md`, "Requests wait for a catch-up, not for the scans").
     pub fn caught_up(&self) -> Result<RwLockReadGuard<'_, Arena>, ArenaError> {
         let committed = self.memory.store.next_row().0;
-        if self.checked.load(Ordering::Acquire) >= committed {
+        let caught = || self.checked.load(Ordering::Acquire) >= committed;
+        if caught() {
             return Ok(self.arena.read());
         }
         let catching_up = self.catching_up.lock();
-        if self.checked.load(Ordering::Acquire) >= committed {
+        if caught() {
             return Ok(self.arena.read());
         }
         let mut arena = self.arena.write();

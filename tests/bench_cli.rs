@@ -47,9 +47,14 @@ fn bench_proxy_spreads_rows_and_requests_over_users() {
     assert_eq!(report["users"], 3);
     assert_eq!(report["scope_rows"], 40);
     assert_eq!(report["requests"], 6);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
     for way in ["direct", "proxy", "proxy_recall_off"] {
         let first = positive(&report[way], "first_byte_p50_ms");
         assert!(positive(&report[way], "total_p99_ms") >= first, "{report}");
+        // The bound the CPU allows is the cores over the CPU time a call.
+        let cpu = positive(&report[way], "cpu_ms_per_call");
+        let bound = positive(&report[way], "cpu_bound_calls_per_s");
+        assert!((bound * cpu / 1e3 - cores).abs() < 1e-6 * cores, "{report}");
     }
 
     // The same store read again keeps its rows; another number of users is refused.
