@@ -22,6 +22,9 @@ pub trait Put {
     fn put_f32(&mut self, v: f32);
     /// A length-prefixed (u32) byte string.
     fn put_bytes(&mut self, v: &[u8]);
+    /// An unsigned LEB128 varint: seven bits a byte, lowest first, the top bit set on every
+    /// byte but the last (one byte below 128, at most ten).
+    fn put_varint(&mut self, v: u64);
 }
 
 impl Put for Vec<u8> {
@@ -46,6 +49,13 @@ impl Put for Vec<u8> {
     fn put_bytes(&mut self, v: &[u8]) {
         self.put_u32(u32::try_from(v.len()).expect("stored byte strings are under 4 GiB"));
         self.extend_from_slice(v);
+    }
+    fn put_varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.push((v as u8 & 0x7F) | 0x80);
+            v >>= 7;
+        }
+        self.push(v as u8);
     }
 }
 
@@ -115,10 +125,46 @@ impl<'a> Reader<'a> {
         let bytes = self.bytes()?;
         std::str::from_utf8(bytes).map_err(|_| self.error("string is not UTF-8"))
     }
+    /// A [`Put::put_varint`] varint; more than 64 bits is an error. Read from the slice
+    /// directly: a retrieval row holds two a token, and the arena's build decodes every row.
+    pub fn varint(&mut self) -> Result<u64, CodecError> {
+        let rest = &self.bytes[self.at..];
+        let mut value = 0u64;
+        for (i, &byte) in rest.iter().take(10).enumerate() {
+            let bits = u64::from(byte & 0x7F);
+            let shift = 7 * i;
+            if bits << shift >> shift != bits {
+                return Err(self.error("varint over 64 bits"));
+            }
+            value |= bits << shift;
+            if byte & 0x80 == 0 {
+                self.at += i + 1;
+                return Ok(value);
+            }
+        }
+        Err(if rest.len() < 10 {
+            self.error(format!("truncated at byte {}", self.bytes.len()))
+        } else {
+            self.error("varint over ten bytes")
+        })
+    }
+    /// A varint that must fit 32 bits.
+    pub fn varint_u32(&mut self) -> Result<u32, CodecError> {
+        let v = self.varint()?;
+        u32::try_from(v).map_err(|_| self.error(format!("{v} does not fit 32 bits")))
+    }
     /// A count of following items, bounded by the bytes left (each item at least `min_item`
     /// bytes), so a damaged count cannot reserve unbounded memory.
     pub fn count(&mut self, min_item: usize) -> Result<usize, CodecError> {
         let n = self.u32()? as usize;
+        self.bounded(n, min_item)
+    }
+    /// [`Reader::count`] written as a varint.
+    pub fn varint_count(&mut self, min_item: usize) -> Result<usize, CodecError> {
+        let n = self.varint()?;
+        self.bounded(usize::try_from(n).unwrap_or(usize::MAX), min_item)
+    }
+    fn bounded(&self, n: usize, min_item: usize) -> Result<usize, CodecError> {
         if n.saturating_mul(min_item) > self.bytes.len() - self.at {
             return Err(self.error(format!("count {n} exceeds the remaining bytes")));
         }
@@ -169,5 +215,41 @@ mod tests {
             let mut r = Reader::new("test", &out[..cut]);
             prop_assert!(r.u64().and_then(|_| r.u32()).is_err());
         }
+
+        #[test]
+        fn varints_round_trip_in_their_length(values: Vec<u64>) {
+            let mut out = Vec::new();
+            for &v in &values {
+                out.put_varint(v);
+            }
+            let length = |v: u64| (64 - v.leading_zeros() as usize).div_ceil(7).max(1);
+            prop_assert_eq!(out.len(), values.iter().map(|&v| length(v)).sum::<usize>());
+            let mut r = Reader::new("test", &out);
+            for &v in &values {
+                prop_assert_eq!(r.varint().unwrap(), v);
+            }
+            r.finish().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_varint_past_64_bits_or_cut_short_is_an_error() {
+        let eleven = [0xFF; 11];
+        assert!(Reader::new("test", &eleven).varint().is_err());
+        // Ten bytes whose last carries more than the 64th bit.
+        let mut wide = [0xFF; 10];
+        wide[9] = 0x02;
+        assert!(Reader::new("test", &wide).varint().is_err());
+        wide[9] = 0x01;
+        assert_eq!(Reader::new("test", &wide).varint().unwrap(), u64::MAX);
+        assert!(Reader::new("test", &[0x80, 0x80]).varint().is_err());
+        let mut big = Vec::new();
+        big.put_varint(1 << 32);
+        assert!(Reader::new("test", &big).varint_u32().is_err());
+        let mut count = Vec::new();
+        count.put_varint(5);
+        count.extend_from_slice(&[0; 9]);
+        assert!(Reader::new("test", &count).varint_count(2).is_err());
+        assert_eq!(Reader::new("test", &count).varint_count(1).unwrap(), 5);
     }
 }

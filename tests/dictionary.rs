@@ -517,6 +517,34 @@ proptest! {
         }
     }
 
+    /// A retrieval row stored under the first encoding (every field fixed-width), as a store
+    /// of an earlier release holds it, decodes to the same row as the current encoding's bytes.
+    #[test]
+    fn the_first_encoding_still_decodes(ids in proptest::collection::vec(0u32..200_100, 0..300)) {
+        let dict = common::dictionary();
+        let tokens: Vec<TokenId> = ids.into_iter().map(TokenId).collect();
+        let row = derive(dict, &Tokenizer::new(), None, &tokens);
+        let mut fixed = vec![1u8, row.dictionary_version.len() as u8];
+        fixed.extend_from_slice(row.dictionary_version.as_bytes());
+        fixed.extend_from_slice(&row.token_len.to_le_bytes());
+        fixed.extend_from_slice(&(row.tokens.len() as u32).to_le_bytes());
+        for &(token, count) in &row.tokens {
+            fixed.extend_from_slice(&token.0.to_le_bytes());
+            fixed.extend_from_slice(&count.to_le_bytes());
+        }
+        fixed.extend_from_slice(&(row.terms.len() as u32).to_le_bytes());
+        for &(term, count) in &row.terms {
+            fixed.extend_from_slice(&term.0.to_le_bytes());
+            fixed.extend_from_slice(&count.to_le_bytes());
+        }
+        prop_assert_eq!(&RetrievalRow::decode(&fixed).unwrap(), &row);
+        let current = row.encode();
+        prop_assert!(current.len() <= fixed.len());
+        for cut in 0..current.len() {
+            prop_assert!(RetrievalRow::decode(&current[..cut]).is_err());
+        }
+    }
+
     /// Decoding arbitrary bytes never panics.
     #[test]
     fn decoding_garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {

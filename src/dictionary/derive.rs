@@ -19,8 +19,11 @@ use crate::codec::{CodecError, Put as _, Reader};
 use crate::tokens::Tokenizer;
 use crate::types::{TermId, TokenId};
 
-/// Leading byte of an encoded retrieval row; bump it when the encoding changes.
-const ROW_ENCODING: u8 = 1;
+/// Leading byte of an encoded retrieval row; bump it when the encoding changes. Rows stored
+/// under [`ROW_ENCODING_FIXED`] still decode.
+const ROW_ENCODING: u8 = 2;
+/// The first encoding, every field fixed-width: a token entry 8 bytes, a term entry 12.
+const ROW_ENCODING_FIXED: u8 = 1;
 
 /// The retrieval row derived from one stored row's tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,52 +207,83 @@ impl RetrievalRow {
         );
     }
 
-    /// The row's stored bytes (little-endian; grammar in `docs/format.md`):
-    /// `1:u8 version_len:u8 version token_len:u32 n:u32 (token:u32 count:u32)×n
-    ///  m:u32 (term:u64 count:u32)×m`.
+    /// The row's stored bytes (little-endian, `v` an unsigned LEB128 varint; grammar in
+    /// `docs/format.md`): `2:u8 version_len:u8 version token_len:v n:v (gap:v count:v)×n m:v
+    /// (term:u64 count:v)×m`, each token id as its gap from the one before (the first from 0).
+    /// A token entry takes two or three bytes instead of the first encoding's eight; a term's
+    /// id is a hash, whose gaps are as wide as the ids, so it stays eight bytes.
     pub fn encode(&self) -> Vec<u8> {
         let version = self.dictionary_version.as_bytes();
         let mut out =
-            Vec::with_capacity(14 + version.len() + self.tokens.len() * 8 + self.terms.len() * 12);
+            Vec::with_capacity(8 + version.len() + self.tokens.len() * 3 + self.terms.len() * 9);
         out.put_u8(ROW_ENCODING);
         out.put_u8(u8::try_from(version.len()).expect("dictionary versions are at most 255 bytes"));
         out.extend_from_slice(version);
-        out.put_u32(self.token_len);
-        out.put_u32(self.tokens.len() as u32);
+        out.put_varint(u64::from(self.token_len));
+        out.put_varint(self.tokens.len() as u64);
+        let mut previous = 0;
         for &(token, count) in &self.tokens {
-            out.put_u32(token.0);
-            out.put_u32(count);
+            let gap = token
+                .0
+                .checked_sub(previous)
+                .expect("a retrieval row's tokens are sorted by id");
+            out.put_varint(u64::from(gap));
+            out.put_varint(u64::from(count));
+            previous = token.0;
         }
-        out.put_u32(self.terms.len() as u32);
+        out.put_varint(self.terms.len() as u64);
         for &(term, count) in &self.terms {
             out.put_u64(term.0);
-            out.put_u32(count);
+            out.put_varint(u64::from(count));
         }
         out
     }
 
-    /// Decode [`RetrievalRow::encode`]'s bytes; anything malformed is a typed error.
+    /// Decode [`RetrievalRow::encode`]'s bytes, or a row stored under the first encoding;
+    /// anything malformed is a typed error.
     pub fn decode(bytes: &[u8]) -> Result<Self, CodecError> {
         let mut r = Reader::new("retrieval row", bytes);
         let tag = r.u8()?;
-        if tag != ROW_ENCODING {
+        if tag != ROW_ENCODING && tag != ROW_ENCODING_FIXED {
             return Err(r.error(format!("unknown encoding tag {tag}")));
         }
         let version_len = usize::from(r.u8()?);
         let version = std::str::from_utf8(r.slice(version_len)?)
             .map_err(|_| r.error("version is not UTF-8"))?
             .to_owned();
-        let token_len = r.u32()?;
-        let n = r.count(8)?;
-        let mut tokens = Vec::with_capacity(n);
-        for _ in 0..n {
-            tokens.push((TokenId(r.u32()?), r.u32()?));
-        }
-        let m = r.count(12)?;
-        let mut terms = Vec::with_capacity(m);
-        for _ in 0..m {
-            terms.push((TermId(r.u64()?), r.u32()?));
-        }
+        let (token_len, tokens, terms) = if tag == ROW_ENCODING_FIXED {
+            let token_len = r.u32()?;
+            let n = r.count(8)?;
+            let mut tokens = Vec::with_capacity(n);
+            for _ in 0..n {
+                tokens.push((TokenId(r.u32()?), r.u32()?));
+            }
+            let m = r.count(12)?;
+            let mut terms = Vec::with_capacity(m);
+            for _ in 0..m {
+                terms.push((TermId(r.u64()?), r.u32()?));
+            }
+            (token_len, tokens, terms)
+        } else {
+            let token_len = r.varint_u32()?;
+            let n = r.varint_count(2)?;
+            let mut tokens = Vec::with_capacity(n);
+            let mut previous = 0u32;
+            for _ in 0..n {
+                let gap = r.varint_u32()?;
+                let token = previous
+                    .checked_add(gap)
+                    .ok_or_else(|| r.error("token id over 32 bits"))?;
+                tokens.push((TokenId(token), r.varint_u32()?));
+                previous = token;
+            }
+            let m = r.varint_count(9)?;
+            let mut terms = Vec::with_capacity(m);
+            for _ in 0..m {
+                terms.push((TermId(r.u64()?), r.varint_u32()?));
+            }
+            (token_len, tokens, terms)
+        };
         r.finish()?;
         Ok(Self {
             dictionary_version: version,

@@ -3,8 +3,12 @@
 use crate::codec::{CodecError, Put as _, Reader};
 use crate::types::{Role, RowId, TokenId, UserId};
 
-/// Leading byte of an encoded row; bump it when the encoding changes.
-const ROW_ENCODING: u8 = 1;
+/// Leading byte of an encoded row; bump it when the encoding changes. Rows stored under
+/// [`ROW_ENCODING_FIXED`] still decode.
+const ROW_ENCODING: u8 = 2;
+/// The first encoding: the token count and each token id as a u32, where the current one
+/// writes varints (two or three bytes a token instead of four).
+const ROW_ENCODING_FIXED: u8 = 1;
 
 /// One immutable stored row: a chunk of a captured message, verbatim.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,7 +69,7 @@ fn opt_str(r: &mut Reader<'_>) -> Result<Option<String>, CodecError> {
 impl Row {
     /// The stored value (the key carries user and id; they are not repeated here).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + self.text.len() + self.tokens.len() * 4);
+        let mut out = Vec::with_capacity(64 + self.text.len() + self.tokens.len() * 3);
         out.put_u8(ROW_ENCODING);
         out.put_bytes(self.conversation.as_bytes());
         out.put_u64(self.message.0);
@@ -83,11 +87,9 @@ impl Row {
         put_opt_str(&mut out, self.source_turn.as_deref());
         out.put_u64(self.birth_clock);
         out.put_f32(self.decay);
-        out.put_u32(
-            u32::try_from(self.tokens.len()).expect("rows are chunked far below 4G tokens"),
-        );
+        out.put_varint(self.tokens.len() as u64);
         for token in &self.tokens {
-            out.put_u32(token.0);
+            out.put_varint(u64::from(token.0));
         }
         out.put_bytes(self.text.as_bytes());
         out
@@ -97,7 +99,7 @@ impl Row {
     pub fn decode(user: UserId, id: RowId, bytes: &[u8]) -> Result<Self, CodecError> {
         let mut r = Reader::new("row", bytes);
         let tag = r.u8()?;
-        if tag != ROW_ENCODING {
+        if tag != ROW_ENCODING && tag != ROW_ENCODING_FIXED {
             return Err(r.error(format!("unknown encoding tag {tag}")));
         }
         let conversation = r.str()?.to_owned();
@@ -115,11 +117,17 @@ impl Row {
         let source_turn = opt_str(&mut r)?;
         let birth_clock = r.u64()?;
         let decay = r.f32()?;
-        let n = r.count(4)?;
-        let mut tokens = Vec::with_capacity(n);
-        for _ in 0..n {
-            tokens.push(TokenId(r.u32()?));
-        }
+        let tokens = if tag == ROW_ENCODING_FIXED {
+            let n = r.count(4)?;
+            (0..n)
+                .map(|_| r.u32().map(TokenId))
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            let n = r.varint_count(1)?;
+            (0..n)
+                .map(|_| r.varint_u32().map(TokenId))
+                .collect::<Result<Vec<_>, _>>()?
+        };
         let text = r.str()?.to_owned();
         r.finish()?;
         Ok(Self {
@@ -200,5 +208,38 @@ mod tests {
                 prop_assert!(Row::decode(UserId(3), RowId(9), &bytes[..cut]).is_err());
             }
         }
+    }
+
+    /// A row written under the first encoding (each token id a u32), as a store of an earlier
+    /// release holds it, still decodes.
+    #[test]
+    fn a_row_of_the_first_encoding_decodes() {
+        let mut bytes = vec![ROW_ENCODING_FIXED];
+        bytes.put_bytes(b"session_1");
+        bytes.put_u64(8);
+        bytes.put_u16(0);
+        bytes.put_u16(1);
+        bytes.put_u8(Role::User as u8);
+        bytes.put_u8(0);
+        bytes.put_u8(1);
+        bytes.put_i64(1_700_000_000_000);
+        bytes.put_u8(0);
+        bytes.put_u64(77);
+        bytes.put_f32(0.5);
+        bytes.put_u32(3);
+        for token in [9u32, 200_000, 0] {
+            bytes.put_u32(token);
+        }
+        bytes.put_bytes("hi there".as_bytes());
+        let row = Row::decode(UserId(3), RowId(9), &bytes).unwrap();
+        assert_eq!(row.tokens, [TokenId(9), TokenId(200_000), TokenId(0)]);
+        assert_eq!(row.text, "hi there");
+        assert_eq!(row.timestamp_ms, Some(1_700_000_000_000));
+        assert_eq!((row.birth_clock, row.decay), (77, 0.5));
+        // The same row written now: smaller, and decoding to the same row.
+        let again = row.encode();
+        assert_eq!(again[0], ROW_ENCODING);
+        assert_eq!(again.len(), bytes.len() - 16 + 6);
+        assert_eq!(Row::decode(UserId(3), RowId(9), &again).unwrap(), row);
     }
 }
