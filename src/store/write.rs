@@ -3,6 +3,20 @@
 
 use super::*;
 
+/// What a capture writes under one row's key, and its chain link: kept until every message of
+/// the batch is read, then put in key order.
+struct RowPuts {
+    key: [u8; 16],
+    row: Vec<u8>,
+    retrieval: Vec<u8>,
+    /// The dark slot's retrieval row, while a dictionary swap is under way.
+    dark: Option<Vec<u8>>,
+    activation: [u8; 16],
+    warm: bool,
+    excluded: bool,
+    chain: [u8; 24],
+}
+
 impl Store {
     /// Store messages: each message's rows, retrieval rows, born-hot activation, chain links,
     /// name binding, frequency-count increments, clock advance and the new `next_row`, all in
@@ -68,6 +82,7 @@ impl Store {
         let (mut deltas, mut dark_deltas) = (Deltas::default(), Deltas::default());
         let mut ids = Vec::with_capacity(messages.len());
         let mut warmed = Vec::new();
+        let mut rows = Vec::with_capacity(messages.len());
 
         let (users_cf, rows_cf, retrieval_cf, activation_cf) = (
             self.cf(Cf::Users),
@@ -145,19 +160,16 @@ impl Store {
                     tokens: chunk.tokens.clone(),
                     text: chunk.text.clone(),
                 };
-                let key = keys::user_row(user, id);
-                batch.put_cf(&rows_cf, key, row.encode());
-                batch.put_cf(&retrieval_cf, key, chunk.retrieval.encode());
-                if let Some(dictionary) = &dark {
+                let dark = dark.as_ref().map(|dictionary| {
                     let retrieval = derive(
                         dictionary,
                         &tokenizer,
                         message.name.as_deref(),
                         &chunk.tokens,
                     );
-                    batch.put_cf(&self.cf(Cf::DarkRetrieval), key, retrieval.encode());
                     dark_deltas.add(&retrieval, 1);
-                }
+                    retrieval.encode()
+                });
                 let moved = message.moved.as_ref().map(|moved| moved.chunks[index]);
                 let activation = moved.map_or(
                     Activation {
@@ -167,24 +179,46 @@ impl Store {
                     },
                     |moved| moved.activation,
                 );
-                batch.put_cf(&activation_cf, key, activation.encode());
-                if let Some(moved) = moved {
-                    if moved.warm {
-                        batch.put_cf(&self.cf(Cf::Warm), key, activation.encode());
-                        warmed.push((user, id, activation));
-                    }
-                    if moved.excluded {
-                        batch.put_cf(&self.cf(Cf::Exclusions), key, []);
-                    }
+                let warm = moved.is_some_and(|moved| moved.warm);
+                if warm {
+                    warmed.push((user, id, activation));
                 }
+                rows.push(RowPuts {
+                    key: keys::user_row(user, id),
+                    row: row.encode(),
+                    retrieval: chunk.retrieval.encode(),
+                    dark,
+                    activation: activation.encode(),
+                    warm,
+                    excluded: moved.is_some_and(|moved| moved.excluded),
+                    chain: keys::chain(user, conversation, id),
+                });
                 batch.put_cf(&log_cf, keys::log(id), keys::user(user));
-                batch.put_cf(&chain_cf, keys::chain(user, conversation, id), []);
                 deltas.add(&chunk.retrieval, 1);
                 message_ids.push(id);
             }
             ids.push(message_ids);
         }
 
+        // In key order, so each family's memtable inserts each row next to the one before
+        // instead of searching from its top, as the counts are ([`Store::merge_counts`]).
+        rows.sort_unstable_by_key(|puts| puts.key);
+        for puts in rows {
+            let key = puts.key;
+            batch.put_cf(&rows_cf, key, puts.row);
+            batch.put_cf(&retrieval_cf, key, puts.retrieval);
+            if let Some(dark) = puts.dark {
+                batch.put_cf(&self.cf(Cf::DarkRetrieval), key, dark);
+            }
+            batch.put_cf(&activation_cf, key, puts.activation);
+            if puts.warm {
+                batch.put_cf(&self.cf(Cf::Warm), key, puts.activation);
+            }
+            if puts.excluded {
+                batch.put_cf(&self.cf(Cf::Exclusions), key, []);
+            }
+            batch.put_cf(&chain_cf, puts.chain, []);
+        }
         let clock_cf = self.cf(Cf::Clock);
         for (user, clock) in &clocks {
             batch.put_cf(&clock_cf, keys::user(*user), clock.to_le_bytes());
