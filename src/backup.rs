@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dictionary::BadVersion;
 use crate::memory::{self, LISTENING_FILE, Memory, SECRET_FILE};
-use crate::store::{FORMAT_VERSION, StoreError};
+use crate::store::{FORMAT_VERSION, OLDEST_FORMAT_VERSION, StoreError};
 use crate::types::now_ms;
 
 /// The backup's folder holding the store's checkpoint.
@@ -229,9 +229,9 @@ pub fn read_manifest(from: &Path) -> Result<Manifest, BackupError> {
             manifest.format
         )));
     }
-    if manifest.store_format != FORMAT_VERSION {
+    if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&manifest.store_format) {
         return Err(not_a_backup(format!(
-            "store format {} (this build reads {FORMAT_VERSION})",
+            "store format {} (this build reads {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION})",
             manifest.store_format
         )));
     }

@@ -10,7 +10,7 @@ use perpetuity::capture::{Capturer, Message};
 use perpetuity::dictionary::stats::Count;
 use perpetuity::ingest::export;
 use perpetuity::integrity;
-use perpetuity::store::{Activation, Cf, Store, StoreOptions, keys};
+use perpetuity::store::{Activation, Cf, FORMAT_VERSION, Store, StoreOptions, keys};
 use perpetuity::types::{ConversationId, Role, RowId, TokenId, UserId};
 use proptest::prelude::*;
 
@@ -204,6 +204,30 @@ fn a_store_of_another_dictionary_or_format_is_refused() {
     drop(store);
     let err = Store::open(dir.path(), &StoreOptions::default()).unwrap_err();
     assert!(err.to_string().contains("format version 7"), "{err}");
+}
+
+/// A store marked format 1 (whose rows may be of the fixed-width encodings, which still
+/// decode: `store::row` and `tests/dictionary.rs` test those) opens with its rows, and is
+/// marked the current format from then on, so a build that reads only format 1 refuses it.
+#[test]
+fn a_store_of_the_first_format_opens_and_is_marked_the_current_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path());
+    let alice = UserId::from_key("alice");
+    let rows: Vec<_> = store.rows_of(alice).map(Result::unwrap).collect();
+    assert!(!rows.is_empty());
+    store
+        .raw_put(Cf::Meta, keys::meta::FORMAT_VERSION, &1u32.to_le_bytes())
+        .unwrap();
+    drop(store);
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    let again: Vec<_> = store.rows_of(alice).map(Result::unwrap).collect();
+    assert_eq!(again, rows);
+    assert_eq!(
+        store.get(Cf::Meta, keys::meta::FORMAT_VERSION).unwrap(),
+        Some(FORMAT_VERSION.to_le_bytes().to_vec())
+    );
+    const { assert!(FORMAT_VERSION > 1) };
 }
 
 /// Capture a small two-user memory and return the store.

@@ -74,8 +74,13 @@ pub use row::{Activation, Row};
 /// A key and its value, as a RocksDB iterator yields them.
 type KeyValue = (Box<[u8]>, Box<[u8]>);
 
-/// The store format this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The store format this build writes: 2, rows and retrieval rows with varints
+/// (`docs/format.md`).
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest store format this build reads: a store of format 1 holds rows of the first,
+/// fixed-width encodings, which still decode. It is marked format 2 at open, since the rows
+/// captured after are written with varints, which a build of format 1 cannot read.
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 
 /// Store errors.
 #[derive(Debug, thiserror::Error)]
@@ -101,10 +106,13 @@ pub enum StoreError {
         source: CodecError,
     },
     /// Class: corruption. The data directory was written by another store format.
-    #[error("{path}: store format version {found} is not supported (this build reads {supported})")]
+    #[error(
+        "{path}: store format version {found} is not supported (this build reads {oldest} to {supported})"
+    )]
     FormatVersion {
         path: PathBuf,
         found: u32,
+        oldest: u32,
         supported: u32,
     },
     /// Class: client/config. The store serves another dictionary version than requested.
@@ -501,12 +509,16 @@ impl Store {
                     .try_into()
                     .map(u32::from_le_bytes)
                     .unwrap_or(u32::MAX);
-                if found != FORMAT_VERSION {
+                if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&found) {
                     return Err(StoreError::FormatVersion {
                         path: path.to_path_buf(),
                         found,
+                        oldest: OLDEST_FORMAT_VERSION,
                         supported: FORMAT_VERSION,
                     });
+                }
+                if found < FORMAT_VERSION {
+                    store.put_meta(keys::meta::FORMAT_VERSION, &FORMAT_VERSION.to_le_bytes())?;
                 }
             }
         }
