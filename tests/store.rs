@@ -732,13 +732,16 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(12))]
 
     /// The store against an in-memory model: after any sequence of captures, purges and
-    /// reopenings, each user's exported texts equal the model's and integrity is clean.
+    /// reopenings, each user's exported texts and clock equal the model's (a purge starts the
+    /// clock afresh) and integrity is clean.
     #[test]
     fn store_matches_a_model(ops in proptest::collection::vec(op(), 1..25)) {
         let dir = tempfile::tempdir().unwrap();
         let mut store = open(dir.path(), true);
         let capturer = Capturer::new(common::dictionary());
         let mut model: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        let mut clocks: BTreeMap<&str, u64> = BTreeMap::new();
+        let tokenizer = perpetuity::tokens::Tokenizer::new();
         for op in ops {
             match op {
                 Op::Capture { user, text, role } => {
@@ -749,10 +752,13 @@ proptest! {
                     if !TEXTS[text].is_empty() {
                         model.entry(USERS[user]).or_default().push(TEXTS[text]);
                     }
+                    *clocks.entry(USERS[user]).or_default() +=
+                        tokenizer.encode(TEXTS[text]).len() as u64;
                 }
                 Op::Purge { user } => {
                     store.purge_user(UserId::from_key(USERS[user])).unwrap();
                     model.remove(USERS[user]);
+                    clocks.remove(USERS[user]);
                 }
                 Op::Reopen => {
                     drop(store);
@@ -768,6 +774,10 @@ proptest! {
             let expected: Vec<String> =
                 model.get(user).into_iter().flatten().map(|s| s.to_string()).collect();
             prop_assert_eq!(texts, expected);
+            prop_assert_eq!(
+                store.clock(UserId::from_key(user)).unwrap(),
+                clocks.get(user).copied().unwrap_or(0)
+            );
         }
         let report = integrity::check(&store, common::dictionary()).unwrap();
         prop_assert!(report.is_clean(), "{:#?}", report.violations);
