@@ -148,6 +148,15 @@ impl<'a> Reader<'a> {
             self.error("varint over ten bytes")
         })
     }
+    /// A u32 field of a value whose encoding writes it as a varint (`varint`) or fixed-width:
+    /// the reader of a value that has both encodings.
+    pub fn u32_or_varint(&mut self, varint: bool) -> Result<u32, CodecError> {
+        if varint {
+            self.varint_u32()
+        } else {
+            self.u32()
+        }
+    }
     /// A varint that must fit 32 bits.
     pub fn varint_u32(&mut self) -> Result<u32, CodecError> {
         let v = self.varint()?;

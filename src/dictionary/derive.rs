@@ -251,39 +251,38 @@ impl RetrievalRow {
         let version = std::str::from_utf8(r.slice(version_len)?)
             .map_err(|_| r.error("version is not UTF-8"))?
             .to_owned();
-        let (token_len, tokens, terms) = if tag == ROW_ENCODING_FIXED {
-            let token_len = r.u32()?;
-            let n = r.count(8)?;
-            let mut tokens = Vec::with_capacity(n);
-            for _ in 0..n {
-                tokens.push((TokenId(r.u32()?), r.u32()?));
-            }
-            let m = r.count(12)?;
-            let mut terms = Vec::with_capacity(m);
-            for _ in 0..m {
-                terms.push((TermId(r.u64()?), r.u32()?));
-            }
-            (token_len, tokens, terms)
+        // The first encoding writes each id whole, the current one a token's gap from the one
+        // before; counts and lengths fixed-width or as varints.
+        let varint = tag == ROW_ENCODING;
+        let token_len = r.u32_or_varint(varint)?;
+        let n = if varint {
+            r.varint_count(2)?
         } else {
-            let token_len = r.varint_u32()?;
-            let n = r.varint_count(2)?;
-            let mut tokens = Vec::with_capacity(n);
-            let mut previous = 0u32;
-            for _ in 0..n {
-                let gap = r.varint_u32()?;
-                let token = previous
-                    .checked_add(gap)
-                    .ok_or_else(|| r.error("token id over 32 bits"))?;
-                tokens.push((TokenId(token), r.varint_u32()?));
-                previous = token;
-            }
-            let m = r.varint_count(9)?;
-            let mut terms = Vec::with_capacity(m);
-            for _ in 0..m {
-                terms.push((TermId(r.u64()?), r.varint_u32()?));
-            }
-            (token_len, tokens, terms)
+            r.count(8)?
         };
+        let mut tokens = Vec::with_capacity(n);
+        let mut previous = 0u32;
+        for _ in 0..n {
+            let written = r.u32_or_varint(varint)?;
+            let token = if varint {
+                previous
+                    .checked_add(written)
+                    .ok_or_else(|| r.error("token id over 32 bits"))?
+            } else {
+                written
+            };
+            tokens.push((TokenId(token), r.u32_or_varint(varint)?));
+            previous = token;
+        }
+        let m = if varint {
+            r.varint_count(9)?
+        } else {
+            r.count(12)?
+        };
+        let mut terms = Vec::with_capacity(m);
+        for _ in 0..m {
+            terms.push((TermId(r.u64()?), r.u32_or_varint(varint)?));
+        }
         r.finish()?;
         Ok(Self {
             dictionary_version: version,

@@ -117,17 +117,15 @@ impl Row {
         let source_turn = opt_str(&mut r)?;
         let birth_clock = r.u64()?;
         let decay = r.f32()?;
-        let tokens = if tag == ROW_ENCODING_FIXED {
-            let n = r.count(4)?;
-            (0..n)
-                .map(|_| r.u32().map(TokenId))
-                .collect::<Result<Vec<_>, _>>()?
+        let varint = tag == ROW_ENCODING;
+        let n = if varint {
+            r.varint_count(1)?
         } else {
-            let n = r.varint_count(1)?;
-            (0..n)
-                .map(|_| r.varint_u32().map(TokenId))
-                .collect::<Result<Vec<_>, _>>()?
+            r.count(4)?
         };
+        let tokens = (0..n)
+            .map(|_| r.u32_or_varint(varint).map(TokenId))
+            .collect::<Result<Vec<_>, _>>()?;
         let text = r.str()?.to_owned();
         r.finish()?;
         Ok(Self {
