@@ -2,6 +2,8 @@
 //! sketch checksums, dictionary, purge count, watermark), cut back to the last commit, or
 //! started empty to be rebuilt from the store.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::*;
 
 impl Arena {
@@ -188,108 +190,15 @@ impl Arena {
         {
             return Err(Unusable::CodebookChecksum);
         }
-        // Cut rows appended after the last commit, then check every page.
-        let mut rows = 0u64;
-        {
-            let page_bytes = &mut pages.bytes_mut()[PAGES_OFFSET..needed_pages(&header)];
-            let committed: &mut [Page] = bytemuck::cast_slice_mut(page_bytes);
-            let sketch_bytes = &mut sketches.bytes_mut()[SKETCHES_OFFSET..needed_sketches(&header)];
-            let their_sketches: &mut [Sketch] = bytemuck::cast_slice_mut(sketch_bytes);
-            let entries: &[Entry] = bytemuck::cast_slice(
-                &terms.bytes()[TERMS_HEADER_BYTES..][..header.terms as usize * ENTRY_BYTES],
-            );
-            let written = (terms.bytes().len() - TERMS_HEADER_BYTES) / ENTRY_BYTES;
-            let all_entries: &[Entry] =
-                bytemuck::cast_slice(&terms.bytes()[TERMS_HEADER_BYTES..][..written * ENTRY_BYTES]);
-            for (p, (page, sketch)) in committed.iter_mut().zip(their_sketches).enumerate() {
-                let bad = |what| Unusable::Page {
-                    page: p as u64,
-                    what,
-                };
-                // A page a purge emptied ([`Arena::purge_users`]): no user, no row, sealed
-                // over its emptiness.
-                if page.user == 0 && page.rows == 0 {
-                    if page.checksum != page_checksum(page, entries)
-                        || page.sketch != sketch.checksum()
-                        || sketch.rows != 0
-                    {
-                        return Err(bad("an emptied page is not empty"));
-                    }
-                    continue;
-                }
-                let held = (page.rows as usize).min(PAGE_ROWS);
-                let kept = page.row_ids[..held]
-                    .iter()
-                    .take_while(|&&id| id < header.watermark)
-                    .count();
-                if kept == 0 {
-                    return Err(bad("holds no committed row"));
-                }
-                if page.row_ids[..kept].windows(2).any(|w| w[0] >= w[1]) {
-                    return Err(bad("row ids out of order"));
-                }
-                // A commit stopped between sealing this page and writing the header leaves the
-                // page sealed over rows the header does not count yet; that newer checksum
-                // vouches for the counted rows too, so the page is cut and sealed again.
-                let sealed = page.rows as usize == held
-                    && (0..held).all(|i| {
-                        page.term_offsets[i].saturating_add(page.entries_of(i) as u64)
-                            <= written as u64
-                    })
-                    && page.checksum == page_checksum(page, all_entries);
-                // A sealed page vouches for the sketch it was sealed with; one that does not
-                // match it was torn, and is not sealed again below.
-                let found = sketch.checksum();
-                let newer_seal = sealed && found == page.sketch;
-                let cut = kept < held;
-                page.truncate(kept);
-                sketch.truncate(kept);
-                // Every kept row's entries must lie in the committed ones before anything reads
-                // them (sealing the page again below does): a page sealed over entries the
-                // header does not commit, with a valid checksum or not, is damage.
-                for i in 0..kept {
-                    let end = page.term_offsets[i].saturating_add(page.entries_of(i) as u64);
-                    if end > header.terms {
-                        return Err(bad("terms past the committed entries"));
-                    }
-                }
-                // A commit stopped while the codebook was recomputed leaves the page coded
-                // under a codebook the header does not name, sealed or not. Its codes are a
-                // function of its vectors: coded again under the committed codebook, the page
-                // is what was committed (unsealed) or what its newer checksum vouched for.
-                let recoded = page.codebook != codebook.checksum;
-                if recoded {
-                    codebook.encode_all(std::slice::from_mut(page), std::slice::from_mut(sketch));
-                }
-                // The sketch changed only where rows were cut or codes made again (a slot past
-                // its rows that is not zero is then damage, reported below).
-                let sketch_sum = if cut || recoded {
-                    sketch.checksum()
-                } else {
-                    found
-                };
-                // The page is now as committed but for its seal: a commit stopped between a
-                // page's sketch sum and its checksum leaves the sum newer than the checksum,
-                // so the committed checksum is checked against the sum of the sketch as it is.
-                let sealed_sketch = std::mem::replace(&mut page.sketch, sketch_sum);
-                if newer_seal && (cut || recoded) {
-                    page.checksum = page_checksum(page, entries);
-                }
-                if page.checksum != page_checksum(page, entries) {
-                    return Err(bad(if sealed_sketch == sketch_sum {
-                        "checksum mismatch"
-                    } else {
-                        "sketch checksum mismatch"
-                    }));
-                }
-                // A checksum vouches only for the sketch sum it was sealed with: the sketch
-                // must also name the page's rows, or stage one would read another page's.
-                if sketch.rows != page.rows || sketch.row_ids[..kept] != page.row_ids[..kept] {
-                    return Err(bad("sketch does not name the page's rows"));
-                }
-                rows += kept as u64;
-            }
-        }
+        // Cut rows appended after the last commit, then check every page, while a thread asks
+        // for `terms.bin` in file order: the checks read each page's entries where they lie.
+        let stop = AtomicBool::new(false);
+        let rows = std::thread::scope(|scope| {
+            scope.spawn(|| terms.read_ahead(terms_needed, &stop));
+            let checked = check_pages(&header, &codebook, &mut pages, &mut sketches, &terms);
+            stop.store(true, Ordering::Relaxed);
+            checked
+        })?;
         if rows != header.rows {
             return Err(Unusable::RowCount {
                 found: rows,
@@ -331,4 +240,117 @@ impl Arena {
         self.slots = slots;
         self.token_lens = token_lens;
     }
+}
+
+/// Cut each committed page back to the rows the header commits and check it against its sketch
+/// and its rows' term entries (recoding it first where `codebook` is newer than its codes):
+/// the committed rows in all, or why the files are unusable.
+fn check_pages(
+    header: &PagesHeader,
+    codebook: &Codebook,
+    pages: &mut MappedFile,
+    sketches: &mut MappedFile,
+    terms: &MappedFile,
+) -> Result<u64, Unusable> {
+    let mut rows = 0u64;
+    let page_bytes = &mut pages.bytes_mut()[PAGES_OFFSET..needed_pages(header)];
+    let committed: &mut [Page] = bytemuck::cast_slice_mut(page_bytes);
+    let sketch_bytes = &mut sketches.bytes_mut()[SKETCHES_OFFSET..needed_sketches(header)];
+    let their_sketches: &mut [Sketch] = bytemuck::cast_slice_mut(sketch_bytes);
+    let entries: &[Entry] = bytemuck::cast_slice(
+        &terms.bytes()[TERMS_HEADER_BYTES..][..header.terms as usize * ENTRY_BYTES],
+    );
+    let written = (terms.bytes().len() - TERMS_HEADER_BYTES) / ENTRY_BYTES;
+    let all_entries: &[Entry] =
+        bytemuck::cast_slice(&terms.bytes()[TERMS_HEADER_BYTES..][..written * ENTRY_BYTES]);
+    for (p, (page, sketch)) in committed.iter_mut().zip(their_sketches).enumerate() {
+        let bad = |what| Unusable::Page {
+            page: p as u64,
+            what,
+        };
+        // A page a purge emptied ([`Arena::purge_users`]): no user, no row, sealed
+        // over its emptiness.
+        if page.user == 0 && page.rows == 0 {
+            if page.checksum != page_checksum(page, entries)
+                || page.sketch != sketch.checksum()
+                || sketch.rows != 0
+            {
+                return Err(bad("an emptied page is not empty"));
+            }
+            continue;
+        }
+        let held = (page.rows as usize).min(PAGE_ROWS);
+        let kept = page.row_ids[..held]
+            .iter()
+            .take_while(|&&id| id < header.watermark)
+            .count();
+        if kept == 0 {
+            return Err(bad("holds no committed row"));
+        }
+        if page.row_ids[..kept].windows(2).any(|w| w[0] >= w[1]) {
+            return Err(bad("row ids out of order"));
+        }
+        let cut = kept < held;
+        // A commit stopped while the codebook was recomputed leaves the page coded
+        // under a codebook the header does not name, sealed or not. Its codes are a
+        // function of its vectors: coded again under the committed codebook (below), the
+        // page is what was committed (unsealed) or what its newer checksum vouched for.
+        let recoded = page.codebook != codebook.checksum;
+        // A commit stopped between sealing this page and writing the header leaves the
+        // page sealed over rows the header does not count yet; that newer checksum
+        // vouches for the counted rows too, so the page is cut and sealed again. A sealed
+        // page vouches for the sketch it was sealed with; one that does not match it was
+        // torn, and is not sealed again below. Asked only of a page that is cut or coded
+        // again: any other is checked once, as it is, below.
+        let found = sketch.checksum();
+        let newer_seal = (cut || recoded)
+            && page.rows as usize == held
+            && (0..held).all(|i| {
+                page.term_offsets[i].saturating_add(page.entries_of(i) as u64) <= written as u64
+            })
+            && page.checksum == page_checksum(page, all_entries)
+            && found == page.sketch;
+        page.truncate(kept);
+        sketch.truncate(kept);
+        // Every kept row's entries must lie in the committed ones before anything reads
+        // them (sealing the page again below does): a page sealed over entries the
+        // header does not commit, with a valid checksum or not, is damage.
+        for i in 0..kept {
+            let end = page.term_offsets[i].saturating_add(page.entries_of(i) as u64);
+            if end > header.terms {
+                return Err(bad("terms past the committed entries"));
+            }
+        }
+        if recoded {
+            codebook.encode_all(std::slice::from_mut(page), std::slice::from_mut(sketch));
+        }
+        // The sketch changed only where rows were cut or codes made again (a slot past
+        // its rows that is not zero is then damage, reported below).
+        let sketch_sum = if cut || recoded {
+            sketch.checksum()
+        } else {
+            found
+        };
+        // The page is now as committed but for its seal: a commit stopped between a
+        // page's sketch sum and its checksum leaves the sum newer than the checksum,
+        // so the committed checksum is checked against the sum of the sketch as it is.
+        let sealed_sketch = std::mem::replace(&mut page.sketch, sketch_sum);
+        if newer_seal && (cut || recoded) {
+            page.checksum = page_checksum(page, entries);
+        }
+        if page.checksum != page_checksum(page, entries) {
+            return Err(bad(if sealed_sketch == sketch_sum {
+                "checksum mismatch"
+            } else {
+                "sketch checksum mismatch"
+            }));
+        }
+        // A checksum vouches only for the sketch sum it was sealed with: the sketch
+        // must also name the page's rows, or stage one would read another page's.
+        if sketch.rows != page.rows || sketch.row_ids[..kept] != page.row_ids[..kept] {
+            return Err(bad("sketch does not name the page's rows"));
+        }
+        rows += kept as u64;
+    }
+    Ok(rows)
 }
