@@ -294,9 +294,9 @@ impl MappedFile {
     /// Ask the kernel to read the first `bytes` of the file into the page cache, a piece at a
     /// time in file order ([`READ_AHEAD_BYTES`]), until done or `stop` is set. Each request only
     /// starts the reads; a full queue of them makes the next wait. Opening a mapped arena checks
-    /// every page against its rows' term entries, which lie all over `terms.bin`; faulted in one
-    /// at a time, cold, at ten million rows those reads took 47.6 s, where the file read in
-    /// order takes about 8 (`docs/journal/benchmarks.md`, "A cold open reads ahead"). An
+    /// every page against its rows' term entries, which lie all over `terms.bin`: faulted in one
+    /// at a time, cold, at ten million rows the open took 25-48 s; with the file read ahead in
+    /// order beside it, 10-14 s (`docs/journal/benchmarks.md`, "A cold open reads ahead"). An
     /// anonymous mapping, or a kernel that refuses, changes nothing but speed.
     pub fn read_ahead(&self, bytes: usize, stop: &AtomicBool) {
         let Some((file, _)) = &self.file else {
