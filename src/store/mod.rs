@@ -387,6 +387,26 @@ fn add_i64(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Op
     Some(sum.to_le_bytes().to_vec())
 }
 
+/// What a key's first bytes name for the memtable's insert hint: the user, in every key that
+/// names one (`keys`).
+const INSERT_HINT_PREFIX: &str = "memtable_insert_with_hint_prefix_extractor=rocksdb.FixedPrefix.8";
+
+/// A family's options before its own settings: each memtable keeps, for every user, where it
+/// last inserted that user's key and starts the next insert of the user there. A user's rows
+/// are keyed by their ids, which only grow, so each lands next to the user's last one; in a
+/// pooled memory of thousands of users a capture's batch otherwise searched each skiplist from
+/// its top for every key (`docs/journal/benchmarks.md`, "Ingest: each user's keys inserted where
+/// its last one went"). A hint changes where a search starts, never what is stored. Not in
+/// RocksDB's C API but for its options string; a library that refused it would cost speed only.
+fn family_options() -> Options {
+    Options::default()
+        .get_options_from_string(INSERT_HINT_PREFIX)
+        .unwrap_or_else(|error| {
+            tracing::warn!(%error, "memtable insert hints not available");
+            Options::default()
+        })
+}
+
 /// The memtable of each counts family, in bytes (RocksDB's default is 64 MiB).
 const COUNTS_WRITE_BUFFER: usize = 4 << 20;
 
@@ -455,7 +475,7 @@ impl Store {
             .map(|&cf| cf.physical(0))
             .chain([Cf::Retrieval.physical(1), Cf::Counts.physical(1)]);
         let descriptors = physical.map(|name| {
-            let mut cf_options = Options::default();
+            let mut cf_options = family_options();
             if options.compression {
                 // What a flush writes, and the level it is first merged into, is rewritten
                 // soon by the next compaction: compressing it spent a fifth of an ingest's CPU
