@@ -335,7 +335,7 @@ fn check_pages(
         // page's sketch sum and its checksum leaves the sum newer than the checksum,
         // so the committed checksum is checked against the sum of the sketch as it is.
         let sealed_sketch = std::mem::replace(&mut page.sketch, sketch_sum);
-        if newer_seal && (cut || recoded) {
+        if newer_seal {
             page.checksum = page_checksum(page, entries);
         }
         if page.checksum != page_checksum(page, entries) {

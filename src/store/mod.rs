@@ -387,12 +387,12 @@ fn add_i64(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Op
     Some(sum.to_le_bytes().to_vec())
 }
 
-/// What a key's first bytes name for the memtable's insert hint: the user, in every key that
-/// names one (`keys`).
+/// What a key's first bytes name for the memtable's insert hint: the user, in the families whose
+/// keys begin with one (`keys`).
 const INSERT_HINT_PREFIX: &str = "memtable_insert_with_hint_prefix_extractor=rocksdb.FixedPrefix.8";
 
-/// A family's options before its own settings: each memtable keeps, for every user, where it
-/// last inserted that user's key and starts the next insert of the user there. A user's rows
+/// The options of a family keyed by user, before its own settings: each memtable keeps, for
+/// every user, where it last inserted that user's key and starts the next insert of the user there. A user's rows
 /// are keyed by their ids, which only grow, so each lands next to the user's last one; in a
 /// pooled memory of thousands of users a capture's batch otherwise searched each skiplist from
 /// its top for every key (`docs/journal/benchmarks.md`, "Ingest: each user's keys inserted where
@@ -475,7 +475,15 @@ impl Store {
             .map(|&cf| cf.physical(0))
             .chain([Cf::Retrieval.physical(1), Cf::Counts.physical(1)]);
         let descriptors = physical.map(|name| {
-            let mut cf_options = family_options();
+            let counts = SLOTS.iter().any(|slot| slot[1] == name);
+            // Hints only where a key begins with its user: not the log's (row ids), the meta
+            // entries' or the counts' (token and term ids, in vector memtables, which take none).
+            let by_user = !counts && name != Cf::Log.name() && name != Cf::Meta.name();
+            let mut cf_options = if by_user {
+                family_options()
+            } else {
+                Options::default()
+            };
             if options.compression {
                 // What a flush writes, and the level it is first merged into, is rewritten
                 // soon by the next compaction: compressing it spent a fifth of an ingest's CPU
@@ -486,7 +494,7 @@ impl Store {
             } else {
                 cf_options.set_compression_type(DBCompressionType::None);
             }
-            if SLOTS.iter().any(|slot| slot[1] == name) {
+            if counts {
                 cf_options.set_merge_operator_associative("perpetuity.add_i64", add_i64);
                 // Every capture merges one operand per distinct token and term of each row
                 // into the counts: most of a capture's writes. Only the statistic's snapshot
