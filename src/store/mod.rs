@@ -476,6 +476,7 @@ impl Store {
             .chain([Cf::Retrieval.physical(1), Cf::Counts.physical(1)]);
         let descriptors = physical.map(|name| {
             let counts = SLOTS.iter().any(|slot| slot[1] == name);
+            let retrieval = SLOTS.iter().any(|slot| slot[0] == name);
             // Hints only where a key begins with its user: not the log's (row ids), the meta
             // entries' or the counts' (token and term ids, in vector memtables, which take none).
             let by_user = !counts && name != Cf::Log.name() && name != Cf::Meta.name();
@@ -484,7 +485,7 @@ impl Store {
             } else {
                 Options::default()
             };
-            if options.compression {
+            if options.compression && !retrieval {
                 // What a flush writes, and the level it is first merged into, is rewritten
                 // soon by the next compaction: compressing it spent a fifth of an ingest's CPU
                 // on two cores. Only the levels below, which hold most of the bytes, are
@@ -492,6 +493,10 @@ impl Store {
                 // plain").
                 cf_options.set_compression_per_level(&PER_LEVEL_COMPRESSION);
             } else {
+                // Plain where the store does not compress, and always for the retrieval rows
+                // (int8 vectors, 2-bit codes, term ids): LZ4 saved 0.2% of an ingest's tables
+                // and cost its compactions' CPU (`docs/journal/benchmarks.md`, "The retrieval
+                // rows stored plain").
                 cf_options.set_compression_type(DBCompressionType::None);
             }
             if counts {
