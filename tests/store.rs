@@ -645,6 +645,31 @@ fn integrity_finds_a_wrong_clock_and_an_unlogged_row() {
     assert!(found.contains(&"row is logged"), "{found:?}");
 }
 
+/// The writer keeps each user's clock between captures; a raw write (a repair) is what the
+/// next capture counts on, not the kept value.
+#[test]
+fn a_capture_counts_on_from_a_clock_written_raw() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), false);
+    let capturer = Capturer::new(common::dictionary());
+    let bob = UserId::from_key("bob");
+    let say = |text: &str| {
+        capturer
+            .capture(&store, &[message("bob", "c1", Role::User, None, text)])
+            .unwrap();
+    };
+    say("The first note about the garden.");
+    let after_first = store.clock(bob).unwrap();
+    assert!(after_first > 0);
+    store
+        .raw_put(Cf::Clock, &keys::user(bob), &1_000u64.to_le_bytes())
+        .unwrap();
+    let text = "A second note about the shed.";
+    say(text);
+    let tokens = perpetuity::tokens::Tokenizer::new().encode(text).len() as u64;
+    assert_eq!(store.clock(bob).unwrap(), 1_000 + tokens);
+}
+
 #[test]
 fn purge_removes_one_user_whole_and_leaves_others_identical() {
     let dir = tempfile::tempdir().unwrap();

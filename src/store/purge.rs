@@ -73,6 +73,7 @@ impl Store {
             self.write(batch)?;
             let epoch = self.purge_epoch.load(Ordering::Relaxed) + 1;
             writer.purged.insert(user, epoch);
+            writer.clocks.remove(&user);
             self.purge_epoch.store(epoch, Ordering::Release);
             self.warm.lock().remove(&user);
             self.bound.lock().remove(&user);

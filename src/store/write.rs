@@ -64,7 +64,7 @@ impl Store {
                 chunks: message.chunks.len(),
             });
         }
-        let writer = self.writer.lock();
+        let mut writer = self.writer.lock();
         let dark = match &writer.dark {
             None => None,
             Some(dark) => Some(dark.dictionary.clone().ok_or_else(|| {
@@ -106,7 +106,7 @@ impl Store {
                 Some(&c) => c,
                 None => {
                     batch.put_cf(&users_cf, keys::user(user), message.user_key.as_bytes());
-                    self.clock(user)?
+                    writer.clock(user, || self.clock(user))?
                 }
             };
             let message_tokens: u64 = message.chunks.iter().map(|c| c.tokens.len() as u64).sum();
@@ -233,6 +233,9 @@ impl Store {
             next_row.to_le_bytes(),
         );
         self.write(batch)?;
+        for (&user, &clock) in &clocks {
+            writer.keep_clock(user, clock);
+        }
         crate::failpoint::hit("store.after_commit");
         self.next_row.store(next_row, Ordering::Release);
         let mut cached = self.bound.lock();
@@ -253,13 +256,15 @@ impl Store {
     /// Move `user`'s clock on to `clock` when it is behind (a moved user's clock, which counts
     /// every token the user's requests brought, not only those of its stored rows).
     pub fn advance_clock(&self, user: UserId, clock: u64) -> Result<(), StoreError> {
-        let _guard = self.writer.lock();
-        if self.clock(user)? >= clock {
+        let mut writer = self.writer.lock();
+        if writer.clock(user, || self.clock(user))? >= clock {
             return Ok(());
         }
         let mut batch = WriteBatch::default();
         batch.put_cf(&self.cf(Cf::Clock), keys::user(user), clock.to_le_bytes());
-        self.write(batch)
+        self.write(batch)?;
+        writer.keep_clock(user, clock);
+        Ok(())
     }
 
     /// Add count deltas to the batch as merge operands of family `cf` (`Counts` or
