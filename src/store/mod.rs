@@ -270,7 +270,7 @@ struct Writer {
     /// writer lock, so a capture reads its users' clocks here instead of from the store, where
     /// each read searched a memtable holding one entry per user per capture (5.3% of an
     /// ingest's time, under the lock; `docs/journal/benchmarks.md`, "The writer's clocks
-    /// kept"). Forgotten whole past [`CLOCK_CACHE_USERS`] users, and by a raw write.
+    /// kept"). Forgotten whole past [`CLOCK_CACHE_USERS`] users, and by a raw write of a clock.
     clocks: HashMap<UserId, u64>,
 }
 

@@ -11,10 +11,8 @@ impl Store {
 
     /// Write one raw value, bypassing every invariant: for repair tools and for the tests
     /// that seed corruption to prove the integrity check finds it. Never used when serving.
-    /// The writer's kept clocks are forgotten, so they are read from the store again.
     pub fn raw_put(&self, cf: Cf, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        let mut writer = self.writer.lock();
-        writer.clocks.clear();
+        self.forget_clocks(cf);
         self.db
             .put_cf_opt(&self.cf(cf), key, value, &self.write_options)
             .map_err(|e| self.rocks(e))
@@ -22,11 +20,18 @@ impl Store {
 
     /// Delete one raw value, bypassing every invariant (see [`Store::raw_put`]).
     pub fn raw_delete(&self, cf: Cf, key: &[u8]) -> Result<(), StoreError> {
-        let mut writer = self.writer.lock();
-        writer.clocks.clear();
+        self.forget_clocks(cf);
         self.db
             .delete_cf_opt(&self.cf(cf), key, &self.write_options)
             .map_err(|e| self.rocks(e))
+    }
+
+    /// Before a raw write of the clock family, the writer forgets the clocks it keeps, so the
+    /// next capture reads them from the store again.
+    fn forget_clocks(&self, cf: Cf) {
+        if cf == Cf::Clock {
+            self.writer.lock().clocks.clear();
+        }
     }
 
     /// Every entry of one family, in key order.
