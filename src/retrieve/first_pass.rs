@@ -157,10 +157,12 @@ impl<'a> FirstPass<'a> {
         }
         .key();
         let (next, after) = (sketches.get(p + 1), sketches.get(p + 2));
-        // The next sketch is loaded into the first-level cache and the one after it into the
-        // second-level one while this one is scored: their codes by the kernel as it reads
-        // this one's (at the same offsets), their other columns a part at a time after each
-        // kernel.
+        // The next sketch's codes are loaded into the first-level cache and the one after it
+        // into the second-level one while this one is scored, by the kernel as it reads this
+        // one's (at the same offsets); the other columns of both into the second-level cache, a
+        // part at a time after each kernel. Loaded into the first level a page ahead, those
+        // columns queued with the codes' loads (`docs/journal/benchmarks.md`, "Stage one's
+        // other columns loaded ahead into the second-level cache").
         let distance = |to: Option<&&Sketch>| {
             to.map_or(0, |to| {
                 (std::ptr::from_ref(*to) as isize).wrapping_sub(std::ptr::from_ref(sketch) as isize)
@@ -171,11 +173,8 @@ impl<'a> FirstPass<'a> {
             far: distance(after),
         };
         let load_ahead = |part| {
-            if let Some(next) = next {
-                next.prefetch_first_pass(part, prefetch);
-            }
-            if let Some(after) = after {
-                after.prefetch_first_pass(part, prefetch_l2);
+            for sketch in [next, after].into_iter().flatten() {
+                sketch.prefetch_first_pass(part, prefetch_l2);
             }
         };
         let blocks = sketch.blocks();
