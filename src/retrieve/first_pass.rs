@@ -161,8 +161,10 @@ impl<'a> FirstPass<'a> {
         // into the second-level one while this one is scored, by the kernel as it reads this
         // one's (at the same offsets); the other columns of both into the second-level cache, a
         // part at a time after each kernel. Loaded into the first level a page ahead, those
-        // columns queued with the codes' loads (`docs/journal/benchmarks.md`, "Stage one's
-        // other columns loaded ahead into the second-level cache").
+        // columns queued with the codes' loads. The next one's are mostly there already (asked
+        // for a page before, as the one after); asking only for the one after's was not faster
+        // (`docs/journal/benchmarks.md`, "Stage one's other columns loaded ahead into the
+        // second-level cache").
         let distance = |to: Option<&&Sketch>| {
             to.map_or(0, |to| {
                 (std::ptr::from_ref(*to) as isize).wrapping_sub(std::ptr::from_ref(sketch) as isize)
