@@ -348,7 +348,9 @@ fn an_append_killed_before_its_commit_is_cut_back() {
     let start = SKETCHES_OFFSET + (head.pages as usize - 1) * sketch_size;
     let last = start..start + sketch_size;
     let mut sketch: Sketch = bytemuck::pod_read_unaligned(&sketches[last.clone()]);
-    sketch.row_ids[i] = head.watermark + 2;
+    if i == 0 {
+        sketch.first_row = head.watermark + 2;
+    }
     sketch.codes[code_offset(i, 0)] = 0x5A;
     sketch.alphas[i] = 0.5;
     sketch.signatures[perpetuity::arena::blocked(i, 0)] |= 1 << 9;
@@ -406,7 +408,7 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
     let code_last = code0 + code_offset(0, CODE_BYTES - 1);
     let alpha0 = SKETCHES_OFFSET + std::mem::offset_of!(Sketch, alphas);
     let signature0 = SKETCHES_OFFSET + std::mem::offset_of!(Sketch, signatures);
-    let sketch_id0 = SKETCHES_OFFSET + std::mem::offset_of!(Sketch, row_ids);
+    let sketch_id0 = SKETCHES_OFFSET + std::mem::offset_of!(Sketch, first_row);
     let id0 = PAGES_OFFSET + std::mem::offset_of!(Page, row_ids);
     let last_row0 = row0 + (head.pages as usize - 1) * size;
     // The committed codebook: its mean, a bucket mean, its row count, its checksum.
@@ -432,8 +434,8 @@ fn damaged_files_are_detected_and_rebuilt_never_served() {
         damage(open_and_check(&store, &expected));
         restore();
     }
-    // The sketch of the first page: its codes, their scale, a signature word, a row id; and
-    // the first code byte of the last sketch.
+    // The sketch of the first page: its codes, their scale, a signature word, its first row
+    // id; and the first code byte of the last sketch.
     let last_code0 = code0 + (head.pages as usize - 1) * std::mem::size_of::<Sketch>();
     for at in [code0, code_last, alpha0, signature0, sketch_id0, last_code0] {
         flip(&sketches_path, good_sketches, at);

@@ -378,7 +378,9 @@ pub fn arena(data: &[u8]) {
         };
         let page = arena.page(slot.page);
         assert_eq!(page.row_ids[slot.index as usize], id);
-        assert_eq!(arena.sketch(slot.page).row_ids[slot.index as usize], id);
+        let sketch = arena.sketch(slot.page);
+        assert_eq!(sketch.rows, page.rows);
+        assert_eq!(sketch.first_row, page.row_ids[0]);
         users.push(UserId(page.user));
         let entries = arena.row_entries(slot);
         assert!(entries.token_counts().count() <= page.entries_of(slot.index as usize));

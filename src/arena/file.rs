@@ -22,7 +22,7 @@ use crate::relevance::TermCount;
 use crate::types::{TermId, TokenId};
 
 /// Layout version of the three files; any other version is rebuilt from the store.
-pub const FORMAT_VERSION: u32 = 10;
+pub const FORMAT_VERSION: u32 = 11;
 pub const PAGES_MAGIC: [u8; 8] = *b"PPTYPAGE";
 pub const TERMS_MAGIC: [u8; 8] = *b"PPTYTERM";
 pub const SKETCHES_MAGIC: [u8; 8] = *b"PPTYSKCH";

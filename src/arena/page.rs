@@ -79,25 +79,30 @@ pub struct Page {
 const _: () = assert!(std::mem::size_of::<Page>() == 20_096);
 const _: () = assert!(std::mem::size_of::<Page>().is_multiple_of(64));
 
-/// What stage one reads of a page's rows, in `sketches.bin` at the page's index: 7,232 bytes.
+/// What stage one reads of a page's rows, in `sketches.bin` at the page's index: 6,720 bytes.
 /// A scope's pages are mostly consecutive in the file (a user's rows fill one page after
 /// another), and so are their sketches: stage one reads one stream instead of 7 KiB of every
-/// 26 KiB, which loads about 1.5 times as fast (`docs/journal/benchmarks.md`). `rows`, `term_lens` and
-/// `row_ids` repeat the page's; the codes, their scales and the signatures are only here.
-/// Slots at and past `rows` are zero, as in the page.
+/// 26 KiB, which loads about 1.5 times as fast (`docs/journal/benchmarks.md`). `rows` and
+/// `term_lens` repeat the page's, `first_row` its first row id; the codes, their scales and
+/// the signatures are only here. Slots at and past `rows` are zero, as in the page.
+///
+/// Every column is one stage one reads: a hit names its row by its slot
+/// ([`super::Slot::key`]), so the page's row ids are not repeated here. Held between the
+/// term lengths and the codes, they were streamed in with them though never read: without
+/// them the one-scope query at a million rows was lower in seven of eight alternated rounds
+/// (`docs/journal/benchmarks.md`, "The sketch without its row ids").
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 pub struct Sketch {
     pub rows: u32,
-    pub reserved: [u32; 15],
+    pub reserved: [u32; 13],
+    /// The page's first row id (0 while the page holds no row): with `rows`, what names the
+    /// page whose sketch this is ([`super::open`] checks both).
+    pub first_row: u64,
     /// Each row's 2-bit code scale α ([`super::codebook::Codebook::encode`]).
     pub alphas: [f32; PAGE_ROWS],
     /// The page's `term_lens`.
     pub term_lens: [u32; PAGE_ROWS],
-    /// The page's `row_ids`. Stage one no longer reads them (a hit names its slot,
-    /// [`super::Slot::key`]); only the open's consistency check does. Dropping them would
-    /// take a layout version.
-    pub row_ids: [u64; PAGE_ROWS],
     /// The 2-bit codes in chunks of four bytes: byte `b` of row `r` at
     /// [`code_offset`]`(r, b)` = `(⌊b/4⌋ · PAGE_ROWS + r) · 4 + b mod 4` ([`code_byte`]).
     pub codes: [u8; PAGE_ROWS * CODE_BYTES],
@@ -107,7 +112,7 @@ pub struct Sketch {
     pub signatures: [u64; PAGE_ROWS * WORDS],
 }
 
-const _: () = assert!(std::mem::size_of::<Sketch>() == 7_232);
+const _: () = assert!(std::mem::size_of::<Sketch>() == 6_720);
 const _: () = assert!(std::mem::size_of::<Sketch>().is_multiple_of(64));
 
 /// Bits in a row's lexical signature.
@@ -192,7 +197,9 @@ impl Sketch {
         code: &CodeBytes,
         signature: &[u64; WORDS],
     ) {
-        self.row_ids[i] = id;
+        if i == 0 {
+            self.first_row = id;
+        }
         self.term_lens[i] = term_len;
         self.place_code(i, code);
         for (w, &word) in signature.iter().enumerate() {
@@ -202,7 +209,7 @@ impl Sketch {
 
     /// Whether row `i` holds the same columns in both sketches.
     pub fn same_row(&self, other: &Sketch, i: usize) -> bool {
-        self.row_ids[i] == other.row_ids[i]
+        (i != 0 || self.first_row == other.first_row)
             && self.term_lens[i] == other.term_lens[i]
             && self.alphas[i].to_bits() == other.alphas[i].to_bits()
             && self.code_bytes(i) == other.code_bytes(i)
@@ -268,7 +275,9 @@ impl Sketch {
         let tail = from..PAGE_ROWS;
         self.alphas[tail.clone()].fill(0.0);
         self.term_lens[tail.clone()].fill(0);
-        self.row_ids[tail.clone()].fill(0);
+        if from == 0 {
+            self.first_row = 0;
+        }
         for i in tail {
             for w in 0..WORDS {
                 self.signatures[blocked(i, w)] = 0;
