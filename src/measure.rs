@@ -385,8 +385,8 @@ pub fn scan(
         })
         .as_secs_f64();
     // Stage one reads a row's 2-bit code (two bits per dimension), lexical signature, scale α
-    // and term length (not its row id: a hit names its slot).
-    let first_pass_bytes_per_row = CODE_BYTES + SIGNATURE_BITS / 8 + 8;
+    // and term length (two bytes each; not its row id: a hit names its slot).
+    let first_pass_bytes_per_row = CODE_BYTES + SIGNATURE_BITS / 8 + 4;
     let first_pass_bytes_per_s = first_pass_rows_per_s_per_core * first_pass_bytes_per_row as f64;
     // One buffer read by one core here and by every thread of the query's pool below.
     let bandwidth_data = bandwidth_buffer(512 << 20);

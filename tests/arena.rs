@@ -13,8 +13,8 @@ use perpetuity::arena::file::{
     codebook_range, header_range, read_header, write_header,
 };
 use perpetuity::arena::{
-    Arena, CODE_BYTES, Opened, PAGE_ROWS, Page, Sketch, Slot, Unusable, arena_dir, code_byte,
-    page_checksum,
+    Arena, CODE_BYTES, Opened, PAGE_ROWS, Page, Sketch, Slot, Unusable, arena_dir, bfloat16,
+    code_byte, page_checksum,
 };
 use perpetuity::ingest::ingest;
 use perpetuity::integrity::{self, Report};
@@ -352,7 +352,7 @@ fn an_append_killed_before_its_commit_is_cut_back() {
         sketch.first_row = head.watermark + 2;
     }
     sketch.codes[code_offset(i, 0)] = 0x5A;
-    sketch.alphas[i] = 0.5;
+    sketch.alphas[i] = bfloat16(0.5);
     sketch.signatures[perpetuity::arena::blocked(i, 0)] |= 1 << 9;
     sketch.rows += 1;
     sketches[last].copy_from_slice(bytemuck::bytes_of(&sketch));
@@ -782,7 +782,7 @@ fn codes_of(arena: &Arena) -> Vec<(Vec<u8>, f32)> {
     sketches
         .iter()
         .flat_map(|sketch| {
-            (0..sketch.rows as usize).map(|i| (sketch.code_bytes(i).to_vec(), sketch.alphas[i]))
+            (0..sketch.rows as usize).map(|i| (sketch.code_bytes(i).to_vec(), sketch.alpha(i)))
         })
         .collect()
 }
@@ -801,7 +801,7 @@ fn assert_codes_are_encodings(arena: &Arena) {
                 .map(|b| code_byte(&code.signs, &code.magnitudes, b))
                 .collect();
             assert_eq!(sketch.code_bytes(i).to_vec(), bytes);
-            assert_eq!(sketch.alphas[i].to_bits(), code.alpha.to_bits());
+            assert_eq!(sketch.alphas[i], bfloat16(code.alpha));
         }
     }
 }

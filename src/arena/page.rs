@@ -79,7 +79,7 @@ pub struct Page {
 const _: () = assert!(std::mem::size_of::<Page>() == 20_096);
 const _: () = assert!(std::mem::size_of::<Page>().is_multiple_of(64));
 
-/// What stage one reads of a page's rows, in `sketches.bin` at the page's index: 6,720 bytes.
+/// What stage one reads of a page's rows, in `sketches.bin` at the page's index: 6,464 bytes.
 /// A scope's pages are mostly consecutive in the file (a user's rows fill one page after
 /// another), and so are their sketches: stage one reads one stream instead of 7 KiB of every
 /// 26 KiB, which loads about 1.5 times as fast (`docs/journal/benchmarks.md`). `rows` and
@@ -89,7 +89,8 @@ const _: () = assert!(std::mem::size_of::<Page>().is_multiple_of(64));
 /// Every column is one stage one reads: a hit names its row by its slot
 /// ([`super::Slot::key`]), so the page's row ids are not repeated here. Held between the
 /// term lengths and the codes, they were streamed in with them though never read: without
-/// them the one-scope query at a million rows was lower in seven of eight alternated rounds
+/// them the one-scope query at a million rows was lower in seven of eight alternated rounds;
+/// with its scales and term lengths in two bytes each, in six of eight more
 /// (`docs/journal/benchmarks.md`, "The sketch without its row ids").
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -99,10 +100,11 @@ pub struct Sketch {
     /// The page's first row id (0 while the page holds no row): with `rows`, what names the
     /// page whose sketch this is ([`super::open`] checks both).
     pub first_row: u64,
-    /// Each row's 2-bit code scale α ([`super::codebook::Codebook::encode`]).
-    pub alphas: [f32; PAGE_ROWS],
-    /// The page's `term_lens`.
-    pub term_lens: [u32; PAGE_ROWS],
+    /// Each row's 2-bit code scale α ([`super::codebook::Codebook::encode`]) as a bfloat16:
+    /// the upper half of its `f32`, rounded to the nearest ([`Sketch::alpha`]).
+    pub alphas: [u16; PAGE_ROWS],
+    /// The page's `term_lens`, at most `u16::MAX` ([`Sketch::term_len`]).
+    pub term_lens: [u16; PAGE_ROWS],
     /// The 2-bit codes in chunks of four bytes: byte `b` of row `r` at
     /// [`code_offset`]`(r, b)` = `(⌊b/4⌋ · PAGE_ROWS + r) · 4 + b mod 4` ([`code_byte`]).
     pub codes: [u8; PAGE_ROWS * CODE_BYTES],
@@ -112,8 +114,16 @@ pub struct Sketch {
     pub signatures: [u64; PAGE_ROWS * WORDS],
 }
 
-const _: () = assert!(std::mem::size_of::<Sketch>() == 6_720);
+const _: () = assert!(std::mem::size_of::<Sketch>() == 6_464);
 const _: () = assert!(std::mem::size_of::<Sketch>().is_multiple_of(64));
+
+/// The bfloat16 nearest `x` (ties to even): the upper 16 bits of its `f32` after rounding. A
+/// scale α is finite and non-negative, far below where rounding could carry it to infinity.
+pub fn bfloat16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let rounded = bits.wrapping_add(0x7FFF + (bits >> 16 & 1));
+    (rounded >> 16) as u16
+}
 
 /// Bits in a row's lexical signature.
 pub const SIGNATURE_BITS: usize = WORDS * 64;
@@ -200,7 +210,7 @@ impl Sketch {
         if i == 0 {
             self.first_row = id;
         }
-        self.term_lens[i] = term_len;
+        self.term_lens[i] = term_len.min(u32::from(u16::MAX)) as u16;
         self.place_code(i, code);
         for (w, &word) in signature.iter().enumerate() {
             self.signatures[blocked(i, w)] = word;
@@ -211,7 +221,7 @@ impl Sketch {
     pub fn same_row(&self, other: &Sketch, i: usize) -> bool {
         (i != 0 || self.first_row == other.first_row)
             && self.term_lens[i] == other.term_lens[i]
-            && self.alphas[i].to_bits() == other.alphas[i].to_bits()
+            && self.alphas[i] == other.alphas[i]
             && self.code_bytes(i) == other.code_bytes(i)
             && (0..WORDS).all(|w| self.signature_word(i, w) == other.signature_word(i, w))
     }
@@ -226,7 +236,19 @@ impl Sketch {
         for (b, &byte) in code.bytes.iter().enumerate() {
             self.codes[code_offset(i, b)] = byte;
         }
-        self.alphas[i] = code.alpha;
+        self.alphas[i] = bfloat16(code.alpha);
+    }
+
+    /// Row `i`'s scale α, as stage one reads it.
+    #[inline]
+    pub fn alpha(&self, i: usize) -> f32 {
+        f32::from_bits(u32::from(self.alphas[i]) << 16)
+    }
+
+    /// Row `i`'s term length, as stage one reads it (the page's, at most `u16::MAX`).
+    #[inline]
+    pub fn term_len(&self, i: usize) -> u32 {
+        u32::from(self.term_lens[i])
     }
 
     /// Row `i`'s code bytes, in order.
@@ -273,7 +295,7 @@ impl Sketch {
     /// Zero every slot from row `from` on and set `rows` to `from` ([`Page::truncate`]).
     pub fn truncate(&mut self, from: usize) {
         let tail = from..PAGE_ROWS;
-        self.alphas[tail.clone()].fill(0.0);
+        self.alphas[tail.clone()].fill(0);
         self.term_lens[tail.clone()].fill(0);
         if from == 0 {
             self.first_row = 0;
@@ -292,5 +314,47 @@ impl Sketch {
     /// CRC-32 of the sketch: what its page's `sketch` field holds once sealed.
     pub fn checksum(&self) -> u32 {
         crc32fast::hash(bytemuck::bytes_of(self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn widened(x: u16) -> f32 {
+        f32::from_bits(u32::from(x) << 16)
+    }
+
+    #[test]
+    fn bfloat16_rounds_to_the_nearest_ties_to_even() {
+        assert_eq!(bfloat16(0.0), 0);
+        assert_eq!(bfloat16(1.0), 0x3F80);
+        assert_eq!(bfloat16(0.5), 0x3F00);
+        // Seven stored bits of mantissa: the next bfloat16 after 1 is 1 + 2^-7.
+        let step = 2f32.powi(-7);
+        assert_eq!(
+            widened(bfloat16(1.0 + step / 2.0)),
+            1.0,
+            "a tie goes to the even one"
+        );
+        assert_eq!(
+            widened(bfloat16(1.0 + 1.5 * step)),
+            1.0 + 2.0 * step,
+            "a tie goes to the even one"
+        );
+        assert_eq!(widened(bfloat16(1.0 + 0.6 * step)), 1.0 + step);
+        assert_eq!(widened(bfloat16(1.0 + 0.4 * step)), 1.0);
+    }
+
+    proptest! {
+        #[test]
+        fn bfloat16_is_the_nearest(x in 0f32..1e30) {
+            let y = widened(bfloat16(x));
+            let below = widened((x.to_bits() >> 16) as u16);
+            let above = f32::from_bits((below.to_bits() >> 16 << 16) + (1 << 16));
+            prop_assert!(y == below || y == above);
+            prop_assert!((y - x).abs() <= (x - below).abs().min((above - x).abs()));
+        }
     }
 }

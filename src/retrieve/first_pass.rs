@@ -196,10 +196,10 @@ impl<'a> FirstPass<'a> {
         // the offers to the top-k, which mostly end at its threshold.
         let (mut estimates, mut lexical) = ([0f32; PAGE_ROWS], [0f32; PAGE_ROWS]);
         for i in 0..rows {
-            let cosine = query.dense.cosine(sketch.alphas[i], sums[i]);
+            let cosine = query.dense.cosine(sketch.alpha(i), sums[i]);
             lexical[i] = query
                 .scorer
-                .estimate_lexical_part(self.held + matched[i], sketch.term_lens[i]);
+                .estimate_lexical_part(self.held + matched[i], sketch.term_len(i));
             estimates[i] = query.scorer.dense_part(cosine) + lexical[i];
         }
         // Most rows fall below the floor: compare the page's estimates with it at once, and
