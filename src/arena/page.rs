@@ -125,6 +125,12 @@ pub fn bfloat16(x: f32) -> u16 {
     (rounded >> 16) as u16
 }
 
+/// The `f32` a bfloat16 holds ([`bfloat16`]'s result widened back): a shift, which a loop over
+/// a page's rows vectorises.
+fn from_bfloat16(x: u16) -> f32 {
+    f32::from_bits(u32::from(x) << 16)
+}
+
 /// Bits in a row's lexical signature.
 pub const SIGNATURE_BITS: usize = WORDS * 64;
 
@@ -242,7 +248,7 @@ impl Sketch {
     /// Row `i`'s scale α, as stage one reads it.
     #[inline]
     pub fn alpha(&self, i: usize) -> f32 {
-        f32::from_bits(u32::from(self.alphas[i]) << 16)
+        from_bfloat16(self.alphas[i])
     }
 
     /// Row `i`'s term length, as stage one reads it (the page's, at most `u16::MAX`).
@@ -322,10 +328,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn widened(x: u16) -> f32 {
-        f32::from_bits(u32::from(x) << 16)
-    }
-
     #[test]
     fn bfloat16_rounds_to_the_nearest_ties_to_even() {
         assert_eq!(bfloat16(0.0), 0);
@@ -334,25 +336,25 @@ mod tests {
         // Seven stored bits of mantissa: the next bfloat16 after 1 is 1 + 2^-7.
         let step = 2f32.powi(-7);
         assert_eq!(
-            widened(bfloat16(1.0 + step / 2.0)),
+            from_bfloat16(bfloat16(1.0 + step / 2.0)),
             1.0,
             "a tie goes to the even one"
         );
         assert_eq!(
-            widened(bfloat16(1.0 + 1.5 * step)),
+            from_bfloat16(bfloat16(1.0 + 1.5 * step)),
             1.0 + 2.0 * step,
             "a tie goes to the even one"
         );
-        assert_eq!(widened(bfloat16(1.0 + 0.6 * step)), 1.0 + step);
-        assert_eq!(widened(bfloat16(1.0 + 0.4 * step)), 1.0);
+        assert_eq!(from_bfloat16(bfloat16(1.0 + 0.6 * step)), 1.0 + step);
+        assert_eq!(from_bfloat16(bfloat16(1.0 + 0.4 * step)), 1.0);
     }
 
     proptest! {
         #[test]
         fn bfloat16_is_the_nearest(x in 0f32..1e30) {
-            let y = widened(bfloat16(x));
-            let below = widened((x.to_bits() >> 16) as u16);
-            let above = f32::from_bits((below.to_bits() >> 16 << 16) + (1 << 16));
+            let y = from_bfloat16(bfloat16(x));
+            let below = from_bfloat16((x.to_bits() >> 16) as u16);
+            let above = f32::from_bits(below.to_bits() + (1 << 16));
             prop_assert!(y == below || y == above);
             prop_assert!((y - x).abs() <= (x - below).abs().min((above - x).abs()));
         }
