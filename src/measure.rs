@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::arena::{Arena, ArenaError, CODE_BYTES, Opened, SIGNATURE_BITS, ScopeSketches};
+use crate::arena::{Arena, ArenaError, Opened, SKETCH_ROW_BYTES, ScopeSketches};
 use crate::capture::Message;
 use crate::dictionary::Dictionary;
 use crate::latency;
@@ -384,9 +384,9 @@ pub fn scan(
             std::hint::black_box(refine(&arena, kernels, &query, &candidates, RESCORE_K));
         })
         .as_secs_f64();
-    // Stage one reads a row's 2-bit code (two bits per dimension), lexical signature, scale α
-    // and term length (two bytes each; not its row id: a hit names its slot).
-    let first_pass_bytes_per_row = CODE_BYTES + SIGNATURE_BITS / 8 + 4;
+    // Stage one reads a row's 2-bit code, lexical signature, scale α and term length: its part
+    // of the sketch.
+    let first_pass_bytes_per_row = SKETCH_ROW_BYTES;
     let first_pass_bytes_per_s = first_pass_rows_per_s_per_core * first_pass_bytes_per_row as f64;
     // One buffer read by one core here and by every thread of the query's pool below.
     let bandwidth_data = bandwidth_buffer(512 << 20);

@@ -65,8 +65,8 @@ use file::{
     read_header, write_header,
 };
 pub use page::{
-    CODE_BYTES, CodeBytes, DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, Sketch, WORDS, bfloat16, blocked,
-    code_byte,
+    CODE_BYTES, CodeBytes, DIMS, PAGE_ROWS, Page, SIGNATURE_BITS, SKETCH_ROW_BYTES, Sketch, WORDS,
+    bfloat16, blocked, code_byte,
 };
 
 const PAGE_BYTES: usize = std::mem::size_of::<Page>();

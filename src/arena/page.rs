@@ -3,9 +3,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::scan::kernels::{BLOCK_ROWS, LUT_ROWS, code_offset};
-#[cfg(doc)]
-use crate::scan::kernels::{prefetch, prefetch_l2};
+use crate::scan::kernels::{BLOCK_ROWS, LUT_ROWS, code_offset, prefetch_l2};
 
 /// Rows per page: eight blocks of eight rows.
 pub const PAGE_ROWS: usize = 64;
@@ -116,6 +114,16 @@ pub struct Sketch {
 
 const _: () = assert!(std::mem::size_of::<Sketch>() == 6_464);
 const _: () = assert!(std::mem::size_of::<Sketch>().is_multiple_of(64));
+
+/// Bytes of a sketch for each of its rows, its header aside: what stage one reads of a row
+/// (its code, signature, scale and term length; 100).
+pub const SKETCH_ROW_BYTES: usize =
+    (std::mem::size_of::<Sketch>() - std::mem::offset_of!(Sketch, alphas)) / PAGE_ROWS;
+
+const _: () = assert!(
+    SKETCH_ROW_BYTES == CODE_BYTES + SIGNATURE_BITS / 8 + 4,
+    "a sketch holds, for each row, its code, signature and two bytes each of scale and length"
+);
 
 /// The bfloat16 nearest `x` (ties to even): the upper 16 bits of its `f32` after rounding. A
 /// scale α is finite and non-negative, far below where rounding could carry it to infinity.
@@ -262,16 +270,17 @@ impl Sketch {
         std::array::from_fn(|b| self.codes[code_offset(i, b)])
     }
 
-    /// Start loading, with `load` ([`prefetch`] or [`prefetch_l2`]), the columns stage one
-    /// reads besides the codes (which its kernel loads ahead itself,
+    /// Start loading into the second-level cache ([`prefetch_l2`]) the columns stage one reads
+    /// besides the codes (which its kernel loads ahead itself,
     /// [`crate::scan::kernels::Lookahead`]), part `part` of two: the signatures (0), the scales
-    /// α and term lengths (1). Not the row ids: stage one names a row by its slot. Issued a
-    /// part at a time between the kernels of a sketch before, the loads overlap with its
-    /// arithmetic instead of queueing all at once.
-    pub fn prefetch_first_pass(&self, part: usize, load: fn(*const u8)) {
+    /// α and term lengths (1). Issued a part at a time between the kernels of a sketch before,
+    /// the loads overlap with its arithmetic instead of queueing all at once; loaded into the
+    /// first level, they queued with the codes' loads (`docs/journal/benchmarks.md`, "Stage
+    /// one's other columns loaded ahead into the second-level cache").
+    pub fn prefetch_first_pass(&self, part: usize) {
         let lines = |bytes: &[u8]| {
             for line in bytes.chunks(64) {
-                load(line.as_ptr());
+                prefetch_l2(line.as_ptr());
             }
         };
         if part == 0 {

@@ -176,7 +176,7 @@ impl<'a> FirstPass<'a> {
         };
         let load_ahead = |part| {
             for sketch in [next, after].into_iter().flatten() {
-                sketch.prefetch_first_pass(part, prefetch_l2);
+                sketch.prefetch_first_pass(part);
             }
         };
         let blocks = sketch.blocks();

@@ -36,7 +36,7 @@ use crate::relevance::{
 };
 use crate::scan::kernels::{
     BLOCK_ROWS, Kernels, LUT_ENTRY_MAX, Lookahead, PAIR_ENTRIES, SignatureTerm, TwoBitQuery,
-    code_words, prefetch_l2,
+    code_words,
 };
 use crate::scan::topk::{Hit, TopK, parallel_top_k};
 use crate::tokens::Tokenizer;
