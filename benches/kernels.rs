@@ -13,8 +13,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use perpetuity::scan::kernels::{
-    self, BLOCK_ROWS, DotI8Fn, Isa, Kernels, LUT_ENTRY_MAX, LUT_ROWS, Lookahead, SignatureTerm,
-    TwoBitQuery,
+    self, BLOCK_ROWS, Ceiling, DotI8Fn, Isa, Kernels, LUT_ENTRY_MAX, LUT_ROWS, Lookahead,
+    SignatureTerm, TwoBitQuery,
 };
 use perpetuity::scan::topk::{Hit, TopK};
 
@@ -92,7 +92,7 @@ fn group_ahead(code_bytes: usize) -> Lookahead {
 }
 
 fn main() {
-    let chosen = Kernels::detect(false);
+    let chosen = Kernels::detect(Ceiling::Native);
     println!("kernels chosen at start-up: {}", chosen.describe());
 
     let code_bytes = DIMS / 4;

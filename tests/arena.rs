@@ -20,7 +20,7 @@ use perpetuity::ingest::ingest;
 use perpetuity::integrity::{self, Report};
 use perpetuity::measure::synthetic_messages;
 use perpetuity::retrieve::{PreparedQuery, Retrieved, search};
-use perpetuity::scan::kernels::{Kernels, code_offset};
+use perpetuity::scan::kernels::{Ceiling, Kernels, code_offset};
 use perpetuity::store::{Store, StoreOptions};
 use perpetuity::types::{RowId, UserId};
 
@@ -53,7 +53,7 @@ fn user(i: usize) -> UserId {
 /// Every query's top 10 for every user.
 fn answers(arena: &Arena) -> Vec<Vec<Retrieved>> {
     let dict = common::dictionary();
-    let kernels = Kernels::detect(false);
+    let kernels = Kernels::detect(Ceiling::Native);
     let mut all = Vec::new();
     for text in QUERIES {
         let query = PreparedQuery::new(dict, arena, text);

@@ -4,13 +4,14 @@
 mod common;
 
 use perpetuity::engine::{Author, Engine};
-use perpetuity::scan::kernels::Kernels;
+use perpetuity::scan::kernels::{Ceiling, Kernels};
 use perpetuity::types::Role;
 
 #[test]
 fn every_caught_up_arena_holds_the_rows_committed_before_it() {
     let dir = tempfile::tempdir().unwrap();
-    let (engine, _, _) = Engine::open(common::memory(dir.path()), Kernels::detect(false)).unwrap();
+    let (engine, _, _) =
+        Engine::open(common::memory(dir.path()), Kernels::detect(Ceiling::Native)).unwrap();
     let turns = 25;
     std::thread::scope(|scope| {
         for thread in 0..8 {

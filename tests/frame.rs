@@ -15,7 +15,7 @@ use perpetuity::frame::Side;
 use perpetuity::heat;
 use perpetuity::memory::Memory;
 use perpetuity::recall::{Ask, Recall, RecallConfig, question_query, recall};
-use perpetuity::scan::kernels::Kernels;
+use perpetuity::scan::kernels::{Ceiling, Kernels};
 use perpetuity::store::Activation;
 use perpetuity::types::{Role, RowId, UserId};
 
@@ -116,7 +116,7 @@ fn ask<'a>(conversation: &'a str, question: &'a str, probe: bool) -> Ask<'a> {
 }
 
 fn run(memory: &Memory, config: &RecallConfig, ask: &Ask<'_>) -> Recall {
-    let kernels = Kernels::detect(false);
+    let kernels = Kernels::detect(Ceiling::Native);
     recall(memory, &arena(memory), &kernels, config, ask).unwrap()
 }
 

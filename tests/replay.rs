@@ -15,7 +15,7 @@ use perpetuity::config::default_dictionaries_root;
 use perpetuity::dictionary::{DEFAULT_VERSION, Dictionary};
 use perpetuity::eval::replay::{self, Harness, ReplayReport, Setup, Summary};
 use perpetuity::recall::RecallConfig;
-use perpetuity::scan::kernels::Kernels;
+use perpetuity::scan::kernels::{Ceiling, Kernels};
 
 fn data(harness: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -39,7 +39,7 @@ fn run(session_tokens: &[usize]) -> ReplayReport {
     let setup = Setup {
         session_tokens: session_tokens.to_vec(),
         dictionary: Arc::new(dictionary),
-        kernels: Kernels::detect(false),
+        kernels: Kernels::detect(Ceiling::Native),
     };
     replay::run(&sessions, counts, &setup, |_| {}, |_, _| {}).unwrap()
 }

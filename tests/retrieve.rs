@@ -13,7 +13,7 @@ use perpetuity::integrity;
 use perpetuity::retrieve::{
     CONTEXT_TERM_WEIGHT, CONTEXT_TERMS, PreparedQuery, brute_force, search,
 };
-use perpetuity::scan::kernels::Kernels;
+use perpetuity::scan::kernels::{Ceiling, Kernels};
 use perpetuity::store::{Store, StoreOptions};
 use perpetuity::types::{Role, RowId, UserId};
 
@@ -146,7 +146,7 @@ fn a_turn_is_read_in_its_conversation() {
     let messages: Vec<Message> = turns.iter().map(|t| say("ann", t)).collect();
     let (ids, arena) = captured(&store, &messages);
     let query = PreparedQuery::new(dict, &arena, "Which singer does she like best?");
-    let kernels = Kernels::detect(false);
+    let kernels = Kernels::detect(Ceiling::Native);
     let hits = search(
         dict,
         &arena,
@@ -217,7 +217,7 @@ fn catch_up_reads_only_new_rows_and_scopes_never_leak() {
     integrity::check_arena(&store, &arena, &mut caught).unwrap();
     assert!(caught.is_clean(), "{:#?}", caught.violations);
 
-    let kernels = Kernels::detect(false);
+    let kernels = Kernels::detect(Ceiling::Native);
     let (ann, ben) = (UserId::from_key("ann"), UserId::from_key("ben"));
     let query = PreparedQuery::new(dict, &arena, "What is my dog called?");
     let hits = search(dict, &arena, &kernels, &[ann], &query, 10);
@@ -256,7 +256,7 @@ fn locomo_two_stage_agrees_with_brute_force_and_with_itself() {
     ingest(&store, dict, &data.messages, |_, _| {}).unwrap();
     let mut arena = Arena::new();
     arena.catch_up(&store, dict).unwrap();
-    let kernels = Kernels::detect(false);
+    let kernels = Kernels::detect(Ceiling::Native);
 
     // Turn index by (user, dia_id) for recall.
     let mut turn_row: HashMap<(UserId, String), RowId> = HashMap::new();
@@ -347,7 +347,7 @@ fn synthetic_two_stage_agrees_with_brute_force() {
         .into_iter()
         .map(|(user, text)| (vec![user], text))
         .collect();
-    let kernels = Kernels::detect(false);
+    let kernels = Kernels::detect(Ceiling::Native);
     let fidelity = perpetuity::measure::fidelity(dict, &arena, &kernels, &asked);
     println!("synthetic 20,000 rows: {fidelity:?}");
     assert_eq!(fidelity.queries, 100);
@@ -403,7 +403,7 @@ fn an_opening_ranks_by_the_turns_after_it_in_both_searches() {
     let (ids, arena) = captured(&store, &messages);
     let openings: Vec<RowId> = (0..8).map(|c| ids[3 * c]).collect();
     let query = PreparedQuery::new(dict, &arena, "cedar birdhouse copper roof wrens");
-    let kernels = Kernels::detect(false);
+    let kernels = Kernels::detect(Ceiling::Native);
     let scope = [UserId::from_key("ann")];
     let mut openings_ranked = 0;
     for k in [10, 12, 16, 20] {

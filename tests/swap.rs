@@ -21,7 +21,7 @@ use perpetuity::config::default_dictionaries_root;
 use perpetuity::dictionary::DEFAULT_VERSION;
 use perpetuity::integrity;
 use perpetuity::retrieve::{PreparedQuery, search};
-use perpetuity::scan::kernels::Kernels;
+use perpetuity::scan::kernels::{Ceiling, Kernels};
 use perpetuity::store::Cf;
 use perpetuity::swap;
 use perpetuity::types::{Role, UserId};
@@ -105,7 +105,7 @@ fn rederiving_under_the_same_table_changes_nothing_but_the_tag() {
     Capturer::new(&memory.dictionary)
         .capture(&memory.store, &seed(user, 600))
         .unwrap();
-    let kernels = Kernels::detect(false);
+    let kernels = Kernels::detect(Ceiling::Native);
     let searched = |memory: &perpetuity::memory::Memory, arena: &Arena| -> Vec<Vec<u64>> {
         QUESTIONS
             .iter()

@@ -1444,7 +1444,8 @@ fn a_chain_follows_the_message_and_its_neighbours_and_never_another_users_rows()
         .unwrap();
     let mut arena = perpetuity::arena::Arena::new();
     arena.catch_up(&memory.store, &memory.dictionary).unwrap();
-    let kernels = perpetuity::scan::kernels::Kernels::detect(false);
+    let kernels =
+        perpetuity::scan::kernels::Kernels::detect(perpetuity::scan::kernels::Ceiling::Native);
     // ids: [0..3) turns 0-2, [3] elsewhere, [4..] turns 3-9, then u2's.
     let turn = |i: usize| &ids[if i < 3 { i } else { i + 1 }];
     let long = turn(5).clone();
@@ -1539,7 +1540,8 @@ fn a_tool_result_the_frame_cut_short_is_returned_whole_by_its_chain() {
     assert!(result.len() > 2, "the result is chunked");
     let mut arena = perpetuity::arena::Arena::new();
     arena.catch_up(&memory.store, &memory.dictionary).unwrap();
-    let kernels = perpetuity::scan::kernels::Kernels::detect(false);
+    let kernels =
+        perpetuity::scan::kernels::Kernels::detect(perpetuity::scan::kernels::Ceiling::Native);
     let user = [UserId::from_key("u1")];
     let recalled = perpetuity::recall::recall(
         &memory,

@@ -15,7 +15,7 @@ use perpetuity::datasets::{self, Format};
 use perpetuity::ingest;
 use perpetuity::memory_tools::{Call, SEARCH_LIMIT_DEFAULT, TurnState};
 use perpetuity::recall::{Ask, RecallConfig, recall};
-use perpetuity::scan::kernels::Kernels;
+use perpetuity::scan::kernels::{Ceiling, Kernels};
 use perpetuity::types::{RowId, UserId};
 
 #[test]
@@ -29,7 +29,7 @@ fn reopen_or_one_search_recovers_evidence_the_frame_left_out() {
     ingest::ingest(&memory.store, &memory.dictionary, &data.messages, |_, _| {}).unwrap();
     let mut arena = Arena::new();
     arena.catch_up(&memory.store, &memory.dictionary).unwrap();
-    let kernels = Kernels::detect(false);
+    let kernels = Kernels::detect(Ceiling::Native);
     let config = RecallConfig {
         tools: true,
         ..RecallConfig::default()

@@ -26,7 +26,7 @@ use perpetuity::proxy::rounds::Splice;
 use perpetuity::proxy::sse::{self, StreamReader};
 use perpetuity::proxy::wire::{self, Format};
 use perpetuity::retrieve::{PreparedQuery, search};
-use perpetuity::scan::kernels::Kernels;
+use perpetuity::scan::kernels::{Ceiling, Kernels};
 use perpetuity::store::{Store, StoreOptions};
 use perpetuity::types::{RowId, UserId};
 use serde_json::Value;
@@ -269,7 +269,7 @@ fn base() -> &'static Base {
         let header = read_header(&files[0].1).expect("the written arena has a header");
         Base {
             dictionary,
-            kernels: Kernels::detect(false),
+            kernels: Kernels::detect(Ceiling::Native),
             files,
             header,
         }

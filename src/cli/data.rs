@@ -14,7 +14,7 @@ use perpetuity::engine::Engine;
 use perpetuity::ingest::{self};
 use perpetuity::integrity;
 use perpetuity::memory::Memory;
-use perpetuity::scan::kernels::Kernels;
+use perpetuity::scan::kernels::{Ceiling, Kernels};
 use perpetuity::store::Store;
 use perpetuity::types::{RowId, UserId};
 
@@ -298,7 +298,7 @@ pub fn purge(
     }: PurgeArgs,
 ) -> anyhow::Result<()> {
     data.existing()?;
-    let (engine, _, _) = Engine::open(dictionary.open(&data)?, Kernels::detect(false))?;
+    let (engine, _, _) = Engine::open(dictionary.open(&data)?, Kernels::detect(Ceiling::Native))?;
     let started = Instant::now();
     let purged = engine.purge(UserId::from_key(&user), all_subusers, |_| {})?;
     println!(
@@ -348,7 +348,7 @@ pub fn exclude(
             memory.store.path().display()
         );
     }
-    let (engine, _, _) = Engine::open(memory, Kernels::detect(false))?;
+    let (engine, _, _) = Engine::open(memory, Kernels::detect(Ceiling::Native))?;
     let excluded = if rows.is_empty() && conversation.is_none() {
         engine.exclusions(user_id)?
     } else {
@@ -388,7 +388,7 @@ fn print_frame(
             memory.store.path().display()
         );
     }
-    let (engine, _, _) = Engine::open(memory, Kernels::detect(false))?;
+    let (engine, _, _) = Engine::open(memory, Kernels::detect(Ceiling::Native))?;
     let scope = [user];
     let ask = perpetuity::recall::Ask::probe(&scope, conversation, question, now_ms);
     let recall = engine.generation().recall(&engine.kernels, config, &ask)?;

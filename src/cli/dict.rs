@@ -10,7 +10,7 @@ use perpetuity::dictionary::Dictionary;
 use perpetuity::dictionary::derive::{derive, embed};
 use perpetuity::dictionary::stats::FrequencyTable;
 use perpetuity::engine::Engine;
-use perpetuity::scan::kernels::Kernels;
+use perpetuity::scan::kernels::{Ceiling, Kernels};
 use perpetuity::tokens::Tokenizer;
 
 use super::*;
@@ -24,7 +24,8 @@ pub fn run(command: DictCommand) -> anyhow::Result<()> {
             path,
         } => {
             data.existing()?;
-            let (engine, _, _) = Engine::open(dictionary.open(&data)?, Kernels::detect(false))?;
+            let (engine, _, _) =
+                Engine::open(dictionary.open(&data)?, Kernels::detect(Ceiling::Native))?;
             eprintln!("installed {} dark", engine.install(&path)?);
             prepare_dark(&engine)
         }
@@ -40,7 +41,7 @@ pub fn run(command: DictCommand) -> anyhow::Result<()> {
                 .dark_dictionary()
                 .filter(|d| d.version() == version)
                 .with_context(|| format!("{version} is not the installed dark version"))?;
-            let (engine, _, _) = Engine::open(memory, Kernels::detect(false))?;
+            let (engine, _, _) = Engine::open(memory, Kernels::detect(Ceiling::Native))?;
             prepare_dark(&engine)?;
             let started = Instant::now();
             let flipped = engine.flip(&version)?;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 
 use perpetuity::eval::replay::{self, Harness};
-use perpetuity::scan::kernels::Kernels;
+use perpetuity::scan::kernels::{Ceiling, Kernels};
 
 use super::*;
 
@@ -163,7 +163,7 @@ fn replay(harness: Harness, args: &EvalArgs) -> anyhow::Result<()> {
             args.session_tokens.clone()
         },
         dictionary,
-        kernels: Kernels::detect(false),
+        kernels: Kernels::detect(Ceiling::Native),
     };
     let mut lines = String::new();
     let report = replay::run(

@@ -14,7 +14,7 @@ use perpetuity::config::{self, AdminToken, FileConfig, ServeConfig};
 use perpetuity::engine::Engine;
 use perpetuity::memory::{self as data_dir, Memory};
 use perpetuity::proxy;
-use perpetuity::scan::kernels::Kernels;
+use perpetuity::scan::kernels::{Ceiling, Kernels};
 
 use super::*;
 
@@ -179,7 +179,11 @@ pub fn run(
         Some(file) => file.proxy_config()?,
         None => proxy::ProxyConfig::default(),
     };
-    let kernels = Kernels::detect(scalar_kernels);
+    let kernels = Kernels::detect(if scalar_kernels {
+        Ceiling::Scalar
+    } else {
+        Ceiling::Native
+    });
     tracing::info!(kernels = %kernels.describe(), forced_scalar = scalar_kernels, "scan kernels chosen");
     let config = ServeConfig {
         listen,

@@ -44,7 +44,7 @@ use crate::memory_tools::{Call, TurnState};
 use crate::recall::{Ask, RecallConfig, question_query, recall, stretch};
 use crate::relevance::{Bm25, mean_row_len};
 use crate::retrieve::search_without;
-use crate::scan::kernels::Kernels;
+use crate::scan::kernels::{Ceiling, Kernels};
 use crate::store::{Store, StoreError, StoreOptions};
 use crate::types::{Role, RowId, UserId};
 
@@ -556,7 +556,7 @@ pub fn run_sharded(
     }
     counts.asked = asked.len();
 
-    let kernels = Kernels::detect(false);
+    let kernels = Kernels::detect(Ceiling::Native);
     tracing::info!(kernels = %kernels.describe(), "scan kernels chosen");
     let recall_config = RecallConfig::default();
     let assigned: Vec<Vec<&str>> = (0..shards)

@@ -23,7 +23,7 @@ use perpetuity::arena::Arena;
 use perpetuity::engine::Engine;
 use perpetuity::proxy::identity::Secret;
 use perpetuity::proxy::{ProxyConfig, State, serve};
-use perpetuity::scan::kernels::Kernels;
+use perpetuity::scan::kernels::{Ceiling, Kernels};
 use perpetuity::types::UserId;
 
 /// One request the upstream received.
@@ -217,7 +217,7 @@ impl Harness {
         };
         configure(&mut config);
         let state = Arc::new(State::new(
-            Engine::new(memory, Arena::new(), Kernels::detect(false)),
+            Engine::new(memory, Arena::new(), Kernels::detect(Ceiling::Native)),
             Secret::from_bytes([7; 32]),
             config,
         ));

@@ -15,7 +15,7 @@ use perpetuity::ingest::{self};
 use perpetuity::measure;
 use perpetuity::memory::Memory;
 use perpetuity::proxy;
-use perpetuity::scan::kernels::Kernels;
+use perpetuity::scan::kernels::{Ceiling, Kernels};
 use perpetuity::store::Store;
 use perpetuity::types::{RowId, UserId};
 
@@ -35,6 +35,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             threads,
             queries,
             fidelity_queries,
+            kernels,
             during_rederive,
             json,
             data,
@@ -47,6 +48,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
                 queries,
                 fidelity_queries,
             },
+            Kernels::detect(kernels),
             data,
             json,
             during_rederive,
@@ -57,11 +59,13 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             rows,
             users,
             queries,
+            kernels,
             data,
             json,
             dictionary,
         } => bench_fidelity(
             locomo.as_deref(),
+            Kernels::detect(kernels),
             measure::ScanSettings {
                 rows,
                 users,
@@ -145,6 +149,9 @@ pub enum BenchCommand {
         /// Queries also answered by brute force to measure fidelity.
         #[arg(long, default_value_t = 20)]
         fidelity_queries: usize,
+        /// The widest scan kernels allowed (`avx2`: those an AVX2-only CPU runs).
+        #[arg(long, value_enum, default_value_t = Ceiling::Native)]
+        kernels: Ceiling,
         /// Re-derive the store's installed dark dictionary version on a thread of its own
         /// while the benchmark runs (the queries' latency during a hot swap); its rate on
         /// stderr.
@@ -176,6 +183,9 @@ pub enum BenchCommand {
         /// Synthetic queries asked.
         #[arg(long, default_value_t = 200)]
         queries: usize,
+        /// The widest scan kernels allowed (`avx2`: those an AVX2-only CPU runs).
+        #[arg(long, value_enum, default_value_t = Ceiling::Native)]
+        kernels: Ceiling,
         /// Where to put the synthetic store (default: a fresh temp folder, removed afterwards);
         /// a store that already holds rows is reused as it is.
         #[arg(long)]

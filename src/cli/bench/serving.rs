@@ -15,7 +15,7 @@ fn fresh_state(
         uncompressed: false,
     })?;
     let secret = proxy::identity::Secret::load_or_create(&place.dir)?;
-    let (engine, _, _) = Engine::open(memory, Kernels::detect(false))?;
+    let (engine, _, _) = Engine::open(memory, Kernels::detect(Ceiling::Native))?;
     Ok(Arc::new(proxy::State::new(engine, secret, config)))
 }
 
@@ -159,7 +159,7 @@ pub(super) fn bench_proxy(
             progress_printer("proxy"),
         )?;
     }
-    let (engine, _, _) = Engine::open(memory, Kernels::detect(false))?;
+    let (engine, _, _) = Engine::open(memory, Kernels::detect(Ceiling::Native))?;
     let (held, scope_rows) = {
         let generation = engine.generation();
         let arena = generation.arena.read();

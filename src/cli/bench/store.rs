@@ -116,12 +116,12 @@ struct SyntheticFidelity {
 
 pub(super) fn bench_fidelity(
     locomo: Option<&Path>,
+    kernels: Kernels,
     settings: measure::ScanSettings,
     data: Option<PathBuf>,
     json: bool,
     dictionary: &DictionaryArgs,
 ) -> anyhow::Result<()> {
-    let kernels = Kernels::detect(false);
     eprintln!("bench fidelity: kernels {}", kernels.describe());
     let mut report = FidelityReport {
         locomo_own_scope: None,
@@ -223,6 +223,7 @@ pub(super) fn bench_fidelity(
 
 pub(super) fn bench_scan(
     settings: measure::ScanSettings,
+    kernels: Kernels,
     data: Option<PathBuf>,
     json: bool,
     during_rederive: bool,
@@ -234,7 +235,6 @@ pub(super) fn bench_scan(
     );
     anyhow::ensure!(settings.threads > 0, "--threads must be at least 1");
     let (_place, memory) = synthetic_memory(data, settings, dictionary, "scan")?;
-    let kernels = Kernels::detect(false);
     eprintln!("bench scan: kernels {}", kernels.describe());
     let done = |store: &Store| store.dark().map(|dark| dark.map_or(0, |d| d.done));
     let done_before = done(&memory.store)?;

@@ -118,6 +118,17 @@ pub type SignatureFn =
 /// page's rows to its top-k by walking the set bits.
 pub type AtLeastFn = fn(values: &[f32], floor: f32) -> u64;
 
+/// The widest instructions [`Kernels::detect`] may choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Ceiling {
+    /// The fastest this CPU runs.
+    Native,
+    /// No AVX-512: the kernels an AVX2-only CPU runs, measurable on any CPU that has more.
+    Avx2,
+    /// The scalar twins only.
+    Scalar,
+}
+
 /// The kernels chosen for this process.
 #[derive(Debug, Clone, Copy)]
 pub struct Kernels {
@@ -148,12 +159,12 @@ impl Kernels {
         at_least_isa: Isa::Scalar,
     };
 
-    /// The fastest implementation of each kernel that this CPU runs, or all scalar when
-    /// `force_scalar`.
-    pub fn detect(force_scalar: bool) -> Self {
-        if force_scalar {
+    /// The fastest implementation of each kernel that this CPU runs within `ceiling`.
+    pub fn detect(ceiling: Ceiling) -> Self {
+        if ceiling == Ceiling::Scalar {
             return Self::SCALAR;
         }
+        let wide_registers = ceiling == Ceiling::Native;
         let mut k = Self {
             two_bit: scalar::two_bit,
             two_bit_isa: Isa::Scalar,
@@ -166,17 +177,17 @@ impl Kernels {
             at_least: wide_impl::at_least,
             at_least_isa: Isa::Wide,
         };
-        if avx512::has_lookup() {
+        if wide_registers && avx512::has_lookup() {
             k.two_bit = avx512::two_bit;
             k.two_bit_isa = Isa::Avx512;
-        } else if avx512::has_bw() {
+        } else if wide_registers && avx512::has_bw() {
             k.two_bit = avx512::two_bit_bw;
             k.two_bit_isa = Isa::Avx512Bw;
         } else if avx2::has_avx2() {
             k.two_bit = avx2::two_bit;
             k.two_bit_isa = Isa::Avx2;
         }
-        if avx512::has_vl() {
+        if wide_registers && avx512::has_vl() {
             k.signature = avx512::signature_weights;
             k.signature_isa = Isa::Avx512;
         } else if avx2::has_avx2() {

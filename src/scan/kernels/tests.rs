@@ -256,8 +256,11 @@ fn extreme_int8_rows_are_exact() {
 
 #[test]
 fn detect_is_deliberate() {
-    assert_eq!(Kernels::detect(true).describe(), Kernels::SCALAR.describe());
-    let k = Kernels::detect(false);
+    assert_eq!(
+        Kernels::detect(Ceiling::Scalar).describe(),
+        Kernels::SCALAR.describe()
+    );
+    let k = Kernels::detect(Ceiling::Native);
     assert_eq!(k.dot_f32_isa, Isa::Wide);
     assert_eq!(k.two_bit_isa == Isa::Avx512, avx512::has_lookup());
     assert_eq!(
@@ -274,4 +277,27 @@ fn detect_is_deliberate() {
         k.signature_isa == Isa::Avx2,
         avx2::has_avx2() && !avx512::has_vl()
     );
+}
+
+#[test]
+fn an_avx2_ceiling_chooses_no_avx512_kernel() {
+    let k = Kernels::detect(Ceiling::Avx2);
+    let chosen = [
+        k.two_bit_isa,
+        k.dot_i8_isa,
+        k.dot_f32_isa,
+        k.signature_isa,
+        k.at_least_isa,
+    ];
+    assert!(
+        !chosen.contains(&Isa::Avx512) && !chosen.contains(&Isa::Avx512Bw),
+        "{}",
+        k.describe()
+    );
+    let expected = if avx2::has_avx2() {
+        Isa::Avx2
+    } else {
+        Isa::Scalar
+    };
+    assert_eq!((k.two_bit_isa, k.signature_isa), (expected, expected));
 }
