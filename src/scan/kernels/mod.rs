@@ -164,7 +164,7 @@ impl Kernels {
         if ceiling == Ceiling::Scalar {
             return Self::SCALAR;
         }
-        let wide_registers = ceiling == Ceiling::Native;
+        let avx512_allowed = ceiling == Ceiling::Native;
         let mut k = Self {
             two_bit: scalar::two_bit,
             two_bit_isa: Isa::Scalar,
@@ -177,17 +177,17 @@ impl Kernels {
             at_least: wide_impl::at_least,
             at_least_isa: Isa::Wide,
         };
-        if wide_registers && avx512::has_lookup() {
+        if avx512_allowed && avx512::has_lookup() {
             k.two_bit = avx512::two_bit;
             k.two_bit_isa = Isa::Avx512;
-        } else if wide_registers && avx512::has_bw() {
+        } else if avx512_allowed && avx512::has_bw() {
             k.two_bit = avx512::two_bit_bw;
             k.two_bit_isa = Isa::Avx512Bw;
         } else if avx2::has_avx2() {
             k.two_bit = avx2::two_bit;
             k.two_bit_isa = Isa::Avx2;
         }
-        if wide_registers && avx512::has_vl() {
+        if avx512_allowed && avx512::has_vl() {
             k.signature = avx512::signature_weights;
             k.signature_isa = Isa::Avx512;
         } else if avx2::has_avx2() {
